@@ -1,1 +1,28 @@
-//! placeholder
+//! Typed cluster state for roadkeeper, read from a folder of Kubernetes manifests.
+//!
+//! [`ManifestSource`] loads `*.yaml`, `*.yml` and `*.json` files into a [`Store`] of Services,
+//! EndpointSlices, Pods, Nodes and ServiceCIDRs; [`watch`] reports changed files so that
+//! [`ManifestSource::reload`] can apply them incrementally. EndpointSlices for Services with a
+//! selector are derived from the Pods, like kube-controller-manager would.
+
+mod changes;
+mod endpointslices;
+mod error;
+mod index;
+mod names;
+mod object;
+mod parse;
+mod source;
+mod store;
+mod validate;
+mod watch;
+
+pub use k8s_openapi;
+
+pub use changes::Changes;
+pub use error::{Error, ManifestError};
+pub use names::NamespacedName;
+pub use object::Object;
+pub use source::ManifestSource;
+pub use store::Store;
+pub use watch::{Watcher, watch};

@@ -1,1 +1,19 @@
-//! placeholder
+//! Network test lab for roadkeeper: throwaway network-namespace hosts wired up
+//! like a Kubernetes node, an echo server, and TCP/UDP probes.
+//!
+//! Everything here needs root (CAP_NET_ADMIN / CAP_SYS_ADMIN) and `ip` (iproute2).
+
+pub mod addressing;
+mod cmd;
+pub mod echo;
+pub mod netns;
+mod pktinfo;
+pub mod probe;
+pub mod reply;
+pub mod topology;
+
+pub use echo::EchoServer;
+pub use netns::{Netns, Process};
+pub use probe::ProbeResult;
+pub use reply::Reply;
+pub use topology::{Lab, Pod};

@@ -1,0 +1,79 @@
+//! Errors: [`Error`] for failures of the source itself, [`ManifestError`] for problems in
+//! manifests (reported, never fatal).
+
+use std::fmt;
+use std::path::PathBuf;
+
+/// Failure to read the manifest folder or to watch it.
+#[derive(thiserror::Error, Debug)]
+pub enum Error {
+    /// The manifest folder could not be read.
+    #[error("{}: {source}", path.display())]
+    Io {
+        /// The folder or file that failed.
+        path: PathBuf,
+        /// The underlying I/O error.
+        source: std::io::Error,
+    },
+    /// The file watcher could not be set up.
+    #[error("watching {}: {source}", path.display())]
+    Watch {
+        /// The watched folder.
+        path: PathBuf,
+        /// The underlying notify error.
+        source: notify::Error,
+    },
+}
+
+/// One problem in a manifest: names the file, the object (e.g. `Service default/hello`) and the
+/// field path (e.g. `spec.ports[0].port`) when known.
+#[derive(thiserror::Error, Debug, Clone, PartialEq)]
+pub struct ManifestError {
+    /// The manifest file.
+    pub file: PathBuf,
+    /// The object, as `Kind namespace/name` or `Kind name`.
+    pub object: Option<String>,
+    /// The field path inside the object.
+    pub field: Option<String>,
+    /// What is wrong.
+    pub message: String,
+}
+
+impl ManifestError {
+    /// An error about a whole file.
+    pub(crate) fn file(file: impl Into<PathBuf>, message: impl Into<String>) -> Self {
+        Self {
+            file: file.into(),
+            object: None,
+            field: None,
+            message: message.into(),
+        }
+    }
+}
+
+impl fmt::Display for ManifestError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}", self.file.display())?;
+        for part in [&self.object, &self.field].into_iter().flatten() {
+            write!(f, ": {part}")?;
+        }
+        write!(f, ": {}", self.message)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn display_omits_missing_parts() {
+        let mut e = ManifestError::file("m/a.yaml", "70000 is out of range 1-65535");
+        assert_eq!(e.to_string(), "m/a.yaml: 70000 is out of range 1-65535");
+        e.object = Some("Service default/hello".into());
+        e.field = Some("spec.ports[0].port".into());
+        assert_eq!(
+            e.to_string(),
+            "m/a.yaml: Service default/hello: spec.ports[0].port: 70000 is out of range 1-65535"
+        );
+    }
+}

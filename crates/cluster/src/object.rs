@@ -1,0 +1,142 @@
+//! The supported object kinds and their identities.
+
+use std::fmt;
+
+use k8s_openapi::api::core::v1::{Node, Pod, Service};
+use k8s_openapi::api::discovery::v1::EndpointSlice;
+use k8s_openapi::api::networking::v1::ServiceCIDR;
+
+use crate::NamespacedName;
+
+/// One supported Kubernetes object.
+#[allow(
+    clippy::large_enum_variant,
+    reason = "transient values; the store keeps them in Arcs"
+)]
+#[derive(Clone, Debug, PartialEq)]
+pub enum Object {
+    /// `v1 Service`.
+    Service(Service),
+    /// `discovery.k8s.io/v1 EndpointSlice`.
+    EndpointSlice(EndpointSlice),
+    /// `v1 Pod`.
+    Pod(Pod),
+    /// `v1 Node`.
+    Node(Node),
+    /// `networking.k8s.io/v1 ServiceCIDR`.
+    ServiceCidr(ServiceCIDR),
+}
+
+impl Object {
+    /// The object's identity; namespaced kinds without a namespace are in `default`.
+    pub(crate) fn key(&self) -> ObjectKey {
+        let (kind, metadata) = match self {
+            Self::Service(o) => (Kind::Service, &o.metadata),
+            Self::EndpointSlice(o) => (Kind::EndpointSlice, &o.metadata),
+            Self::Pod(o) => (Kind::Pod, &o.metadata),
+            Self::Node(o) => (Kind::Node, &o.metadata),
+            Self::ServiceCidr(o) => (Kind::ServiceCidr, &o.metadata),
+        };
+        let namespace = match &metadata.namespace {
+            _ if !kind.namespaced() => "",
+            Some(ns) => ns,
+            None => "default",
+        };
+        let name = metadata.name.as_deref().unwrap_or_default();
+        ObjectKey {
+            kind,
+            name: NamespacedName::new(namespace, name),
+        }
+    }
+}
+
+/// The kind of an [`Object`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub(crate) enum Kind {
+    Service,
+    EndpointSlice,
+    Pod,
+    Node,
+    ServiceCidr,
+}
+
+impl Kind {
+    /// The kind for an `apiVersion` and `kind` pair, if supported.
+    pub(crate) fn from_type(api_version: &str, kind: &str) -> Option<Self> {
+        Some(match (api_version, kind) {
+            ("v1", "Service") => Self::Service,
+            ("discovery.k8s.io/v1", "EndpointSlice") => Self::EndpointSlice,
+            ("v1", "Pod") => Self::Pod,
+            ("v1", "Node") => Self::Node,
+            ("networking.k8s.io/v1", "ServiceCIDR") => Self::ServiceCidr,
+            _ => return None,
+        })
+    }
+
+    /// Whether objects of this kind live in a namespace.
+    pub(crate) fn namespaced(self) -> bool {
+        !matches!(self, Self::Node | Self::ServiceCidr)
+    }
+
+    fn as_str(self) -> &'static str {
+        match self {
+            Self::Service => "Service",
+            Self::EndpointSlice => "EndpointSlice",
+            Self::Pod => "Pod",
+            Self::Node => "Node",
+            Self::ServiceCidr => "ServiceCIDR",
+        }
+    }
+}
+
+/// Identity of an object: kind, namespace (empty for cluster-scoped kinds) and name.
+#[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub(crate) struct ObjectKey {
+    pub kind: Kind,
+    pub name: NamespacedName,
+}
+
+impl fmt::Display for ObjectKey {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        if self.kind.namespaced() {
+            write!(f, "{} {}", self.kind.as_str(), self.name)
+        } else {
+            write!(f, "{} {}", self.kind.as_str(), self.name.name)
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn kinds_and_keys() {
+        assert_eq!(Kind::from_type("v1", "Service"), Some(Kind::Service));
+        assert_eq!(
+            Kind::from_type("discovery.k8s.io/v1beta1", "EndpointSlice"),
+            None
+        );
+        assert_eq!(
+            Kind::from_type("networking.k8s.io/v1", "ServiceCIDR"),
+            Some(Kind::ServiceCidr)
+        );
+        let svc = ObjectKey {
+            kind: Kind::Service,
+            name: NamespacedName::new("default", "hello"),
+        };
+        assert_eq!(svc.to_string(), "Service default/hello");
+        let node = ObjectKey {
+            kind: Kind::Node,
+            name: NamespacedName::new("", "n1"),
+        };
+        assert_eq!(node.to_string(), "Node n1");
+        let mut service = Service::default();
+        service.metadata.name = Some("hello".into());
+        assert_eq!(Object::Service(service).key(), svc);
+        let mut n = Node::default();
+        n.metadata.name = Some("n1".into());
+        n.metadata.namespace = Some("x".into());
+        assert_eq!(Object::Node(n).key(), node);
+    }
+}

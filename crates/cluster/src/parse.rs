@@ -1,0 +1,310 @@
+//! Manifest files to typed objects: YAML/JSON documents, `List` expansion, dispatch on
+//! `apiVersion`/`kind`, unknown-field detection and validation.
+
+use std::path::Path;
+
+use serde::de::DeserializeOwned;
+use serde_json::{Map, Value};
+
+use crate::object::{Kind, ObjectKey};
+use crate::validate::{FieldError, validate};
+use crate::{ManifestError, NamespacedName, Object};
+
+/// One supported object found in a file.
+#[allow(
+    clippy::large_enum_variant,
+    reason = "short-lived while a file is read"
+)]
+#[derive(Debug)]
+pub(crate) enum Entry {
+    /// A valid object.
+    Valid(ObjectKey, Object),
+    /// An invalid object, with its identity when known.
+    Invalid(Option<ObjectKey>, Vec<ManifestError>),
+}
+
+/// Parses a whole manifest file; `Err` when the file is not valid YAML/JSON at all.
+pub(crate) fn parse_file(file: &Path, text: &str) -> Result<Vec<Entry>, ManifestError> {
+    let documents = if file.extension().is_some_and(|e| e == "json") {
+        serde_json::from_str::<Value>(text)
+            .map(|v| vec![v])
+            .map_err(|e| format!("invalid JSON: {e}"))
+    } else {
+        serde_saphyr::from_multiple::<Value>(text).map_err(|e| {
+            // The error renders a multi-line source snippet; its first line has position and cause.
+            let rendered = e.to_string();
+            let summary = rendered.lines().next().unwrap_or_default();
+            format!("invalid YAML: {}", summary.trim_start_matches("error: "))
+        })
+    };
+    let documents = documents.map_err(|message| ManifestError::file(file, message))?;
+    let mut entries = Vec::new();
+    for document in documents {
+        collect(file, document, &mut entries);
+    }
+    Ok(entries)
+}
+
+fn collect(file: &Path, document: Value, entries: &mut Vec<Entry>) {
+    let mut map = match document {
+        Value::Null => return,
+        Value::Object(map) => map,
+        other => {
+            let message = format!("expected an object, found {}", type_name(&other));
+            entries.push(Entry::Invalid(
+                None,
+                vec![ManifestError::file(file, message)],
+            ));
+            return;
+        }
+    };
+    let (Some(api_version), Some(kind)) = (str_field(&map, "apiVersion"), str_field(&map, "kind"))
+    else {
+        let message = "apiVersion and kind are required";
+        entries.push(Entry::Invalid(
+            None,
+            vec![ManifestError::file(file, message)],
+        ));
+        return;
+    };
+    if (api_version, kind) == ("v1", "List") {
+        if let Some(Value::Array(items)) = map.remove("items") {
+            for item in items {
+                collect(file, item, entries);
+            }
+        }
+        return;
+    }
+    let Some(kind) = Kind::from_type(api_version, kind) else {
+        tracing::debug!(file = %file.display(), api_version, kind, "ignoring unsupported object");
+        return;
+    };
+    let Some(key) = identify(kind, &mut map) else {
+        let error = ManifestError {
+            field: Some("metadata.name".into()),
+            ..ManifestError::file(file, "is required")
+        };
+        entries.push(Entry::Invalid(None, vec![error]));
+        return;
+    };
+    let errors = match typed(kind, Value::Object(map)) {
+        Ok(object) => match validate(&object) {
+            errors if errors.is_empty() => return entries.push(Entry::Valid(key, object)),
+            errors => errors,
+        },
+        Err(errors) => errors,
+    };
+    let object = Some(key.to_string());
+    let errors = errors
+        .into_iter()
+        .map(|e| ManifestError {
+            file: file.into(),
+            object: object.clone(),
+            field: e.field,
+            message: e.message,
+        })
+        .collect();
+    entries.push(Entry::Invalid(Some(key), errors));
+}
+
+/// Reads the object's identity, defaulting `metadata.namespace` to `default` for namespaced kinds.
+fn identify(kind: Kind, map: &mut Map<String, Value>) -> Option<ObjectKey> {
+    let metadata = map.get_mut("metadata")?.as_object_mut()?;
+    let name = str_field(metadata, "name")?.to_owned();
+    let namespace = if kind.namespaced() {
+        let namespace = metadata
+            .entry("namespace")
+            .or_insert_with(|| Value::from("default"));
+        namespace.as_str()?.to_owned()
+    } else {
+        String::new()
+    };
+    Some(ObjectKey {
+        kind,
+        name: NamespacedName { namespace, name },
+    })
+}
+
+fn typed(kind: Kind, value: Value) -> Result<Object, Vec<FieldError>> {
+    Ok(match kind {
+        Kind::Service => Object::Service(strict(value)?),
+        Kind::EndpointSlice => Object::EndpointSlice(strict(value)?),
+        Kind::Pod => Object::Pod(strict(value)?),
+        Kind::Node => Object::Node(strict(value)?),
+        Kind::ServiceCidr => Object::ServiceCidr(strict(value)?),
+    })
+}
+
+/// Deserializes `value`, turning every unknown field into an error naming its path.
+fn strict<T: DeserializeOwned>(value: Value) -> Result<T, Vec<FieldError>> {
+    let mut unknown = Vec::new();
+    let result = serde_ignored::deserialize(value, |path| unknown.push(field_path(&path)));
+    match result {
+        Err(e) => Err(vec![FieldError {
+            field: None,
+            message: e.to_string(),
+        }]),
+        Ok(object) if unknown.is_empty() => Ok(object),
+        Ok(_) => Err(unknown
+            .into_iter()
+            .map(|field| FieldError {
+                field: Some(field),
+                message: "unknown field".into(),
+            })
+            .collect()),
+    }
+}
+
+/// Formats a path as `spec.ports[0].name`.
+fn field_path(path: &serde_ignored::Path<'_>) -> String {
+    use serde_ignored::Path;
+    match path {
+        Path::Root => String::new(),
+        Path::Seq { parent, index } => format!("{}[{index}]", field_path(parent)),
+        Path::Map { parent, key } => match field_path(parent) {
+            p if p.is_empty() => key.clone(),
+            p => format!("{p}.{key}"),
+        },
+        Path::Some { parent }
+        | Path::NewtypeStruct { parent }
+        | Path::NewtypeVariant { parent } => field_path(parent),
+    }
+}
+
+fn str_field<'a>(map: &'a Map<String, Value>, key: &str) -> Option<&'a str> {
+    map.get(key)?.as_str()
+}
+
+fn type_name(value: &Value) -> &'static str {
+    match value {
+        Value::Null => "null",
+        Value::Bool(_) => "a boolean",
+        Value::Number(_) => "a number",
+        Value::String(_) => "a string",
+        Value::Array(_) => "a list",
+        Value::Object(_) => "an object",
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn parse(text: &str) -> Vec<Entry> {
+        parse_file(Path::new("m/a.yaml"), text).unwrap()
+    }
+
+    fn messages(entry: &Entry) -> Vec<String> {
+        let Entry::Invalid(_, errors) = entry else {
+            panic!("{entry:?}")
+        };
+        errors.iter().map(ToString::to_string).collect()
+    }
+
+    fn key(entry: &Entry) -> Option<String> {
+        match entry {
+            Entry::Valid(key, _) | Entry::Invalid(Some(key), _) => Some(key.to_string()),
+            Entry::Invalid(None, _) => None,
+        }
+    }
+
+    #[test]
+    fn multi_document_with_defaults_and_empty_documents() {
+        let entries = parse(
+            "---\napiVersion: v1\nkind: Service\nmetadata: {name: a}\nspec: {ports: [{port: 80}]}\n---\n---\n\
+             apiVersion: v1\nkind: Node\nmetadata: {name: n1, namespace: ignored}\n",
+        );
+        assert_eq!(entries.len(), 2);
+        assert_eq!(key(&entries[0]).unwrap(), "Service default/a");
+        let Entry::Valid(_, Object::Service(svc)) = &entries[0] else {
+            panic!("{entries:?}")
+        };
+        assert_eq!(svc.metadata.namespace.as_deref(), Some("default"));
+        assert_eq!(key(&entries[1]).unwrap(), "Node n1");
+    }
+
+    #[test]
+    fn list_items_and_unknown_kinds() {
+        let entries = parse(
+            "apiVersion: v1\nkind: List\nitems:\n- {apiVersion: v1, kind: Pod, metadata: {name: p, namespace: x}}\n\
+             - {apiVersion: apps/v1, kind: Deployment, metadata: {name: d}}\n---\n\
+             apiVersion: v1\nkind: ConfigMap\nmetadata: {name: c}\n",
+        );
+        assert_eq!(entries.len(), 1);
+        assert_eq!(key(&entries[0]).unwrap(), "Pod x/p");
+    }
+
+    #[test]
+    fn json_files() {
+        let text = r#"{"apiVersion": "networking.k8s.io/v1", "kind": "ServiceCIDR", "metadata": {"name": "c"}, "spec": {"cidrs": ["10.96.0.0/12"]}}"#;
+        let entries = parse_file(Path::new("c.json"), text).unwrap();
+        assert!(matches!(
+            entries[0],
+            Entry::Valid(_, Object::ServiceCidr(_))
+        ));
+        assert!(
+            parse_file(Path::new("c.json"), "{")
+                .unwrap_err()
+                .to_string()
+                .starts_with("c.json: invalid JSON")
+        );
+    }
+
+    #[test]
+    fn unknown_fields_name_their_path() {
+        let entries = parse(
+            "apiVersion: v1\nkind: Service\nmetadata: {name: hello}\nspec:\n  portz: []\n  ports: [{port: 80, nmae: x}]\n",
+        );
+        assert_eq!(
+            messages(&entries[0]),
+            [
+                "m/a.yaml: Service default/hello: spec.ports[0].nmae: unknown field",
+                "m/a.yaml: Service default/hello: spec.portz: unknown field",
+            ]
+        );
+    }
+
+    #[test]
+    fn validation_and_type_errors_name_the_object() {
+        let entries = parse(
+            "apiVersion: v1\nkind: Service\nmetadata: {name: hello}\nspec: {ports: [{port: 70000}]}\n---\n\
+             apiVersion: v1\nkind: Service\nmetadata: {name: typed}\nspec: {ports: [{port: eighty}]}\n---\n\
+             apiVersion: v1\nkind: Service\nmetadata: {namespace: x}\n---\n[1]\n---\nkind: Service\n",
+        );
+        assert_eq!(
+            messages(&entries[0]),
+            ["m/a.yaml: Service default/hello: spec.ports[0].port: 70000 is out of range 1-65535"]
+        );
+        assert!(
+            messages(&entries[1])[0].starts_with("m/a.yaml: Service default/typed: invalid type"),
+            "{:?}",
+            messages(&entries[1])
+        );
+        assert_eq!(key(&entries[2]), None);
+        assert_eq!(
+            messages(&entries[2]),
+            ["m/a.yaml: metadata.name: is required"]
+        );
+        assert_eq!(
+            messages(&entries[3]),
+            ["m/a.yaml: expected an object, found a list"]
+        );
+        assert_eq!(
+            messages(&entries[4]),
+            ["m/a.yaml: apiVersion and kind are required"]
+        );
+    }
+
+    #[test]
+    fn yaml_syntax_error_names_file_and_line() {
+        let err = parse_file(
+            Path::new("m/bad.yaml"),
+            "apiVersion: v1\nkind: Service\nmetadata: {name: [\n",
+        )
+        .unwrap_err();
+        assert_eq!(
+            err.to_string(),
+            "m/bad.yaml: invalid YAML: line 3 column 18: unclosed bracket '['"
+        );
+    }
+}

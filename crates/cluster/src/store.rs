@@ -1,0 +1,411 @@
+//! The current objects, indexed for the planners, and incremental updates that track
+//! [`Changes`] and keep Pod-derived EndpointSlices up to date.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::sync::Arc;
+
+use k8s_openapi::api::core::v1::{Node, Pod, Service};
+use k8s_openapi::api::discovery::v1::EndpointSlice;
+use k8s_openapi::api::networking::v1::ServiceCIDR;
+
+use crate::endpointslices::{derive, selects};
+use crate::index::{self, Index};
+use crate::object::{Kind, ObjectKey};
+use crate::validate::SERVICE_NAME_LABEL;
+use crate::{Changes, NamespacedName, Object};
+
+const ZONE_LABEL: &str = "topology.kubernetes.io/zone";
+
+/// The current objects: a read-only view used by planners.
+#[derive(Default, Debug)]
+pub struct Store {
+    services: BTreeMap<NamespacedName, Arc<Service>>,
+    /// Hand-written EndpointSlices.
+    slices: BTreeMap<NamespacedName, Arc<EndpointSlice>>,
+    /// Service -> names of its hand-written slices (same namespace).
+    slices_by_service: Index<NamespacedName, String>,
+    /// Service -> slices derived from Pods; absent when there are none.
+    derived: BTreeMap<NamespacedName, Vec<Arc<EndpointSlice>>>,
+    pods: BTreeMap<NamespacedName, Arc<Pod>>,
+    pods_by_node: Index<String, NamespacedName>,
+    nodes: BTreeMap<String, Arc<Node>>,
+    service_cidrs: BTreeMap<String, Arc<ServiceCIDR>>,
+}
+
+/// Effects of a batch of updates, completed by [`Store::finish`].
+#[derive(Default)]
+pub(crate) struct Batch {
+    changes: Changes,
+    /// Services whose derived slices must be recomputed.
+    recompute: BTreeSet<NamespacedName>,
+}
+
+impl Store {
+    /// A store holding `objects` (a later object replaces an earlier one with the same identity),
+    /// with derived EndpointSlices computed. Handy for tests of planners.
+    pub fn from_objects(objects: impl IntoIterator<Item = Object>) -> Self {
+        let mut store = Self::default();
+        let mut batch = Batch::default();
+        for object in objects {
+            store.set(&object.key(), Some(&object), &mut batch);
+        }
+        store.finish(batch);
+        store
+    }
+
+    /// All Services, ordered by namespace and name.
+    pub fn services(&self) -> impl Iterator<Item = (&NamespacedName, &Arc<Service>)> {
+        self.services.iter()
+    }
+
+    /// One Service.
+    pub fn service(&self, key: &NamespacedName) -> Option<&Arc<Service>> {
+        self.services.get(key)
+    }
+
+    /// The Service's hand-written slices (labelled `kubernetes.io/service-name=<name>` in its
+    /// namespace) plus those derived from Pods, sorted by slice name.
+    pub fn slices_for(&self, key: &NamespacedName) -> Vec<Arc<EndpointSlice>> {
+        let hand_written = self
+            .slices_by_service
+            .get(key)
+            .into_iter()
+            .flatten()
+            .filter_map(|name| {
+                self.slices
+                    .get(&NamespacedName::new(key.namespace.as_str(), name.as_str()))
+                    .cloned()
+            });
+        let derived = self.derived.get(key).into_iter().flatten().cloned();
+        let mut slices: Vec<_> = hand_written.chain(derived).collect();
+        slices.sort_by(|a, b| a.metadata.name.cmp(&b.metadata.name));
+        slices
+    }
+
+    /// One Node.
+    pub fn node(&self, name: &str) -> Option<&Arc<Node>> {
+        self.nodes.get(name)
+    }
+
+    /// All ServiceCIDRs, ordered by name.
+    pub fn service_cidrs(&self) -> impl Iterator<Item = &Arc<ServiceCIDR>> {
+        self.service_cidrs.values()
+    }
+
+    /// Sets (`Some`) or removes (`None`) the object `key`, recording the effects in `batch`.
+    pub(crate) fn set(&mut self, key: &ObjectKey, object: Option<&Object>, batch: &mut Batch) {
+        let name = &key.name;
+        match (key.kind, object) {
+            (_, Some(Object::Service(s))) => self.set_service(name, Some(s), batch),
+            (_, Some(Object::EndpointSlice(s))) => self.set_slice(name, Some(s), batch),
+            (_, Some(Object::Pod(p))) => self.set_pod(name, Some(p), batch),
+            (_, Some(Object::Node(n))) => self.set_node(&name.name, Some(n), batch),
+            (_, Some(Object::ServiceCidr(c))) => self.set_service_cidr(&name.name, Some(c), batch),
+            (Kind::Service, None) => self.set_service(name, None, batch),
+            (Kind::EndpointSlice, None) => self.set_slice(name, None, batch),
+            (Kind::Pod, None) => self.set_pod(name, None, batch),
+            (Kind::Node, None) => self.set_node(&name.name, None, batch),
+            (Kind::ServiceCidr, None) => self.set_service_cidr(&name.name, None, batch),
+        }
+    }
+
+    /// Recomputes derived slices where needed and returns everything the batch changed.
+    pub(crate) fn finish(&mut self, batch: Batch) -> Changes {
+        let Batch {
+            mut changes,
+            recompute,
+        } = batch;
+        for key in recompute {
+            let new: Vec<EndpointSlice> = match self.services.get(&key) {
+                Some(service) => derive(
+                    service,
+                    in_namespace(&self.pods, &key.namespace).map(|(_, p)| &**p),
+                    |node| {
+                        self.nodes
+                            .get(node)?
+                            .metadata
+                            .labels
+                            .as_ref()?
+                            .get(ZONE_LABEL)
+                            .cloned()
+                    },
+                ),
+                None => Vec::new(),
+            };
+            let old = self
+                .derived
+                .get(&key)
+                .map(Vec::as_slice)
+                .unwrap_or_default();
+            if old.iter().map(|s| &**s).eq(new.iter()) {
+                continue;
+            }
+            changes.services.insert(key.clone());
+            if new.is_empty() {
+                self.derived.remove(&key);
+            } else {
+                self.derived
+                    .insert(key, new.into_iter().map(Arc::new).collect());
+            }
+        }
+        changes
+    }
+
+    fn set_service(&mut self, key: &NamespacedName, new: Option<&Service>, batch: &mut Batch) {
+        if replace(&mut self.services, key, new).is_some() {
+            batch.changes.services.insert(key.clone());
+            batch.recompute.insert(key.clone());
+        }
+    }
+
+    fn set_slice(&mut self, key: &NamespacedName, new: Option<&EndpointSlice>, batch: &mut Batch) {
+        let Some(old) = replace(&mut self.slices, key, new) else {
+            return;
+        };
+        if let Some(service) = old.as_deref().and_then(|s| owning_service(key, s)) {
+            index::remove(&mut self.slices_by_service, &service, &key.name);
+            batch.changes.services.insert(service);
+        }
+        if let Some(service) = new.and_then(|s| owning_service(key, s)) {
+            index::insert(
+                &mut self.slices_by_service,
+                service.clone(),
+                key.name.clone(),
+            );
+            batch.changes.services.insert(service);
+        }
+    }
+
+    fn set_pod(&mut self, key: &NamespacedName, new: Option<&Pod>, batch: &mut Batch) {
+        let Some(old) = replace(&mut self.pods, key, new) else {
+            return;
+        };
+        let node_of = |pod: &Pod| pod.spec.as_ref()?.node_name.clone();
+        if let Some(node) = old.as_deref().and_then(node_of) {
+            index::remove(&mut self.pods_by_node, &node, key);
+        }
+        if let Some(node) = new.and_then(node_of) {
+            index::insert(&mut self.pods_by_node, node, key.clone());
+        }
+        for pod in old.as_deref().into_iter().chain(new) {
+            self.recompute_selecting(pod, batch);
+        }
+    }
+
+    fn set_node(&mut self, name: &str, new: Option<&Node>, batch: &mut Batch) {
+        if replace(&mut self.nodes, &name.to_owned(), new).is_none() {
+            return;
+        }
+        batch.changes.nodes.insert(name.to_owned());
+        // Zones of endpoints on this node may change.
+        for pod in self
+            .pods_by_node
+            .get(name)
+            .into_iter()
+            .flatten()
+            .filter_map(|p| self.pods.get(p))
+        {
+            self.recompute_selecting(pod, batch);
+        }
+    }
+
+    fn set_service_cidr(&mut self, name: &str, new: Option<&ServiceCIDR>, batch: &mut Batch) {
+        if replace(&mut self.service_cidrs, &name.to_owned(), new).is_some() {
+            batch.changes.service_cidrs = true;
+        }
+    }
+
+    /// Marks every Service in the Pod's namespace that selects it for recomputation.
+    fn recompute_selecting(&self, pod: &Pod, batch: &mut Batch) {
+        let namespace = pod.metadata.namespace.as_deref().unwrap_or("default");
+        let labels = pod.metadata.labels.as_ref();
+        let selecting = in_namespace(&self.services, namespace).filter(|(_, s)| selects(s, labels));
+        batch.recompute.extend(selecting.map(|(k, _)| k.clone()));
+    }
+}
+
+/// Replaces `map[key]` with `new` unless equal; returns the previous value if anything changed.
+fn replace<K: Ord + Clone, T: Clone + PartialEq>(
+    map: &mut BTreeMap<K, Arc<T>>,
+    key: &K,
+    new: Option<&T>,
+) -> Option<Option<Arc<T>>> {
+    if map.get(key).map(|v| &**v) == new {
+        return None;
+    }
+    Some(match new {
+        Some(v) => map.insert(key.clone(), Arc::new(v.clone())),
+        None => map.remove(key),
+    })
+}
+
+/// Entries of `map` in `namespace`.
+fn in_namespace<'a, T>(
+    map: &'a BTreeMap<NamespacedName, T>,
+    namespace: &'a str,
+) -> impl Iterator<Item = (&'a NamespacedName, &'a T)> {
+    map.range(NamespacedName::new(namespace, "")..)
+        .take_while(move |(k, _)| k.namespace == namespace)
+}
+
+/// The Service named by a slice's `kubernetes.io/service-name` label.
+fn owning_service(slice_key: &NamespacedName, slice: &EndpointSlice) -> Option<NamespacedName> {
+    let service = slice.metadata.labels.as_ref()?.get(SERVICE_NAME_LABEL)?;
+    Some(NamespacedName::new(
+        slice_key.namespace.as_str(),
+        service.as_str(),
+    ))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::{Value, json};
+
+    fn object(value: Value) -> Object {
+        let kind = value["kind"].as_str().unwrap().to_owned();
+        match kind.as_str() {
+            "Service" => Object::Service(serde_json::from_value(value).unwrap()),
+            "EndpointSlice" => Object::EndpointSlice(serde_json::from_value(value).unwrap()),
+            "Pod" => Object::Pod(serde_json::from_value(value).unwrap()),
+            "Node" => Object::Node(serde_json::from_value(value).unwrap()),
+            _ => Object::ServiceCidr(serde_json::from_value(value).unwrap()),
+        }
+    }
+
+    fn service(name: &str, app: &str) -> Object {
+        object(
+            json!({"apiVersion": "v1", "kind": "Service", "metadata": {"name": name, "namespace": "ns"},
+            "spec": {"selector": {"app": app}, "ports": [{"port": 80}]}}),
+        )
+    }
+
+    fn pod(name: &str, app: &str, node: &str) -> Object {
+        object(
+            json!({"apiVersion": "v1", "kind": "Pod", "metadata": {"name": name, "namespace": "ns", "labels": {"app": app}},
+            "spec": {"nodeName": node, "containers": []}, "status": {"podIP": "10.0.0.1"}}),
+        )
+    }
+
+    fn node(name: &str, zone: &str) -> Object {
+        object(
+            json!({"apiVersion": "v1", "kind": "Node", "metadata": {"name": name, "labels": {ZONE_LABEL: zone}}}),
+        )
+    }
+
+    fn slice(name: &str, service: &str) -> Object {
+        object(
+            json!({"apiVersion": "discovery.k8s.io/v1", "kind": "EndpointSlice",
+            "metadata": {"name": name, "namespace": "ns", "labels": {SERVICE_NAME_LABEL: service}},
+            "addressType": "IPv4", "endpoints": []}),
+        )
+    }
+
+    fn apply(store: &mut Store, updates: Vec<(Object, bool)>) -> Changes {
+        let mut batch = Batch::default();
+        for (object, present) in &updates {
+            store.set(&object.key(), present.then_some(object), &mut batch);
+        }
+        store.finish(batch)
+    }
+
+    fn nn(name: &str) -> NamespacedName {
+        NamespacedName::new("ns", name)
+    }
+
+    fn services(names: &[&str]) -> BTreeSet<NamespacedName> {
+        names.iter().map(|n| nn(n)).collect()
+    }
+
+    #[test]
+    fn pod_changes_recompute_only_selecting_services() {
+        let mut store =
+            Store::from_objects([service("a", "a"), service("b", "b"), pod("p", "a", "n1")]);
+        assert_eq!(store.slices_for(&nn("a")).len(), 1);
+        assert!(store.slices_for(&nn("b")).is_empty());
+
+        let changes = apply(&mut store, vec![(pod("p", "b", "n1"), true)]);
+        assert_eq!(changes.services, services(&["a", "b"]));
+        assert!(store.slices_for(&nn("a")).is_empty());
+        assert_eq!(store.slices_for(&nn("b")).len(), 1);
+
+        // Re-applying an identical pod changes nothing; a changed annotation changes no slice.
+        assert!(apply(&mut store, vec![(pod("p", "b", "n1"), true)]).is_empty());
+        let Object::Pod(mut annotated) = pod("p", "b", "n1") else {
+            unreachable!()
+        };
+        annotated.metadata.annotations = Some([("x".to_owned(), "y".to_owned())].into());
+        assert!(apply(&mut store, vec![(Object::Pod(annotated.clone()), true)]).is_empty());
+
+        let changes = apply(&mut store, vec![(Object::Pod(annotated), false)]);
+        assert_eq!(changes.services, services(&["b"]));
+        assert!(store.slices_for(&nn("b")).is_empty());
+    }
+
+    #[test]
+    fn service_changes_and_removal() {
+        let mut store = Store::from_objects([pod("p", "a", "n1")]);
+        let changes = apply(&mut store, vec![(service("a", "a"), true)]);
+        assert_eq!(changes.services, services(&["a"]));
+        assert_eq!(store.services().count(), 1);
+        assert!(store.service(&nn("a")).is_some());
+        assert_eq!(store.slices_for(&nn("a")).len(), 1);
+        let changes = apply(&mut store, vec![(service("a", "a"), false)]);
+        assert_eq!(changes.services, services(&["a"]));
+        assert!(store.slices_for(&nn("a")).is_empty());
+        assert!(store.derived.is_empty());
+    }
+
+    #[test]
+    fn hand_written_slices_report_old_and_new_service() {
+        let mut store = Store::from_objects([slice("s1", "a"), slice("s0", "a")]);
+        let names: Vec<_> = store
+            .slices_for(&nn("a"))
+            .iter()
+            .map(|s| s.metadata.name.clone().unwrap())
+            .collect();
+        assert_eq!(names, ["s0", "s1"]);
+        let changes = apply(&mut store, vec![(slice("s1", "b"), true)]);
+        assert_eq!(changes.services, services(&["a", "b"]));
+        assert_eq!(store.slices_for(&nn("a")).len(), 1);
+        assert_eq!(store.slices_for(&nn("b")).len(), 1);
+        let changes = apply(&mut store, vec![(slice("s0", "a"), false)]);
+        assert_eq!(changes.services, services(&["a"]));
+        assert!(!store.slices_by_service.contains_key(&nn("a")));
+    }
+
+    #[test]
+    fn node_zone_change_updates_derived_slices() {
+        let mut store =
+            Store::from_objects([service("a", "a"), pod("p", "a", "n1"), node("n1", "z1")]);
+        let zone = |store: &Store| store.slices_for(&nn("a"))[0].endpoints[0].zone.clone();
+        assert_eq!(zone(&store).as_deref(), Some("z1"));
+        let changes = apply(&mut store, vec![(node("n1", "z2"), true)]);
+        assert_eq!(changes.nodes, ["n1".to_owned()].into());
+        assert_eq!(changes.services, services(&["a"]));
+        assert_eq!(zone(&store).as_deref(), Some("z2"));
+        assert!(store.node("n1").is_some());
+        let changes = apply(&mut store, vec![(node("n2", "z1"), true)]);
+        assert!(changes.services.is_empty());
+    }
+
+    #[test]
+    fn service_cidrs_set_the_flag() {
+        let cidr = object(
+            json!({"apiVersion": "networking.k8s.io/v1", "kind": "ServiceCIDR",
+            "metadata": {"name": "c"}, "spec": {"cidrs": ["10.96.0.0/12"]}}),
+        );
+        let mut store = Store::default();
+        let changes = apply(&mut store, vec![(cidr.clone(), true)]);
+        assert_eq!(
+            changes,
+            Changes {
+                service_cidrs: true,
+                ..Changes::default()
+            }
+        );
+        assert_eq!(store.service_cidrs().count(), 1);
+        assert!(apply(&mut store, vec![(cidr, false)]).service_cidrs);
+        assert_eq!(store.service_cidrs().count(), 0);
+    }
+}

@@ -1,0 +1,172 @@
+//! Named network namespaces (`ip netns`) that clean up after themselves.
+
+use std::ffi::OsStr;
+use std::fs::{self, File};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, ExitStatus, Output, Stdio};
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+use std::thread;
+
+use anyhow::{Context, Result};
+use nix::sched::{CloneFlags, setns};
+
+use crate::cmd;
+
+/// Where `ip netns` keeps its namespace handles.
+const NETNS_DIR: &str = "/var/run/netns";
+
+/// Makes namespace names unique within this process.
+static NEXT_ID: AtomicU32 = AtomicU32::new(0);
+
+/// A named network namespace, deleted (after killing its spawned processes) on drop.
+pub struct Netns {
+    name: String,
+    children: Mutex<Vec<Process>>,
+}
+
+/// A process started by [`Netns::spawn`]; it is killed when its namespace is dropped.
+#[derive(Clone)]
+pub struct Process(Arc<Mutex<Child>>);
+
+impl Netns {
+    /// Creates namespace `<prefix>-<pid>-<n>` with its loopback up.
+    pub fn new(prefix: &str) -> Result<Self> {
+        let id = NEXT_ID.fetch_add(1, Ordering::Relaxed);
+        let name = format!("{prefix}-{}-{id}", std::process::id());
+        cmd::output(Command::new("ip").args(["netns", "add", &name]))?;
+        let netns = Netns {
+            name,
+            children: Mutex::default(),
+        };
+        netns.ip(["link", "set", "lo", "up"])?;
+        Ok(netns)
+    }
+
+    /// The namespace name as known to `ip netns`.
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+
+    /// The namespace handle file, `/var/run/netns/<name>`.
+    pub fn path(&self) -> PathBuf {
+        Path::new(NETNS_DIR).join(&self.name)
+    }
+
+    /// Runs `ip -n <name> args...` (iproute2 configuration of this namespace).
+    pub fn ip<I, S>(&self, args: I) -> Result<Output>
+    where
+        I: IntoIterator<Item = S>,
+        S: AsRef<OsStr>,
+    {
+        cmd::output(Command::new("ip").arg("-n").arg(&self.name).args(args))
+    }
+
+    /// Runs `args` inside the namespace to completion; failure carries stderr.
+    pub fn exec<I, S>(&self, args: I) -> Result<Output>
+    where
+        I: IntoIterator<Item = S>,
+        S: AsRef<OsStr>,
+    {
+        cmd::output(&mut self.command(args))
+    }
+
+    /// Starts `args` inside the namespace (stdin null, stdout/stderr inherited).
+    pub fn spawn<I, S>(&self, args: I) -> Result<Process>
+    where
+        I: IntoIterator<Item = S>,
+        S: AsRef<OsStr>,
+    {
+        let mut command = self.command(args);
+        let child = command
+            .stdin(Stdio::null())
+            .spawn()
+            .with_context(|| format!("cannot start {command:?}"))?;
+        let process = Process(Arc::new(Mutex::new(child)));
+        lock(&self.children).push(process.clone());
+        Ok(process)
+    }
+
+    /// Runs `f` on a fresh thread that has entered this namespace, so sockets
+    /// it creates live here. Panics (on the caller's thread) if `f` panics or
+    /// the namespace cannot be entered.
+    pub fn run<T: Send>(&self, f: impl FnOnce() -> T + Send) -> T {
+        let path = self.path();
+        thread::scope(|scope| {
+            let worker = scope.spawn(|| {
+                enter(&path).unwrap_or_else(|err| panic!("{err:#}"));
+                f()
+            });
+            worker
+                .join()
+                .unwrap_or_else(|panic| std::panic::resume_unwind(panic))
+        })
+    }
+
+    /// Sets sysctl `key` (dotted, e.g. `net.ipv4.ip_forward`) in this namespace.
+    pub fn sysctl(&self, key: &str, value: &str) -> Result<()> {
+        let path = Path::new("/proc/sys").join(key.replace('.', "/"));
+        self.run(|| fs::write(&path, value))
+            .with_context(|| format!("cannot set sysctl {key}={value} in netns {}", self.name))
+    }
+
+    /// `ip netns exec <name> args...`, not yet started.
+    fn command<I, S>(&self, args: I) -> Command
+    where
+        I: IntoIterator<Item = S>,
+        S: AsRef<OsStr>,
+    {
+        let mut command = Command::new("ip");
+        command.args(["netns", "exec", &self.name]).args(args);
+        command
+    }
+}
+
+impl Drop for Netns {
+    fn drop(&mut self) {
+        for process in lock(&self.children).drain(..) {
+            if let Err(err) = process.kill() {
+                tracing::warn!(netns = %self.name, "{err:#}");
+            }
+        }
+        if let Err(err) = cmd::output(Command::new("ip").args(["netns", "del", &self.name])) {
+            tracing::warn!("{err:#}");
+        }
+    }
+}
+
+impl Process {
+    /// The OS process id.
+    pub fn id(&self) -> u32 {
+        lock(&self.0).id()
+    }
+
+    /// Returns the exit status if the process has exited, without waiting.
+    pub fn try_wait(&self) -> Result<Option<ExitStatus>> {
+        lock(&self.0)
+            .try_wait()
+            .context("cannot poll child process")
+    }
+
+    /// Kills the process (if still running) and reaps it.
+    pub fn kill(&self) -> Result<()> {
+        let mut child = lock(&self.0);
+        child
+            .kill()
+            .with_context(|| format!("cannot kill process {}", child.id()))?;
+        child.wait().context("cannot reap killed process")?;
+        Ok(())
+    }
+}
+
+/// Moves the calling thread into the network namespace at `path`.
+fn enter(path: &Path) -> Result<()> {
+    let file = File::open(path).with_context(|| format!("cannot open {}", path.display()))?;
+    setns(&file, CloneFlags::CLONE_NEWNET)
+        .with_context(|| format!("cannot enter netns {}", path.display()))
+}
+
+/// Locks `mutex`, ignoring poisoning (cleanup must work after a panic).
+fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
+    mutex.lock().unwrap_or_else(PoisonError::into_inner)
+}

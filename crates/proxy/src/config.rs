@@ -1,0 +1,351 @@
+//! Proxy settings: kube-proxy's flags and its `KubeProxyConfiguration` file, merged.
+
+use std::path::Path;
+use std::time::Duration;
+
+use ipnet::IpNet;
+use serde::Deserialize;
+
+use crate::Error;
+
+/// Which kernel backend programs the rules.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum ProxyMode {
+    /// nftables tables `ip roadkeeper` / `ip6 roadkeeper` (the default).
+    #[default]
+    Nftables,
+}
+
+impl std::str::FromStr for ProxyMode {
+    type Err = Error;
+    fn from_str(s: &str) -> Result<Self, Error> {
+        match s {
+            "" | "nftables" => Ok(ProxyMode::Nftables),
+            other => Err(Error::Config(format!(
+                "mode: unsupported proxy mode {other:?} (supported: nftables)"
+            ))),
+        }
+    }
+}
+
+/// Which node addresses accept NodePort traffic (`--nodeport-addresses`).
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub enum NodePortAddresses {
+    /// The node's primary IP of each family (nftables-mode default).
+    #[default]
+    Primary,
+    /// Every local address inside one of these CIDRs.
+    Cidrs(Vec<IpNet>),
+}
+
+impl NodePortAddresses {
+    /// Parses the flag value: a comma-separated list of CIDRs and/or the word `primary`.
+    pub fn parse(items: &[String]) -> Result<Self, Error> {
+        let items: Vec<&str> = items.iter().map(|s| s.trim()).filter(|s| !s.is_empty()).collect();
+        if items.is_empty() || items == ["primary"] {
+            return Ok(NodePortAddresses::Primary);
+        }
+        items
+            .iter()
+            .map(|s| {
+                s.parse::<IpNet>().map_err(|e| {
+                    Error::Config(format!("nodePortAddresses: {s:?} is not a CIDR or \"primary\": {e}"))
+                })
+            })
+            .collect::<Result<_, _>>()
+            .map(NodePortAddresses::Cidrs)
+    }
+}
+
+/// Everything the planners need to know about how to proxy (pure data, no I/O).
+#[derive(Debug, Clone, PartialEq)]
+pub struct ProxyConfig {
+    /// This node's name (`--hostname-override`, default the host name).
+    pub hostname: String,
+    /// Pod CIDRs used to tell pod traffic from external traffic (`--cluster-cidr`).
+    pub cluster_cidrs: Vec<IpNet>,
+    /// Masquerade all traffic sent to ClusterIPs (`--masquerade-all`).
+    pub masquerade_all: bool,
+    /// The packet-mark bit that flags traffic for masquerading (default 14, i.e. 0x4000).
+    pub masquerade_bit: u8,
+    /// Which addresses accept NodePort traffic.
+    pub nodeport_addresses: NodePortAddresses,
+    /// The kernel backend.
+    pub mode: ProxyMode,
+    /// Minimum time between two syncs (`minSyncPeriod`, default 1s).
+    pub min_sync_period: Duration,
+    /// Period of the health check of our tables and retry after failure (`syncPeriod`, default 30s).
+    pub sync_period: Duration,
+}
+
+impl Default for ProxyConfig {
+    fn default() -> Self {
+        ProxyConfig {
+            hostname: String::new(),
+            cluster_cidrs: Vec::new(),
+            masquerade_all: false,
+            masquerade_bit: 14,
+            nodeport_addresses: NodePortAddresses::Primary,
+            mode: ProxyMode::Nftables,
+            min_sync_period: Duration::from_secs(1),
+            sync_period: Duration::from_secs(30),
+        }
+    }
+}
+
+impl ProxyConfig {
+    /// The masquerade mark value, e.g. `0x4000` for bit 14.
+    pub fn masquerade_mark(&self) -> u32 {
+        1u32 << self.masquerade_bit
+    }
+
+    /// Applies a `KubeProxyConfiguration` file on top of `self` (flags are applied after it).
+    pub fn apply_file(&mut self, path: &Path) -> Result<(), Error> {
+        let text = std::fs::read_to_string(path)
+            .map_err(|e| Error::Config(format!("{}: {e}", path.display())))?;
+        let file: KubeProxyConfiguration = serde_saphyr::from_str(&text)
+            .map_err(|e| Error::Config(format!("{}: {e}", path.display())))?;
+        file.apply(self).map_err(|e| match e {
+            Error::Config(msg) => Error::Config(format!("{}: {msg}", path.display())),
+            other => other,
+        })
+    }
+}
+
+/// Parses a comma-separated CIDR list such as `10.244.0.0/16,fd00:244::/48`.
+pub fn parse_cidrs(field: &str, value: &str) -> Result<Vec<IpNet>, Error> {
+    value
+        .split(',')
+        .map(str::trim)
+        .filter(|s| !s.is_empty())
+        .map(|s| s.parse().map_err(|e| Error::Config(format!("{field}: {s:?} is not a CIDR: {e}"))))
+        .collect()
+}
+
+/// Parses a Go duration as written in kube-proxy configs (`1s`, `30s`, `1m0s`, `500ms`, `1h`).
+fn parse_go_duration(field: &str, value: &str) -> Result<Duration, Error> {
+    let bad = || Error::Config(format!("{field}: {value:?} is not a duration like 30s or 1m0s"));
+    let mut total = Duration::ZERO;
+    let mut rest = value.trim();
+    if rest.is_empty() {
+        return Err(bad());
+    }
+    while !rest.is_empty() {
+        let digits = rest.find(|c: char| !(c.is_ascii_digit() || c == '.')).ok_or_else(bad)?;
+        let number: f64 = rest[..digits].parse().map_err(|_| bad())?;
+        rest = &rest[digits..];
+        let unit_len = rest.find(|c: char| c.is_ascii_digit()).unwrap_or(rest.len());
+        let seconds = match &rest[..unit_len] {
+            "h" => 3600.0,
+            "m" => 60.0,
+            "s" => 1.0,
+            "ms" => 1e-3,
+            "us" | "µs" => 1e-6,
+            "ns" => 1e-9,
+            _ => return Err(bad()),
+        };
+        total += Duration::from_secs_f64(number * seconds);
+        rest = &rest[unit_len..];
+    }
+    Ok(total)
+}
+
+/// The subset of `kubeproxy.config.k8s.io/v1alpha1` `KubeProxyConfiguration` that roadkeeper reads.
+/// Fields kube-proxy knows but roadkeeper does not use are accepted and ignored; anything else is
+/// an error, as in kube-proxy's strict decoding.
+#[derive(Debug, Default, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+struct KubeProxyConfiguration {
+    api_version: Option<String>,
+    kind: Option<String>,
+    mode: Option<String>,
+    #[serde(rename = "clusterCIDR")]
+    cluster_cidr: Option<String>,
+    hostname_override: Option<String>,
+    node_port_addresses: Option<Vec<String>>,
+    detect_local_mode: Option<String>,
+    iptables: Option<MasqueradeSettings>,
+    nftables: Option<MasqueradeSettings>,
+    sync_period: Option<String>,
+    min_sync_period: Option<String>,
+    // Known to kube-proxy, accepted so that its files load, not used by roadkeeper.
+    #[allow(dead_code)]
+    feature_gates: Option<serde_json::Value>,
+    #[allow(dead_code)]
+    client_connection: Option<serde_json::Value>,
+    #[allow(dead_code)]
+    bind_address: Option<serde_json::Value>,
+    #[allow(dead_code)]
+    healthz_bind_address: Option<serde_json::Value>,
+    #[allow(dead_code)]
+    metrics_bind_address: Option<serde_json::Value>,
+    #[allow(dead_code)]
+    bind_address_hard_fail: Option<serde_json::Value>,
+    #[allow(dead_code)]
+    enable_profiling: Option<serde_json::Value>,
+    #[allow(dead_code)]
+    show_hidden_metrics_for_version: Option<serde_json::Value>,
+    #[allow(dead_code)]
+    ipvs: Option<serde_json::Value>,
+    #[allow(dead_code)]
+    winkernel: Option<serde_json::Value>,
+    #[allow(dead_code)]
+    detect_local: Option<serde_json::Value>,
+    #[allow(dead_code)]
+    oom_score_adj: Option<serde_json::Value>,
+    #[allow(dead_code)]
+    conntrack: Option<serde_json::Value>,
+    #[allow(dead_code)]
+    config_sync_period: Option<serde_json::Value>,
+    #[allow(dead_code)]
+    port_range: Option<serde_json::Value>,
+    #[allow(dead_code)]
+    logging: Option<serde_json::Value>,
+}
+
+/// `iptables:` / `nftables:` sections of the file.
+#[derive(Debug, Default, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+struct MasqueradeSettings {
+    masquerade_all: Option<bool>,
+    masquerade_bit: Option<i32>,
+    sync_period: Option<String>,
+    min_sync_period: Option<String>,
+    /// iptables mode only; accepted, not used by the nftables backend.
+    #[allow(dead_code)]
+    localhost_node_ports: Option<bool>,
+}
+
+impl KubeProxyConfiguration {
+    fn apply(self, cfg: &mut ProxyConfig) -> Result<(), Error> {
+        if let Some(api) = self.api_version.as_deref()
+            && api != "kubeproxy.config.k8s.io/v1alpha1"
+        {
+            return Err(Error::Config(format!(
+                "apiVersion: {api:?} is not kubeproxy.config.k8s.io/v1alpha1"
+            )));
+        }
+        if let Some(kind) = self.kind.as_deref()
+            && kind != "KubeProxyConfiguration"
+        {
+            return Err(Error::Config(format!("kind: {kind:?} is not KubeProxyConfiguration")));
+        }
+        if let Some(mode) = self.mode {
+            cfg.mode = mode.parse()?;
+        }
+        if let Some(cidr) = self.cluster_cidr {
+            cfg.cluster_cidrs = parse_cidrs("clusterCIDR", &cidr)?;
+        }
+        if let Some(name) = self.hostname_override.filter(|n| !n.is_empty()) {
+            cfg.hostname = name;
+        }
+        if let Some(addrs) = self.node_port_addresses {
+            cfg.nodeport_addresses = NodePortAddresses::parse(&addrs)?;
+        }
+        if let Some(mode) = self.detect_local_mode.as_deref()
+            && !matches!(mode, "" | "ClusterCIDR")
+        {
+            return Err(Error::Config(format!(
+                "detectLocalMode: {mode:?} is not supported (supported: ClusterCIDR)"
+            )));
+        }
+        if let Some(period) = self.sync_period {
+            cfg.sync_period = parse_go_duration("syncPeriod", &period)?;
+        }
+        if let Some(period) = self.min_sync_period {
+            cfg.min_sync_period = parse_go_duration("minSyncPeriod", &period)?;
+        }
+        let section = if cfg.mode == ProxyMode::Nftables { self.nftables } else { self.iptables };
+        if let Some(section) = section {
+            if let Some(all) = section.masquerade_all {
+                cfg.masquerade_all = all;
+            }
+            if let Some(bit) = section.masquerade_bit {
+                cfg.masquerade_bit = u8::try_from(bit).ok().filter(|b| *b <= 31).ok_or_else(|| {
+                    Error::Config(format!("masqueradeBit: {bit} is out of range 0-31"))
+                })?;
+            }
+            if let Some(period) = section.sync_period {
+                cfg.sync_period = parse_go_duration("syncPeriod", &period)?;
+            }
+            if let Some(period) = section.min_sync_period {
+                cfg.min_sync_period = parse_go_duration("minSyncPeriod", &period)?;
+            }
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn from_yaml(text: &str) -> Result<ProxyConfig, Error> {
+        let dir = tempfile_path(text);
+        let mut cfg = ProxyConfig::default();
+        cfg.apply_file(&dir)?;
+        Ok(cfg)
+    }
+
+    fn tempfile_path(text: &str) -> std::path::PathBuf {
+        use std::sync::atomic::{AtomicUsize, Ordering};
+        static N: AtomicUsize = AtomicUsize::new(0);
+        let path = std::env::temp_dir().join(format!(
+            "rk-config-{}-{}.yaml",
+            std::process::id(),
+            N.fetch_add(1, Ordering::Relaxed)
+        ));
+        std::fs::write(&path, text).unwrap();
+        path
+    }
+
+    #[test]
+    fn reads_a_kubeadm_style_file() {
+        let cfg = from_yaml(
+            "apiVersion: kubeproxy.config.k8s.io/v1alpha1\nkind: KubeProxyConfiguration\n\
+             mode: nftables\nclusterCIDR: 10.244.0.0/16,fd00:244::/48\nhostnameOverride: node-a\n\
+             nodePortAddresses: [\"192.168.0.0/16\"]\nbindAddress: 0.0.0.0\n\
+             conntrack: {maxPerCore: 32768}\nnftables: {masqueradeAll: true, masqueradeBit: 15, minSyncPeriod: 2s, syncPeriod: 1m0s}\n",
+        )
+        .unwrap();
+        assert_eq!(cfg.hostname, "node-a");
+        assert_eq!(cfg.cluster_cidrs.len(), 2);
+        assert!(cfg.masquerade_all);
+        assert_eq!(cfg.masquerade_mark(), 0x8000);
+        assert_eq!(cfg.min_sync_period, Duration::from_secs(2));
+        assert_eq!(cfg.sync_period, Duration::from_secs(60));
+        assert_eq!(
+            cfg.nodeport_addresses,
+            NodePortAddresses::Cidrs(vec!["192.168.0.0/16".parse().unwrap()])
+        );
+    }
+
+    #[test]
+    fn unknown_field_is_an_error_naming_it() {
+        let err = from_yaml("kind: KubeProxyConfiguration\nclusterCidr: 10.0.0.0/8\n").unwrap_err();
+        assert!(err.to_string().contains("clusterCidr"), "{err}");
+    }
+
+    #[test]
+    fn bad_values_name_their_field() {
+        let err = from_yaml("clusterCIDR: 10.0.0.300/8\n").unwrap_err();
+        assert!(err.to_string().contains("clusterCIDR"), "{err}");
+        let err = from_yaml("mode: ipvs\n").unwrap_err();
+        assert!(err.to_string().contains("mode"), "{err}");
+        let err = from_yaml("syncPeriod: soon\n").unwrap_err();
+        assert!(err.to_string().contains("syncPeriod"), "{err}");
+    }
+
+    #[test]
+    fn go_durations() {
+        assert_eq!(parse_go_duration("x", "1m30s").unwrap(), Duration::from_secs(90));
+        assert_eq!(parse_go_duration("x", "250ms").unwrap(), Duration::from_millis(250));
+        assert!(parse_go_duration("x", "5").is_err());
+    }
+
+    #[test]
+    fn nodeport_addresses_accepts_primary_and_cidrs() {
+        assert_eq!(NodePortAddresses::parse(&["primary".into()]).unwrap(), NodePortAddresses::Primary);
+        assert!(NodePortAddresses::parse(&["nonsense".into()]).is_err());
+    }
+}

@@ -1,0 +1,91 @@
+//! The thin effectful layer: hands scripts to the `nft` binary (one atomic transaction per call)
+//! and lists the names of what our tables hold.
+//!
+//! Like upstream's knftables, this drives `nft -f -` rather than speaking netlink: nft owns the
+//! intricate expression encoding and stays the reference a reader can replay by hand.
+
+use std::io::Write;
+use std::process::{Command, Stdio};
+
+use super::objects::TABLE;
+use super::transaction::Existing;
+use crate::Error;
+use crate::table::IpFamily;
+
+/// Something that can run nft transactions: the real binary, or a recorder in tests.
+pub trait NftRunner: Send {
+    /// Applies one script atomically.
+    fn apply(&mut self, script: &str) -> Result<(), Error>;
+    /// Checks a script against the kernel without committing it (`nft -c`).
+    fn check(&mut self, script: &str) -> Result<(), Error>;
+    /// Lists the chains and sets currently in our tables (missing tables are empty).
+    fn existing(&mut self) -> Result<Existing, Error>;
+    /// True when our tables exist and the dispatch rule is in place (detects a flush or delete).
+    fn healthy(&mut self) -> Result<bool, Error>;
+}
+
+/// Runs the system `nft` binary.
+#[derive(Debug, Default)]
+pub struct NftBinary;
+
+fn nft(args: &[&str], stdin: Option<&str>) -> Result<String, Error> {
+    let mut child = Command::new("nft")
+        .args(args)
+        .stdin(if stdin.is_some() { Stdio::piped() } else { Stdio::null() })
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .map_err(|e| Error::Nft(format!("cannot run nft: {e}")))?;
+    if let Some(input) = stdin {
+        let mut pipe = child.stdin.take().expect("stdin is piped");
+        pipe.write_all(input.as_bytes()).map_err(|e| Error::Nft(format!("writing to nft: {e}")))?;
+    }
+    let output = child.wait_with_output().map_err(|e| Error::Nft(format!("waiting for nft: {e}")))?;
+    if output.status.success() {
+        Ok(String::from_utf8_lossy(&output.stdout).into_owned())
+    } else {
+        Err(Error::Nft(String::from_utf8_lossy(&output.stderr).trim().to_string()))
+    }
+}
+
+impl NftRunner for NftBinary {
+    fn apply(&mut self, script: &str) -> Result<(), Error> {
+        nft(&["-f", "-"], Some(script)).map(|_| ())
+    }
+
+    fn check(&mut self, script: &str) -> Result<(), Error> {
+        nft(&["-c", "-f", "-"], Some(script)).map(|_| ())
+    }
+
+    fn existing(&mut self) -> Result<Existing, Error> {
+        let mut existing = Existing::default();
+        for family in [IpFamily::V4, IpFamily::V6] {
+            let keyword = super::objects::family_keyword(family);
+            let Ok(listing) = nft(&["-t", "list", "table", keyword, TABLE], None) else { continue };
+            for line in listing.lines() {
+                let words: Vec<&str> = line.split_whitespace().collect();
+                match words.as_slice() {
+                    ["chain", name, "{"] => {
+                        existing.chains.insert((family, name.to_string()));
+                    }
+                    ["set" | "map", name, "{"] => {
+                        existing.sets.insert((family, name.to_string()));
+                    }
+                    _ => {}
+                }
+            }
+        }
+        Ok(existing)
+    }
+
+    fn healthy(&mut self) -> Result<bool, Error> {
+        for family in [IpFamily::V4, IpFamily::V6] {
+            let keyword = super::objects::family_keyword(family);
+            match nft(&["list", "chain", keyword, TABLE, "services"], None) {
+                Ok(listing) if listing.contains("@service-ips") => {}
+                _ => return Ok(false),
+            }
+        }
+        Ok(true)
+    }
+}

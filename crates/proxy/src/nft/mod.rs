@@ -1,0 +1,8 @@
+//! The nftables backend: pure planning of objects and scripts, plus the thin `nft` runner.
+
+pub mod apply;
+pub mod layout;
+pub mod objects;
+pub mod service;
+pub mod slots;
+pub mod transaction;

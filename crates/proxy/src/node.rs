@@ -1,0 +1,74 @@
+//! This node's identity: its name, addresses and zone, from its Node object or, failing that,
+//! from the host's interfaces.
+
+use std::net::IpAddr;
+
+use roadkeeper_cluster::Store;
+
+use crate::table::{IpFamily, NodeInfo};
+
+/// Label carrying the node's zone (topology hints).
+pub const ZONE_LABEL: &str = "topology.kubernetes.io/zone";
+
+/// Builds [`NodeInfo`] for `name`: primary IPs are the Node object's first InternalIP of each
+/// family (else ExternalIP), else the host's first global address of each family.
+pub fn node_info(name: &str, store: &Store, host_addresses: &[IpAddr]) -> NodeInfo {
+    let node = store.node(name);
+    let mut node_ips: Vec<IpAddr> = Vec::new();
+    for wanted in ["InternalIP", "ExternalIP"] {
+        let addresses = node.and_then(|n| n.status.as_ref()?.addresses.as_ref());
+        for address in addresses.into_iter().flatten().filter(|a| a.type_ == wanted) {
+            if let Ok(ip) = address.address.parse::<IpAddr>()
+                && !node_ips.iter().any(|have| IpFamily::of(have) == IpFamily::of(&ip))
+            {
+                node_ips.push(ip);
+            }
+        }
+    }
+    if node_ips.is_empty() {
+        for ip in host_addresses.iter().filter(|ip| is_global(ip)) {
+            if !node_ips.iter().any(|have| IpFamily::of(have) == IpFamily::of(ip)) {
+                node_ips.push(*ip);
+            }
+        }
+    }
+    node_ips.sort();
+    NodeInfo {
+        name: name.to_string(),
+        primary_ips: node_ips,
+        local_addresses: host_addresses.to_vec(),
+        zone: node.and_then(|n| n.metadata.labels.as_ref()?.get(ZONE_LABEL).cloned()),
+    }
+}
+
+/// Neither loopback, link-local nor unspecified.
+fn is_global(ip: &IpAddr) -> bool {
+    match ip {
+        IpAddr::V4(v4) => !v4.is_loopback() && !v4.is_link_local() && !v4.is_unspecified(),
+        IpAddr::V6(v6) => !v6.is_loopback() && !v6.is_unicast_link_local() && !v6.is_unspecified(),
+    }
+}
+
+/// Every address configured on the host's interfaces, in interface order.
+pub fn host_addresses() -> Vec<IpAddr> {
+    let Ok(addrs) = nix::ifaddrs::getifaddrs() else { return Vec::new() };
+    addrs
+        .filter_map(|ifa| {
+            let addr = ifa.address?;
+            if let Some(v4) = addr.as_sockaddr_in() {
+                Some(IpAddr::V4(v4.ip()))
+            } else {
+                addr.as_sockaddr_in6().map(|v6| IpAddr::V6(v6.ip()))
+            }
+        })
+        .collect()
+}
+
+/// The host name (default node name, as kube-proxy's).
+pub fn hostname() -> String {
+    nix::unistd::gethostname()
+        .ok()
+        .and_then(|h| h.into_string().ok())
+        .map(|h| h.trim().to_lowercase())
+        .unwrap_or_default()
+}

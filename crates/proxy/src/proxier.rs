@@ -1,0 +1,329 @@
+//! The nftables proxier: keeps what it last applied per Service, plans changed Services, and
+//! applies full or partial syncs as single transactions. A transaction the kernel refuses is
+//! narrowed down to the offending Services, which keep their last good rules.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::net::IpAddr;
+use std::time::{Duration, Instant};
+
+use ipnet::IpNet;
+use roadkeeper_cluster::{NamespacedName, Store};
+
+use crate::Error;
+use crate::config::ProxyConfig;
+use crate::nft::apply::NftRunner;
+use crate::nft::layout::Layout;
+use crate::nft::objects::Objects;
+use crate::nft::service::{PlanContext, plan_service};
+use crate::nft::slots::SlotAllocator;
+use crate::nft::transaction;
+use crate::table::{IpFamily, NodeInfo, ServicePort, Skip, service_ports};
+
+/// What one sync did.
+#[derive(Debug, Clone, Default)]
+pub struct SyncReport {
+    /// A full sync (everything rewritten) rather than a partial one.
+    pub full: bool,
+    /// Services whose objects changed in the kernel.
+    pub services_changed: usize,
+    /// Bytes of nft script sent.
+    pub script_bytes: usize,
+    /// Services the kernel refused, with nft's error; they keep their last good rules.
+    pub refused: Vec<(NamespacedName, String)>,
+    /// Wall time of the sync.
+    pub duration: Duration,
+}
+
+/// Plans and programs one node's nftables rules.
+pub struct NftProxier<R: NftRunner> {
+    cfg: ProxyConfig,
+    node: NodeInfo,
+    service_cidrs: Vec<IpNet>,
+    runner: R,
+    slots: SlotAllocator,
+    /// Objects in the kernel, per Service.
+    applied: BTreeMap<NamespacedName, Objects>,
+    /// The service table, per Service (for display and health checks).
+    table: BTreeMap<NamespacedName, Vec<ServicePort>>,
+    needs_full: bool,
+}
+
+/// The service CIDRs declared by ServiceCIDR objects.
+pub fn service_cidrs(store: &Store) -> Vec<IpNet> {
+    let mut cidrs: Vec<IpNet> = store
+        .service_cidrs()
+        .filter_map(|c| c.spec.as_ref()?.cidrs.clone())
+        .flatten()
+        .filter_map(|c| c.parse().ok())
+        .collect();
+    cidrs.sort();
+    cidrs.dedup();
+    cidrs
+}
+
+impl<R: NftRunner> NftProxier<R> {
+    /// A proxier that will start with a full sync.
+    pub fn new(cfg: ProxyConfig, node: NodeInfo, runner: R) -> Self {
+        NftProxier {
+            cfg,
+            node,
+            service_cidrs: Vec::new(),
+            runner,
+            slots: SlotAllocator::default(),
+            applied: BTreeMap::new(),
+            table: BTreeMap::new(),
+            needs_full: true,
+        }
+    }
+
+    /// Updates what the node knows about itself; a change forces a full sync.
+    pub fn set_node(&mut self, node: NodeInfo) {
+        if node != self.node {
+            self.node = node;
+            self.needs_full = true;
+        }
+    }
+
+    /// Updates the service CIDRs; a change forces a full sync.
+    pub fn set_service_cidrs(&mut self, cidrs: Vec<IpNet>) {
+        if cidrs != self.service_cidrs {
+            self.service_cidrs = cidrs;
+            self.needs_full = true;
+        }
+    }
+
+    /// Asks for a full sync at the next [`sync`](Self::sync) (after a failure, or when someone
+    /// removed our table).
+    pub fn force_full_sync(&mut self) {
+        self.needs_full = true;
+    }
+
+    /// The runner (for health checks of the kernel state).
+    pub fn runner(&mut self) -> &mut R {
+        &mut self.runner
+    }
+
+    /// The current service table.
+    pub fn table(&self) -> &BTreeMap<NamespacedName, Vec<ServicePort>> {
+        &self.table
+    }
+
+    /// The fixed layout of each family's table.
+    pub fn layouts(&self) -> Vec<Layout> {
+        [IpFamily::V4, IpFamily::V6]
+            .into_iter()
+            .map(|family| Layout {
+                family,
+                cluster_cidrs: self.family_cidrs(family),
+                masquerade_mark: self.cfg.masquerade_mark(),
+                nodeport_ips: self.node.nodeport_ips(family, &self.cfg),
+                service_cidrs: self
+                    .service_cidrs
+                    .iter()
+                    .filter(|c| IpFamily::of(&c.addr()) == family)
+                    .copied()
+                    .collect(),
+            })
+            .collect()
+    }
+
+    fn family_cidrs(&self, family: IpFamily) -> Vec<IpNet> {
+        self.cfg.cluster_cidrs.iter().filter(|c| IpFamily::of(&c.addr()) == family).copied().collect()
+    }
+
+    fn context(&self, family: IpFamily) -> PlanContext {
+        PlanContext {
+            cluster_cidrs: self.family_cidrs(family),
+            masquerade_all: self.cfg.masquerade_all,
+            node_ips: self.node.primary_ips.iter().filter(|ip| IpFamily::of(ip) == family).copied().collect::<Vec<IpAddr>>(),
+        }
+    }
+
+    /// Plans one Service (its table entries and nft objects); absent or skipped Services plan
+    /// to nothing.
+    fn plan(&mut self, key: &NamespacedName, store: &Store) -> (Vec<ServicePort>, Objects) {
+        let Some(svc) = store.service(key) else { return (Vec::new(), Objects::default()) };
+        let slices = store.slices_for(key);
+        let ports = match service_ports(key, svc, &slices, &self.node, &self.cfg) {
+            Ok(ports) => ports,
+            Err(Skip::Headless | Skip::ExternalName | Skip::OtherProxy) => Vec::new(),
+        };
+        let mut objects = Objects::default();
+        for family in [IpFamily::V4, IpFamily::V6] {
+            let of_family: Vec<ServicePort> = ports.iter().filter(|p| p.family == family).cloned().collect();
+            if !of_family.is_empty() {
+                let ctx = self.context(family);
+                objects.extend(plan_service(&of_family, &ctx, &mut self.slots));
+            }
+        }
+        (ports, objects)
+    }
+
+    /// Brings the kernel up to date: a full sync when needed, else a partial sync of `changed`.
+    pub fn sync(&mut self, store: &Store, changed: &BTreeSet<NamespacedName>) -> Result<SyncReport, Error> {
+        let start = Instant::now();
+        let mut report = if self.needs_full { self.full_sync(store)? } else { self.partial_sync(store, changed)? };
+        report.duration = start.elapsed();
+        Ok(report)
+    }
+
+    /// Rewrites everything we own in one transaction.
+    fn full_sync(&mut self, store: &Store) -> Result<SyncReport, Error> {
+        self.slots = SlotAllocator::default();
+        let keys: Vec<NamespacedName> = store.services().map(|(k, _)| k.clone()).collect();
+        let mut planned: BTreeMap<NamespacedName, (Vec<ServicePort>, Objects)> = BTreeMap::new();
+        for key in &keys {
+            let plan = self.plan(key, store);
+            planned.insert(key.clone(), plan);
+        }
+        let existing = self.runner.existing()?;
+        let layouts = self.layouts();
+        let script_for = |planned: &BTreeMap<NamespacedName, (Vec<ServicePort>, Objects)>, skip: &BTreeSet<&NamespacedName>| {
+            let mut all = Objects::default();
+            for (key, (_, objects)) in planned {
+                if !skip.contains(key) {
+                    all.extend(objects.clone());
+                }
+            }
+            transaction::full_sync(&layouts, &all, &existing)
+        };
+        let mut refused = Vec::new();
+        let mut script = script_for(&planned, &BTreeSet::new());
+        if let Err(err) = self.runner.apply(&script) {
+            tracing::warn!(error = %err, "full sync refused by the kernel; looking for the offending Services");
+            let runner = &mut self.runner;
+            let bad = bisect(&keys, &mut |subset| {
+                let only: BTreeSet<&NamespacedName> = subset.iter().collect();
+                let skip: BTreeSet<&NamespacedName> = keys.iter().filter(|k| !only.contains(k)).collect();
+                runner.check(&script_for(&planned, &skip)).is_ok()
+            });
+            if bad.is_empty() {
+                return Err(err);
+            }
+            for key in &bad {
+                let why = self.runner.check(&script_for(&planned, &keys.iter().filter(|k| *k != key).collect())).err();
+                let why = why.map(|e| e.to_string()).unwrap_or_else(|| err.to_string());
+                tracing::error!(service = %key, error = %why, "kernel refused the rules of this Service; keeping its last good rules");
+                // Keep the last good objects of a refused Service, if it had any.
+                let last_good = self.applied.get(key).cloned().unwrap_or_default();
+                planned.insert(key.clone(), (Vec::new(), last_good));
+                refused.push((key.clone(), why));
+            }
+            script = script_for(&planned, &BTreeSet::new());
+            self.runner.apply(&script)?;
+        }
+        self.needs_full = false;
+        self.applied.clear();
+        self.table.clear();
+        let changed = planned.len();
+        for (key, (ports, objects)) in planned {
+            if !objects.is_empty() {
+                self.applied.insert(key.clone(), objects);
+            }
+            if !ports.is_empty() {
+                self.table.insert(key, ports);
+            }
+        }
+        Ok(SyncReport { full: true, services_changed: changed, script_bytes: script.len(), refused, duration: Duration::ZERO })
+    }
+
+    /// Applies only the differences of the `changed` Services.
+    fn partial_sync(&mut self, store: &Store, changed: &BTreeSet<NamespacedName>) -> Result<SyncReport, Error> {
+        let mut plans: BTreeMap<NamespacedName, (Vec<ServicePort>, Objects, String)> = BTreeMap::new();
+        for key in changed {
+            let (ports, objects) = self.plan(key, store);
+            let empty = Objects::default();
+            let old = self.applied.get(key).unwrap_or(&empty);
+            let script = transaction::partial_sync(old, &objects);
+            if script.is_empty() {
+                self.table.insert(key.clone(), ports);
+                continue;
+            }
+            plans.insert(key.clone(), (ports, objects, script));
+        }
+        let join = |keys: &[&NamespacedName], plans: &BTreeMap<NamespacedName, (Vec<ServicePort>, Objects, String)>| {
+            keys.iter().map(|k| plans[*k].2.as_str()).collect::<String>()
+        };
+        let keys: Vec<&NamespacedName> = plans.keys().collect();
+        let mut script = join(&keys, &plans);
+        let mut refused = Vec::new();
+        if !script.is_empty()
+            && let Err(err) = self.runner.apply(&script)
+        {
+            tracing::warn!(error = %err, "partial sync refused by the kernel; looking for the offending Services");
+            let runner = &mut self.runner;
+            let bad = bisect(&keys, &mut |subset| runner.check(&join(subset, &plans)).is_ok());
+            if bad.is_empty() {
+                self.needs_full = true;
+                return Err(err);
+            }
+            for key in &bad {
+                let why = self.runner.check(&plans[*key].2).err().map(|e| e.to_string()).unwrap_or_else(|| err.to_string());
+                tracing::error!(service = %key, error = %why, "kernel refused the rules of this Service; keeping its last good rules");
+                refused.push(((*key).clone(), why));
+            }
+            let good: Vec<&NamespacedName> = keys.iter().filter(|k| !bad.contains(k)).copied().collect();
+            script = join(&good, &plans);
+            if !script.is_empty() {
+                self.runner.apply(&script).inspect_err(|_| self.needs_full = true)?;
+            }
+        }
+        let refused_keys: BTreeSet<NamespacedName> = refused.iter().map(|(k, _)| k.clone()).collect();
+        let mut services_changed = 0;
+        for (key, (ports, objects, _)) in plans {
+            if refused_keys.contains(&key) {
+                continue;
+            }
+            services_changed += 1;
+            if let Some(old) = self.applied.get(&key) {
+                for (family, chain) in block_owners(old).difference(&block_owners(&objects)) {
+                    self.slots.release(*family, chain);
+                }
+            }
+            if objects.is_empty() { self.applied.remove(&key) } else { self.applied.insert(key.clone(), objects) };
+            if ports.is_empty() { self.table.remove(&key) } else { self.table.insert(key, ports) };
+        }
+        Ok(SyncReport { full: false, services_changed, script_bytes: script.len(), refused, duration: Duration::ZERO })
+    }
+}
+
+/// Chains that own a block of the endpoint-select map.
+fn block_owners(objects: &Objects) -> BTreeSet<(IpFamily, String)> {
+    objects
+        .chains
+        .iter()
+        .filter(|(_, rules)| rules.iter().any(|r| r.contains("@endpoint-select")))
+        .map(|(k, _)| k.clone())
+        .collect()
+}
+
+/// Finds the items whose inclusion makes `ok` fail, by bisection: O(bad * log n) checks.
+fn bisect<T: Clone>(items: &[T], ok: &mut dyn FnMut(&[T]) -> bool) -> Vec<T> {
+    if items.is_empty() || ok(items) {
+        return Vec::new();
+    }
+    if items.len() == 1 {
+        return items.to_vec();
+    }
+    let (left, right) = items.split_at(items.len() / 2);
+    let mut bad = bisect(left, ok);
+    bad.extend(bisect(right, ok));
+    bad
+}
+
+#[cfg(test)]
+mod tests {
+    use super::bisect;
+
+    #[test]
+    fn bisect_finds_each_bad_item() {
+        let items: Vec<u32> = (0..37).collect();
+        let mut calls = 0;
+        let bad = bisect(&items, &mut |s| {
+            calls += 1;
+            !s.contains(&5) && !s.contains(&30)
+        });
+        assert_eq!(bad, vec![5, 30]);
+        assert!(calls < 30, "{calls}");
+    }
+}
