@@ -1,1 +1,39 @@
-fn main() {}
+//! The `roadkeeper` binary: parses the command line and wires sources to components.
+
+mod cli;
+mod proxy_cmd;
+
+use clap::Parser;
+use tracing_subscriber::EnvFilter;
+
+use cli::{Cli, Command};
+
+fn main() -> std::process::ExitCode {
+    let cli = Cli::parse();
+    let default_level = match cli.verbose {
+        0 => "warn,roadkeeper=info",
+        1 => "info",
+        2 => "debug",
+        _ => "trace",
+    };
+    tracing_subscriber::fmt()
+        .with_env_filter(EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new(default_level)))
+        .with_writer(std::io::stderr)
+        .init();
+    let result = match cli.command {
+        Command::Proxy(args) => proxy_cmd::run(args),
+        Command::Rules(args) => proxy_cmd::print_rules(args),
+        Command::Cleanup => proxy_cmd::cleanup(),
+        Command::Echo(args) => {
+            let name = args.name.unwrap_or_else(roadkeeper_proxy::node::hostname);
+            roadkeeper_netlab::echo::run_forever(&args.listen, &name)
+        }
+    };
+    match result {
+        Ok(()) => std::process::ExitCode::SUCCESS,
+        Err(err) => {
+            eprintln!("roadkeeper: {err:#}");
+            std::process::ExitCode::FAILURE
+        }
+    }
+}

@@ -89,3 +89,29 @@ impl NftRunner for NftBinary {
         Ok(true)
     }
 }
+
+/// A runner that applies nothing and remembers the scripts: for `roadkeeper rules` and tests.
+#[derive(Debug, Default)]
+pub struct Recorder {
+    /// Every script passed to `apply`, in order.
+    pub scripts: Vec<String>,
+}
+
+impl NftRunner for Recorder {
+    fn apply(&mut self, script: &str) -> Result<(), Error> {
+        self.scripts.push(script.to_string());
+        Ok(())
+    }
+
+    fn check(&mut self, _script: &str) -> Result<(), Error> {
+        Ok(())
+    }
+
+    fn existing(&mut self) -> Result<Existing, Error> {
+        Ok(Existing::default())
+    }
+
+    fn healthy(&mut self) -> Result<bool, Error> {
+        Ok(true)
+    }
+}

@@ -58,22 +58,22 @@ impl Layout {
         vec![
             BaseChain {
                 name: "filter-prerouting",
-                hook: "type filter hook prerouting priority dstnat - 10 ;",
+                hook: "type filter hook prerouting priority -110 ;",
                 rules: vec![new("firewall-check")],
             },
             BaseChain {
                 name: "filter-input",
-                hook: "type filter hook input priority dstnat - 10 ;",
+                hook: "type filter hook input priority -110 ;",
                 rules: vec![new("nodeport-endpoints-check"), new("service-endpoints-check")],
             },
             BaseChain {
                 name: "filter-forward",
-                hook: "type filter hook forward priority dstnat - 10 ;",
+                hook: "type filter hook forward priority -110 ;",
                 rules: vec![new("service-endpoints-check"), new("cluster-ips-check")],
             },
             BaseChain {
                 name: "filter-output",
-                hook: "type filter hook output priority dstnat - 10 ;",
+                hook: "type filter hook output priority -110 ;",
                 rules: vec![
                     new("firewall-check"),
                     new("nodeport-endpoints-check"),
@@ -82,11 +82,11 @@ impl Layout {
             },
             BaseChain {
                 name: "filter-output-post-dnat",
-                hook: "type filter hook output priority dstnat + 10 ;",
+                hook: "type filter hook output priority -90 ;",
                 rules: vec![new("cluster-ips-check")],
             },
             BaseChain { name: "nat-prerouting", hook: "type nat hook prerouting priority dstnat ;", rules: vec!["jump services".into()] },
-            BaseChain { name: "nat-output", hook: "type nat hook output priority dstnat ;", rules: vec!["jump services".into()] },
+            BaseChain { name: "nat-output", hook: "type nat hook output priority -100 ;", rules: vec!["jump services".into()] },
             BaseChain { name: "nat-postrouting", hook: "type nat hook postrouting priority srcnat ;", rules: vec!["jump masquerading".into()] },
         ]
     }

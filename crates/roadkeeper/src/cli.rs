@@ -1,0 +1,76 @@
+//! Command-line interface: kube-proxy's flag names and meanings.
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+
+use clap::{Args, Parser, Subcommand};
+
+/// roadkeeper: Kubernetes Service networking, written in Rust.
+#[derive(Debug, Parser)]
+#[command(name = "roadkeeper", version, about, long_about = None)]
+pub struct Cli {
+    /// More log output (-v info, -vv debug, -vvv trace); RUST_LOG overrides.
+    #[arg(short, long, action = clap::ArgAction::Count, global = true)]
+    pub verbose: u8,
+    /// What to run.
+    #[command(subcommand)]
+    pub command: Command,
+}
+
+/// Subcommands.
+#[derive(Debug, Subcommand)]
+pub enum Command {
+    /// Run the node proxy: program Services into kernel rules and keep them up to date.
+    Proxy(ProxyArgs),
+    /// Print the complete nft script the proxy would apply, touching nothing.
+    Rules(ProxyArgs),
+    /// Remove everything roadkeeper installed in the kernel, and nothing else.
+    Cleanup,
+    /// Run the lab echo server: answers TCP and UDP with the address it was reached at and the
+    /// peer address it saw.
+    Echo(EchoArgs),
+}
+
+/// Flags of `proxy` and `rules`, named as kube-proxy's.
+#[derive(Debug, Args, Clone)]
+pub struct ProxyArgs {
+    /// Folder of Kubernetes manifests (Services, EndpointSlices, Pods, Nodes, ServiceCIDRs),
+    /// watched for changes.
+    #[arg(long, value_name = "DIR")]
+    pub manifests: PathBuf,
+    /// A kube-proxy KubeProxyConfiguration file (kubeproxy.config.k8s.io/v1alpha1); flags
+    /// override it.
+    #[arg(long, value_name = "FILE")]
+    pub config: Option<PathBuf>,
+    /// This node's name (default: the host name).
+    #[arg(long, value_name = "NAME")]
+    pub hostname_override: Option<String>,
+    /// Pod CIDR(s) of the cluster, comma-separated (one per family): traffic from outside them is
+    /// masqueraded when it goes to a ClusterIP.
+    #[arg(long, value_name = "CIDR[,CIDR6]")]
+    pub cluster_cidr: Option<String>,
+    /// Masquerade all traffic sent to ClusterIPs.
+    #[arg(long)]
+    pub masquerade_all: bool,
+    /// Addresses that accept NodePort traffic: comma-separated CIDRs, or `primary` (default: the
+    /// node's primary IPs).
+    #[arg(long, value_name = "CIDRS", value_delimiter = ',')]
+    pub nodeport_addresses: Option<Vec<String>>,
+    /// Kernel backend.
+    #[arg(long, value_name = "MODE")]
+    pub proxy_mode: Option<String>,
+    /// Program the kernel once and exit: 0 when the rules are in place.
+    #[arg(long)]
+    pub once: bool,
+}
+
+/// Flags of `echo`.
+#[derive(Debug, Args)]
+pub struct EchoArgs {
+    /// Address to listen on (TCP and UDP), repeatable.
+    #[arg(long, required = true)]
+    pub listen: Vec<SocketAddr>,
+    /// Name to answer with (default: the host name).
+    #[arg(long)]
+    pub name: Option<String>,
+}
