@@ -23,6 +23,19 @@ pub(crate) enum Entry {
     Invalid(Option<ObjectKey>, Vec<ManifestError>),
 }
 
+/// YAML limits for manifest files: serde-saphyr's defaults (1,024 documents, 250k nodes) are
+/// sized for config files, while one manifest file may hold a whole cluster dump. Alias and
+/// anchor limits stay at their defaults, which is what guards against "billion laughs".
+fn yaml_options() -> serde_saphyr::Options {
+    let mut budget = serde_saphyr::Budget::default();
+    budget.max_documents = 1 << 20;
+    budget.max_nodes = 1 << 28;
+    budget.max_events = 1 << 30;
+    let mut options = serde_saphyr::Options::default();
+    options.budget = Some(budget);
+    options
+}
+
 /// Parses a whole manifest file; `Err` when the file is not valid YAML/JSON at all.
 pub(crate) fn parse_file(file: &Path, text: &str) -> Result<Vec<Entry>, ManifestError> {
     let documents = if file.extension().is_some_and(|e| e == "json") {
@@ -30,7 +43,7 @@ pub(crate) fn parse_file(file: &Path, text: &str) -> Result<Vec<Entry>, Manifest
             .map(|v| vec![v])
             .map_err(|e| format!("invalid JSON: {e}"))
     } else {
-        serde_saphyr::from_multiple::<Value>(text).map_err(|e| {
+        serde_saphyr::from_multiple_with_options::<Value>(text, yaml_options()).map_err(|e| {
             // The error renders a multi-line source snippet; its first line has position and cause.
             let rendered = e.to_string();
             let summary = rendered.lines().next().unwrap_or_default();

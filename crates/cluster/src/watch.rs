@@ -3,15 +3,50 @@
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use notify::{RecommendedWatcher, RecursiveMode};
-use notify_debouncer_mini::{DebounceEventResult, Debouncer, new_debouncer};
+use notify::event::{AccessKind, EventKind};
+use notify::{EventHandler, RecommendedWatcher, RecursiveMode, WatcherKind};
+use notify_debouncer_mini::{
+    DebounceEventResult, DebouncedEventKind, Debouncer, new_debouncer_opt,
+};
 
 use crate::Error;
 use crate::source::is_manifest;
 
 /// Guard returned by [`watch`]; watching stops when it is dropped.
 pub struct Watcher {
-    _debouncer: Debouncer<RecommendedWatcher>,
+    _debouncer: Debouncer<ChangeWatcher>,
+}
+
+/// The platform watcher without "file opened" events: on Linux, notify reports every open, so
+/// each reload (which reads the changed files) would otherwise trigger the next one, forever.
+struct ChangeWatcher(RecommendedWatcher);
+
+impl notify::Watcher for ChangeWatcher {
+    fn new<F: EventHandler>(mut handler: F, config: notify::Config) -> notify::Result<Self> {
+        let filtered = move |event: notify::Result<notify::Event>| {
+            if !matches!(&event, Ok(e) if is_open(&e.kind)) {
+                handler.handle_event(event);
+            }
+        };
+        RecommendedWatcher::new(filtered, config).map(ChangeWatcher)
+    }
+
+    fn watch(&mut self, path: &Path, recursive_mode: RecursiveMode) -> notify::Result<()> {
+        self.0.watch(path, recursive_mode)
+    }
+
+    fn unwatch(&mut self, path: &Path) -> notify::Result<()> {
+        self.0.unwatch(path)
+    }
+
+    fn kind() -> WatcherKind {
+        RecommendedWatcher::kind()
+    }
+}
+
+/// An event that only says a file was opened (read or written later, or not at all).
+fn is_open(kind: &EventKind) -> bool {
+    matches!(kind, EventKind::Access(AccessKind::Open(_)))
 }
 
 impl std::fmt::Debug for Watcher {
@@ -37,10 +72,13 @@ pub fn watch(
         source,
     })?;
     let filter_root = root.clone();
-    let mut debouncer = new_debouncer(debounce, move |result: DebounceEventResult| match result {
+    let handler = move |result: DebounceEventResult| match result {
         Ok(events) => {
+            // `AnyContinuous` reports a path still being written, which is reported again as
+            // `Any` once quiet: reloading on both would read it twice.
             let mut paths: Vec<PathBuf> = events
                 .into_iter()
+                .filter(|e| e.kind == DebouncedEventKind::Any)
                 .map(|e| e.path)
                 .filter(|p| is_manifest(&filter_root, p))
                 .collect();
@@ -51,8 +89,10 @@ pub fn watch(
             }
         }
         Err(e) => tracing::warn!(dir = %filter_root.display(), error = %e, "watching manifests"),
-    })
-    .map_err(watch_error)?;
+    };
+    let config = notify_debouncer_mini::Config::default().with_timeout(debounce);
+    let mut debouncer =
+        new_debouncer_opt::<_, ChangeWatcher>(config, handler).map_err(watch_error)?;
     debouncer
         .watcher()
         .watch(&root, RecursiveMode::Recursive)
@@ -84,5 +124,22 @@ mod tests {
         );
         std::fs::remove_file(&path).unwrap();
         assert_eq!(rx.recv_timeout(Duration::from_secs(2)).unwrap(), [path]);
+    }
+
+    #[test]
+    fn reading_a_manifest_is_not_a_change() {
+        let tmp = tempfile::tempdir().unwrap();
+        let path = tmp.path().join("a.yaml");
+        std::fs::write(&path, "kind: x\n").unwrap();
+        let (tx, rx) = mpsc::channel();
+        let _watcher = watch(tmp.path(), Duration::from_millis(50), move |paths| {
+            tx.send(paths).unwrap()
+        })
+        .unwrap();
+        std::fs::read_to_string(&path).unwrap();
+        assert!(
+            rx.recv_timeout(Duration::from_millis(300)).is_err(),
+            "a reload reading its files would trigger itself"
+        );
     }
 }

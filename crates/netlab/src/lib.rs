@@ -6,6 +6,7 @@
 pub mod addressing;
 mod cmd;
 pub mod echo;
+pub mod manifests;
 pub mod netns;
 mod pktinfo;
 pub mod probe;

@@ -77,7 +77,27 @@ impl Netns {
         I: IntoIterator<Item = S>,
         S: AsRef<OsStr>,
     {
+        self.start(self.command(args))
+    }
+
+    /// Like [`spawn`](Self::spawn), but stdout and stderr are appended to the file at `log`.
+    pub fn spawn_logged<I, S>(&self, args: I, log: &Path) -> Result<Process>
+    where
+        I: IntoIterator<Item = S>,
+        S: AsRef<OsStr>,
+    {
+        let file = fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(log)
+            .with_context(|| format!("cannot open {}", log.display()))?;
         let mut command = self.command(args);
+        command.stdout(file.try_clone()?).stderr(file);
+        self.start(command)
+    }
+
+    /// Starts `command` with stdin null and records it for killing on drop.
+    fn start(&self, mut command: Command) -> Result<Process> {
         let child = command
             .stdin(Stdio::null())
             .spawn()

@@ -14,8 +14,8 @@ use crate::config::ProxyConfig;
 use crate::nft::apply::NftRunner;
 use crate::nft::layout::Layout;
 use crate::nft::objects::Objects;
+use crate::nft::rule::Op;
 use crate::nft::service::{PlanContext, plan_service};
-use crate::nft::slots::SlotAllocator;
 use crate::nft::transaction;
 use crate::table::{IpFamily, NodeInfo, ServicePort, Skip, service_ports};
 
@@ -26,8 +26,8 @@ pub struct SyncReport {
     pub full: bool,
     /// Services whose objects changed in the kernel.
     pub services_changed: usize,
-    /// Bytes of nft script sent.
-    pub script_bytes: usize,
+    /// Kernel operations sent: lines of the nft script (full) or netlink ops (partial).
+    pub ops: usize,
     /// Services the kernel refused, with nft's error; they keep their last good rules.
     pub refused: Vec<(NamespacedName, String)>,
     /// Wall time of the sync.
@@ -40,7 +40,6 @@ pub struct NftProxier<R: NftRunner> {
     node: NodeInfo,
     service_cidrs: Vec<IpNet>,
     runner: R,
-    slots: SlotAllocator,
     /// Objects in the kernel, per Service.
     applied: BTreeMap<NamespacedName, Objects>,
     /// The service table, per Service (for display and health checks).
@@ -69,7 +68,6 @@ impl<R: NftRunner> NftProxier<R> {
             node,
             service_cidrs: Vec::new(),
             runner,
-            slots: SlotAllocator::default(),
             applied: BTreeMap::new(),
             table: BTreeMap::new(),
             needs_full: true,
@@ -141,7 +139,7 @@ impl<R: NftRunner> NftProxier<R> {
 
     /// Plans one Service (its table entries and nft objects); absent or skipped Services plan
     /// to nothing.
-    fn plan(&mut self, key: &NamespacedName, store: &Store) -> (Vec<ServicePort>, Objects) {
+    fn plan(&self, key: &NamespacedName, store: &Store) -> (Vec<ServicePort>, Objects) {
         let Some(svc) = store.service(key) else { return (Vec::new(), Objects::default()) };
         let slices = store.slices_for(key);
         let ports = match service_ports(key, svc, &slices, &self.node, &self.cfg) {
@@ -153,7 +151,7 @@ impl<R: NftRunner> NftProxier<R> {
             let of_family: Vec<ServicePort> = ports.iter().filter(|p| p.family == family).cloned().collect();
             if !of_family.is_empty() {
                 let ctx = self.context(family);
-                objects.extend(plan_service(&of_family, &ctx, &mut self.slots));
+                objects.extend(plan_service(&of_family, &ctx));
             }
         }
         (ports, objects)
@@ -169,7 +167,6 @@ impl<R: NftRunner> NftProxier<R> {
 
     /// Rewrites everything we own in one transaction.
     fn full_sync(&mut self, store: &Store) -> Result<SyncReport, Error> {
-        self.slots = SlotAllocator::default();
         let keys: Vec<NamespacedName> = store.services().map(|(k, _)| k.clone()).collect();
         let mut planned: BTreeMap<NamespacedName, (Vec<ServicePort>, Objects)> = BTreeMap::new();
         for key in &keys {
@@ -224,48 +221,45 @@ impl<R: NftRunner> NftProxier<R> {
                 self.table.insert(key, ports);
             }
         }
-        Ok(SyncReport { full: true, services_changed: changed, script_bytes: script.len(), refused, duration: Duration::ZERO })
+        Ok(SyncReport { full: true, services_changed: changed, ops: script.lines().count(), refused, duration: Duration::ZERO })
     }
 
-    /// Applies only the differences of the `changed` Services.
+    /// Applies only the differences of the `changed` Services, as one transaction of ops.
     fn partial_sync(&mut self, store: &Store, changed: &BTreeSet<NamespacedName>) -> Result<SyncReport, Error> {
-        let mut plans: BTreeMap<NamespacedName, (Vec<ServicePort>, Objects, String)> = BTreeMap::new();
+        let mut plans: BTreeMap<NamespacedName, (Vec<ServicePort>, Objects, Vec<Op>)> = BTreeMap::new();
         for key in changed {
             let (ports, objects) = self.plan(key, store);
             let empty = Objects::default();
-            let old = self.applied.get(key).unwrap_or(&empty);
-            let script = transaction::partial_sync(old, &objects);
-            if script.is_empty() {
-                self.table.insert(key.clone(), ports);
+            let ops = transaction::partial_sync(self.applied.get(key).unwrap_or(&empty), &objects);
+            if ops.is_empty() {
+                self.set_table(key, ports);
                 continue;
             }
-            plans.insert(key.clone(), (ports, objects, script));
+            plans.insert(key.clone(), (ports, objects, ops));
         }
-        let join = |keys: &[&NamespacedName], plans: &BTreeMap<NamespacedName, (Vec<ServicePort>, Objects, String)>| {
-            keys.iter().map(|k| plans[*k].2.as_str()).collect::<String>()
-        };
+        let join = |keys: &[&NamespacedName]| keys.iter().flat_map(|k| plans[*k].2.iter().cloned()).collect::<Vec<Op>>();
         let keys: Vec<&NamespacedName> = plans.keys().collect();
-        let mut script = join(&keys, &plans);
+        let mut ops = join(&keys);
         let mut refused = Vec::new();
-        if !script.is_empty()
-            && let Err(err) = self.runner.apply(&script)
+        if !ops.is_empty()
+            && let Err(err) = self.runner.apply_ops(&ops)
         {
             tracing::warn!(error = %err, "partial sync refused by the kernel; looking for the offending Services");
             let runner = &mut self.runner;
-            let bad = bisect(&keys, &mut |subset| runner.check(&join(subset, &plans)).is_ok());
+            let bad = bisect(&keys, &mut |subset| runner.check_ops(&join(subset)).is_ok());
             if bad.is_empty() {
                 self.needs_full = true;
                 return Err(err);
             }
             for key in &bad {
-                let why = self.runner.check(&plans[*key].2).err().map(|e| e.to_string()).unwrap_or_else(|| err.to_string());
+                let why = self.runner.check_ops(&plans[*key].2).err().map(|e| e.to_string()).unwrap_or_else(|| err.to_string());
                 tracing::error!(service = %key, error = %why, "kernel refused the rules of this Service; keeping its last good rules");
                 refused.push(((*key).clone(), why));
             }
             let good: Vec<&NamespacedName> = keys.iter().filter(|k| !bad.contains(k)).copied().collect();
-            script = join(&good, &plans);
-            if !script.is_empty() {
-                self.runner.apply(&script).inspect_err(|_| self.needs_full = true)?;
+            ops = join(&good);
+            if !ops.is_empty() {
+                self.runner.apply_ops(&ops).inspect_err(|_| self.needs_full = true)?;
             }
         }
         let refused_keys: BTreeSet<NamespacedName> = refused.iter().map(|(k, _)| k.clone()).collect();
@@ -275,26 +269,20 @@ impl<R: NftRunner> NftProxier<R> {
                 continue;
             }
             services_changed += 1;
-            if let Some(old) = self.applied.get(&key) {
-                for (family, chain) in block_owners(old).difference(&block_owners(&objects)) {
-                    self.slots.release(*family, chain);
-                }
-            }
             if objects.is_empty() { self.applied.remove(&key) } else { self.applied.insert(key.clone(), objects) };
-            if ports.is_empty() { self.table.remove(&key) } else { self.table.insert(key, ports) };
+            self.set_table(&key, ports);
         }
-        Ok(SyncReport { full: false, services_changed, script_bytes: script.len(), refused, duration: Duration::ZERO })
+        Ok(SyncReport { full: false, services_changed, ops: ops.len(), refused, duration: Duration::ZERO })
     }
-}
 
-/// Chains that own a block of the endpoint-select map.
-fn block_owners(objects: &Objects) -> BTreeSet<(IpFamily, String)> {
-    objects
-        .chains
-        .iter()
-        .filter(|(_, rules)| rules.iter().any(|r| r.contains("@endpoint-select")))
-        .map(|(k, _)| k.clone())
-        .collect()
+    /// Records the service table entries of one Service.
+    fn set_table(&mut self, key: &NamespacedName, ports: Vec<ServicePort>) {
+        if ports.is_empty() {
+            self.table.remove(key);
+        } else {
+            self.table.insert(key.clone(), ports);
+        }
+    }
 }
 
 /// Finds the items whose inclusion makes `ok` fail, by bisection: O(bad * log n) checks.

@@ -29,6 +29,12 @@ pub enum Command {
     /// Run the lab echo server: answers TCP and UDP with the address it was reached at and the
     /// peer address it saw.
     Echo(EchoArgs),
+    /// Measure full-sync and one-endpoint-change times at several cluster sizes (needs root;
+    /// works in a scratch network namespace).
+    Bench(BenchArgs),
+    /// Build the hello example in network namespaces (a node, three echo pods, a client), run
+    /// the proxy there and show which pod answers the Service (needs root).
+    Lab(LabArgs),
 }
 
 /// Flags of `proxy` and `rules`, named as kube-proxy's.
@@ -73,4 +79,35 @@ pub struct EchoArgs {
     /// Name to answer with (default: the host name).
     #[arg(long)]
     pub name: Option<String>,
+}
+
+/// Flags of `bench`.
+#[derive(Debug, Args)]
+pub struct BenchArgs {
+    /// Numbers of Services to measure, comma-separated.
+    #[arg(long, value_delimiter = ',', default_value = "1000,10000")]
+    pub services: Vec<usize>,
+    /// Endpoints per Service.
+    #[arg(long, default_value_t = 10)]
+    pub endpoints: usize,
+    /// Runs per measurement (the median is reported).
+    #[arg(long, default_value_t = 5)]
+    pub runs: usize,
+}
+
+/// Flags of `lab`.
+#[derive(Debug, Args)]
+pub struct LabArgs {
+    /// A Service manifest selecting `app: hello` (default: examples/hello/service.yaml).
+    #[arg(long, value_name = "FILE")]
+    pub service: Option<PathBuf>,
+    /// Where the client sends requests, repeatable.
+    #[arg(long, default_values = ["10.96.0.10:80", "[fd00:96::10]:80"])]
+    pub target: Vec<SocketAddr>,
+    /// Requests per target.
+    #[arg(long, default_value_t = 12)]
+    pub requests: usize,
+    /// Keep the lab up until Enter is pressed, to look around.
+    #[arg(long)]
+    pub keep: bool,
 }

@@ -1,6 +1,8 @@
 //! The `roadkeeper` binary: parses the command line and wires sources to components.
 
+mod bench;
 mod cli;
+mod lab;
 mod proxy_cmd;
 
 use clap::Parser;
@@ -24,6 +26,8 @@ fn main() -> std::process::ExitCode {
         Command::Proxy(args) => proxy_cmd::run(args),
         Command::Rules(args) => proxy_cmd::print_rules(args),
         Command::Cleanup => proxy_cmd::cleanup(),
+        Command::Bench(args) => bench::run(args),
+        Command::Lab(args) => lab::run(args),
         Command::Echo(args) => {
             let name = args.name.unwrap_or_else(roadkeeper_proxy::node::hostname);
             roadkeeper_netlab::echo::run_forever(&args.listen, &name)

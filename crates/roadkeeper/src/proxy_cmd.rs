@@ -53,7 +53,7 @@ fn log_sync(report: &SyncReport) {
     tracing::info!(
         full = report.full,
         services = report.services_changed,
-        script_bytes = report.script_bytes,
+        ops = report.ops,
         refused = report.refused.len(),
         duration_ms = format!("{:.1}", report.duration.as_secs_f64() * 1e3),
         "synced rules"

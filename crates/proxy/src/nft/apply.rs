@@ -8,14 +8,20 @@ use std::io::Write;
 use std::process::{Command, Stdio};
 
 use super::objects::TABLE;
+use super::rule::Op;
+use super::transaction::script;
 use super::transaction::Existing;
 use crate::Error;
 use crate::table::IpFamily;
 
 /// Something that can run nft transactions: the real binary, or a recorder in tests.
 pub trait NftRunner: Send {
-    /// Applies one script atomically.
+    /// Applies one script atomically (full syncs).
     fn apply(&mut self, script: &str) -> Result<(), Error>;
+    /// Applies per-Service ops atomically (partial syncs).
+    fn apply_ops(&mut self, ops: &[Op]) -> Result<(), Error>;
+    /// Checks per-Service ops against the kernel without committing them.
+    fn check_ops(&mut self, ops: &[Op]) -> Result<(), Error>;
     /// Checks a script against the kernel without committing it (`nft -c`).
     fn check(&mut self, script: &str) -> Result<(), Error>;
     /// Lists the chains and sets currently in our tables (missing tables are empty).
@@ -24,7 +30,7 @@ pub trait NftRunner: Send {
     fn healthy(&mut self) -> Result<bool, Error>;
 }
 
-/// Runs the system `nft` binary.
+/// The kernel: full syncs through the system `nft` binary, partial syncs over netlink.
 #[derive(Debug, Default)]
 pub struct NftBinary;
 
@@ -55,6 +61,14 @@ impl NftRunner for NftBinary {
 
     fn check(&mut self, script: &str) -> Result<(), Error> {
         nft(&["-c", "-f", "-"], Some(script)).map(|_| ())
+    }
+
+    fn apply_ops(&mut self, ops: &[Op]) -> Result<(), Error> {
+        super::netlink::apply(ops)
+    }
+
+    fn check_ops(&mut self, ops: &[Op]) -> Result<(), Error> {
+        super::netlink::check(ops)
     }
 
     fn existing(&mut self) -> Result<Existing, Error> {
@@ -104,6 +118,14 @@ impl NftRunner for Recorder {
     }
 
     fn check(&mut self, _script: &str) -> Result<(), Error> {
+        Ok(())
+    }
+
+    fn apply_ops(&mut self, ops: &[Op]) -> Result<(), Error> {
+        self.apply(&script(ops))
+    }
+
+    fn check_ops(&mut self, _ops: &[Op]) -> Result<(), Error> {
         Ok(())
     }
 

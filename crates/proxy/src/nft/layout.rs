@@ -74,16 +74,15 @@ impl Layout {
             BaseChain {
                 name: "filter-output",
                 hook: "type filter hook output priority -110 ;",
-                rules: vec![
-                    new("firewall-check"),
-                    new("nodeport-endpoints-check"),
-                    new("service-endpoints-check"),
-                ],
+                rules: vec![new("firewall-check")],
             },
+            // Host traffic is checked after DNAT, so that what the external chains short-circuit
+            // to the Cluster set (eTP=Local without local endpoints) is not dropped. NodePorts need
+            // no check here: undNATed traffic to a node IP goes through filter-input.
             BaseChain {
                 name: "filter-output-post-dnat",
                 hook: "type filter hook output priority -90 ;",
-                rules: vec![new("cluster-ips-check")],
+                rules: vec![new("service-endpoints-check"), new("cluster-ips-check")],
             },
             BaseChain { name: "nat-prerouting", hook: "type nat hook prerouting priority dstnat ;", rules: vec!["jump services".into()] },
             BaseChain { name: "nat-output", hook: "type nat hook output priority -100 ;", rules: vec!["jump services".into()] },
@@ -101,7 +100,7 @@ impl Layout {
         }
         not_pod.push("jump mark-for-masquerade".into());
         let mut cluster_ips_check = vec![format!(
-            "{ip} daddr @cluster-ips reject comment \"Reject traffic to invalid ports of ClusterIPs\""
+            "{ip} daddr @cluster-ips goto reject-chain comment \"Reject traffic to invalid ports of ClusterIPs\""
         )];
         if !self.service_cidrs.is_empty() {
             cluster_ips_check.push(format!(
@@ -117,7 +116,12 @@ impl Layout {
             HelperChain { name: "service-endpoints-check", rules: vec![format!("{ip} daddr . meta l4proto . th dport vmap @no-endpoint-services")] },
             HelperChain { name: "nodeport-endpoints-check", rules: vec![format!("{ip} daddr @nodeport-ips meta l4proto . th dport vmap @no-endpoint-nodeports")] },
             HelperChain { name: "cluster-ips-check", rules: cluster_ips_check },
-            HelperChain { name: "reject-chain", rules: vec!["reject comment \"helper for @no-endpoint-services / @no-endpoint-nodeports\"".into()] },
+            // A TCP reset fails connections at once in both families (Linux retries a SYN that
+            // got an ICMPv6 port-unreachable, so IPv6 clients would hang ~1 s per attempt).
+            HelperChain { name: "reject-chain", rules: vec![
+                "meta l4proto tcp reject with tcp reset comment \"helper for @no-endpoint-services / @no-endpoint-nodeports\"".into(),
+                "reject comment \"helper for @no-endpoint-services / @no-endpoint-nodeports\"".into(),
+            ] },
             HelperChain { name: "mark-for-masquerade", rules: vec![format!("meta mark set meta mark | {mark:#x}")] },
             HelperChain { name: "mark-if-not-pod-traffic", rules: not_pod },
             HelperChain { name: "masquerading", rules: vec![

@@ -2,7 +2,8 @@
 
 pub mod apply;
 pub mod layout;
+pub mod netlink;
 pub mod objects;
+pub mod rule;
 pub mod service;
-pub mod slots;
 pub mod transaction;

@@ -3,6 +3,7 @@
 
 use std::collections::BTreeMap;
 
+use super::rule::{AffinitySet, ElementKey, Rule, Verdict};
 use crate::table::IpFamily;
 
 /// The nftables family keyword of a table (`ip` / `ip6`).
@@ -29,21 +30,18 @@ pub enum Container {
     NoEndpointNodePorts,
     /// `daddr . l4proto . dport : verdict` — source-range firewall of load-balancer IPs.
     FirewallIps,
-    /// `numgen : verdict` — endpoint choice, one block of keys per endpoint set.
-    EndpointSelect,
     /// Set of allocated ClusterIPs (unused ports are rejected).
     ClusterIps,
 }
 
 impl Container {
     /// Every shared container, in declaration order.
-    pub const ALL: [Container; 7] = [
+    pub const ALL: [Container; 6] = [
         Container::ServiceIps,
         Container::ServiceNodePorts,
         Container::NoEndpointServices,
         Container::NoEndpointNodePorts,
         Container::FirewallIps,
-        Container::EndpointSelect,
         Container::ClusterIps,
     ];
 
@@ -55,7 +53,6 @@ impl Container {
             Container::NoEndpointServices => "no-endpoint-services",
             Container::NoEndpointNodePorts => "no-endpoint-nodeports",
             Container::FirewallIps => "firewall-ips",
-            Container::EndpointSelect => "endpoint-select",
             Container::ClusterIps => "cluster-ips",
         }
     }
@@ -77,64 +74,41 @@ impl Container {
             Container::NoEndpointServices => (format!("type {addr} . inet_proto . inet_service : verdict"), "vmap to drop or reject packets to services with no endpoints"),
             Container::NoEndpointNodePorts => ("type inet_proto . inet_service : verdict".into(), "vmap to drop or reject packets to service nodeports with no endpoints"),
             Container::FirewallIps => (format!("type {addr} . inet_proto . inet_service : verdict"), "destinations that are subject to LoadBalancerSourceRanges"),
-            Container::EndpointSelect => ("typeof numgen random mod 1 : verdict".into(), "random endpoint choice: one block of keys per endpoint set"),
             Container::ClusterIps => (format!("type {addr}"), "Active ClusterIPs"),
         };
         format!("{ty} ; comment \"{comment}\" ;")
     }
 }
 
-/// One element of a shared container: its key and, for maps, its value, plus a comment.
-#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash)]
-pub struct Element {
-    /// The key as nft syntax (`10.96.0.10 . tcp . 80`).
-    pub key: String,
-    /// The verdict or data (`goto service-...`); empty for set elements.
-    pub value: String,
+/// The value side of an element of a shared container, with its owner's comment.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ElementValue {
+    /// The verdict, for maps; `None` for set elements.
+    pub verdict: Option<Verdict>,
     /// `namespace/name[:port]` of the owner.
     pub comment: String,
-}
-
-impl Element {
-    /// The element as written inside `{ ... }` of `add element`.
-    pub fn to_nft(&self) -> String {
-        let mut s = format!("{} comment \"{}\"", self.key, self.comment);
-        if !self.value.is_empty() {
-            s.push_str(" : ");
-            s.push_str(&self.value);
-        }
-        s
-    }
-}
-
-/// A named set owned by one Service (session-affinity sets).
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct OwnedSet {
-    /// Its declaration body.
-    pub declaration: String,
 }
 
 /// Chains, owned sets and shared-container elements, keyed by family and name.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct Objects {
     /// Regular chains and their rules.
-    pub chains: BTreeMap<(IpFamily, String), Vec<String>>,
-    /// Named sets owned by this group of objects.
-    pub sets: BTreeMap<(IpFamily, String), OwnedSet>,
+    pub chains: BTreeMap<(IpFamily, String), Vec<Rule>>,
+    /// Session-affinity sets owned by this group of objects.
+    pub sets: BTreeMap<(IpFamily, String), AffinitySet>,
     /// Elements of shared containers, keyed by (family, container, key).
-    pub elements: BTreeMap<(IpFamily, Container, String), Element>,
+    pub elements: BTreeMap<(IpFamily, Container, ElementKey), ElementValue>,
 }
 
 impl Objects {
     /// Adds a chain with its rules.
-    pub fn chain(&mut self, family: IpFamily, name: String, rules: Vec<String>) {
+    pub fn chain(&mut self, family: IpFamily, name: String, rules: Vec<Rule>) {
         self.chains.insert((family, name), rules);
     }
 
     /// Adds an element to a shared container.
-    pub fn element(&mut self, family: IpFamily, container: Container, key: String, value: String, comment: &str) {
-        let element = Element { key: key.clone(), value, comment: comment.to_string() };
-        self.elements.insert((family, container, key), element);
+    pub fn element(&mut self, family: IpFamily, container: Container, key: ElementKey, verdict: Option<Verdict>, comment: &str) {
+        self.elements.insert((family, container, key), ElementValue { verdict, comment: comment.to_string() });
     }
 
     /// Moves everything of `other` into `self`.

@@ -5,10 +5,10 @@ use std::net::IpAddr;
 
 use ipnet::IpNet;
 
-use super::objects::{Container, Objects, OwnedSet, family_keyword};
-use super::slots::{BLOCK_SIZE, SlotAllocator};
+use super::objects::{Container, Objects};
+use super::rule::{Action, AffinitySet, ElementKey, Match, Rule, Verdict};
 use crate::hash::nft_hash;
-use crate::table::{Endpoint, IpFamily, ServicePort};
+use crate::table::{Endpoint, ServicePort};
 
 /// What the planner needs to know beyond the service ports themselves.
 #[derive(Debug, Clone, Default, PartialEq)]
@@ -59,49 +59,38 @@ impl ChainNames {
     }
 }
 
-/// Formats an address for an nft `dnat to` statement.
-fn dnat_target(ep: &Endpoint) -> String {
-    match ep.ip {
-        IpAddr::V4(ip) => format!("{ip}:{}", ep.port),
-        IpAddr::V6(ip) => format!("[{ip}]:{}", ep.port),
-    }
-}
-
 /// Plans the objects of every port of one Service (both families).
-pub fn plan_service(ports: &[ServicePort], ctx: &PlanContext, slots: &mut SlotAllocator) -> Objects {
+pub fn plan_service(ports: &[ServicePort], ctx: &PlanContext) -> Objects {
     let mut objects = Objects::default();
     for sp in ports {
-        plan_port(sp, ctx, slots, &mut objects);
+        plan_port(sp, ctx, &mut objects);
     }
     objects
 }
 
 /// Plans one service port in one family.
-fn plan_port(sp: &ServicePort, ctx: &PlanContext, slots: &mut SlotAllocator, out: &mut Objects) {
+fn plan_port(sp: &ServicePort, ctx: &PlanContext, out: &mut Objects) {
     let fam = sp.family;
-    let ip = family_keyword(fam);
     let names = ChainNames::new(sp);
     let comment = sp.name.to_string();
-    let c = |rule: String| format!("{rule} comment \"{comment}\"");
-    let proto = sp.name.protocol.as_str();
-    let port_key = |addr: &IpAddr| format!("{addr} . {proto} . {}", sp.port);
+    let always = |action: Action| Rule::always(fam, action, &comment);
+    let when = |m: Match, action: Action| Rule::when(fam, vec![m], action, &comment);
+    let proto = sp.name.protocol;
+    let port_key = |addr: &IpAddr| ElementKey::AddrProtoPort(*addr, proto, sp.port);
+    let goto = |chain: &str| Some(Verdict::Goto(chain.to_string()));
 
     // Endpoint chains (for every endpoint either set may use).
     let mut all_eps: Vec<&Endpoint> = sp.cluster_endpoints.iter().chain(&sp.local_endpoints).collect();
     all_eps.sort();
     all_eps.dedup();
     for ep in &all_eps {
-        let mut rules = vec![c(format!("{ip} saddr {} jump mark-for-masquerade", ep.ip))];
+        let mut rules = vec![when(Match::SaddrIs(ep.ip), Action::Jump("mark-for-masquerade".into()))];
         if let Some(timeout) = sp.affinity_timeout {
             let set = names.affinity(ep, timeout);
-            let addr = if fam == IpFamily::V4 { "ipv4_addr" } else { "ipv6_addr" };
-            out.sets.insert(
-                (fam, set.clone()),
-                OwnedSet { declaration: format!("type {addr} ; flags dynamic,timeout ; timeout {timeout}s ; comment \"{comment}\" ;") },
-            );
-            rules.push(c(format!("update @{set} {{ {ip} saddr }}")));
+            out.sets.insert((fam, set.clone()), AffinitySet { timeout_secs: timeout, comment: comment.clone() });
+            rules.push(always(Action::UpdateSaddr(set)));
         }
-        rules.push(c(format!("meta l4proto {proto} dnat to {}", dnat_target(ep))));
+        rules.push(always(Action::Dnat { protocol: proto, ip: ep.ip, port: ep.port }));
         out.chain(fam, names.endpoint(ep), rules);
     }
 
@@ -109,28 +98,27 @@ fn plan_port(sp: &ServicePort, ctx: &PlanContext, slots: &mut SlotAllocator, out
     if !sp.cluster_endpoints.is_empty() {
         let mut rules = Vec::new();
         if ctx.masquerade_all {
-            rules.push(c("jump mark-for-masquerade".into()));
+            rules.push(always(Action::Jump("mark-for-masquerade".into())));
         } else if !ctx.cluster_cidrs.is_empty() {
-            rules.push(c("jump mark-if-not-pod-traffic".into()));
+            rules.push(always(Action::Jump("mark-if-not-pod-traffic".into())));
         }
-        rules.extend(selection_rules(sp, &names, &names.cluster, &sp.cluster_endpoints, slots, out));
+        rules.extend(selection_rules(sp, &names, &sp.cluster_endpoints));
         out.chain(fam, names.cluster.clone(), rules);
     }
     let uses_local = sp.internal_policy_local || sp.external_policy_local;
     if uses_local && !sp.local_endpoints.is_empty() {
-        let rules = selection_rules(sp, &names, &names.local, &sp.local_endpoints, slots, out);
-        out.chain(fam, names.local.clone(), rules);
+        out.chain(fam, names.local.clone(), selection_rules(sp, &names, &sp.local_endpoints));
     }
 
     // ClusterIP frontend.
     if let Some(cluster_ip) = sp.cluster_ip {
-        out.element(fam, Container::ClusterIps, cluster_ip.to_string(), String::new(), &sp.name.service.to_string());
+        out.element(fam, Container::ClusterIps, ElementKey::Addr(cluster_ip), None, &sp.name.service.to_string());
         let target = if sp.internal_policy_local { &names.local } else { &names.cluster };
         if !sp.internal_endpoints().is_empty() {
-            out.element(fam, Container::ServiceIps, port_key(&cluster_ip), format!("goto {target}"), &comment);
+            out.element(fam, Container::ServiceIps, port_key(&cluster_ip), goto(target), &comment);
         } else {
-            let verdict = if sp.cluster_endpoints.is_empty() { "goto reject-chain" } else { "drop" };
-            out.element(fam, Container::NoEndpointServices, port_key(&cluster_ip), verdict.into(), &comment);
+            let verdict = if sp.cluster_endpoints.is_empty() { goto("reject-chain") } else { Some(Verdict::Drop) };
+            out.element(fam, Container::NoEndpointServices, port_key(&cluster_ip), verdict, &comment);
         }
     }
 
@@ -138,96 +126,151 @@ fn plan_port(sp: &ServicePort, ctx: &PlanContext, slots: &mut SlotAllocator, out
     if !sp.has_external_frontends() {
         return;
     }
+    // As upstream: with any endpoint at all, external frontends go to the external chain, which
+    // short-circuits pod and host traffic to the Cluster set even when the Local set is empty;
+    // whatever falls through (external traffic without a local endpoint) is not DNATed and is
+    // dropped by @no-endpoint-services / @no-endpoint-nodeports.
+    let has_endpoints = !sp.cluster_endpoints.is_empty();
     let external_ok = !sp.external_endpoints().is_empty();
-    if external_ok {
-        let rules = if sp.external_policy_local {
-            let mut rules: Vec<String> = ctx
+    if has_endpoints {
+        let mut rules = if sp.external_policy_local {
+            let mut rules: Vec<Rule> = ctx
                 .cluster_cidrs
                 .iter()
-                .map(|cidr| c(format!("{ip} saddr {cidr} goto {}", names.cluster)))
+                .map(|cidr| when(Match::SaddrIn(*cidr), Action::Goto(names.cluster.clone())))
                 .collect();
-            rules.push(c("fib saddr type local jump mark-for-masquerade".into()));
-            rules.push(c(format!("fib saddr type local goto {}", names.cluster)));
-            rules.push(c(format!("goto {}", names.local)));
+            rules.push(when(Match::FibSaddrLocal, Action::Jump("mark-for-masquerade".into())));
+            rules.push(when(Match::FibSaddrLocal, Action::Goto(names.cluster.clone())));
             rules
         } else {
-            vec![c("jump mark-for-masquerade".into()), c(format!("goto {}", names.cluster))]
+            vec![always(Action::Jump("mark-for-masquerade".into()))]
         };
+        if external_ok {
+            let policy_chain = if sp.external_policy_local { &names.local } else { &names.cluster };
+            rules.push(always(Action::Goto(policy_chain.clone())));
+        }
         out.chain(fam, names.external.clone(), rules);
     }
-    let no_endpoint_verdict = if sp.cluster_endpoints.is_empty() { "goto reject-chain" } else { "drop" };
+    let no_endpoint_verdict = if has_endpoints { Some(Verdict::Drop) } else { goto("reject-chain") };
     let frontend_ips = sp.external_ips.iter().chain(&sp.load_balancer_ips);
     for addr in frontend_ips {
-        if external_ok {
-            out.element(fam, Container::ServiceIps, port_key(addr), format!("goto {}", names.external), &comment);
-        } else {
-            out.element(fam, Container::NoEndpointServices, port_key(addr), no_endpoint_verdict.into(), &comment);
+        if has_endpoints {
+            out.element(fam, Container::ServiceIps, port_key(addr), goto(&names.external), &comment);
+        }
+        if !external_ok {
+            out.element(fam, Container::NoEndpointServices, port_key(addr), no_endpoint_verdict.clone(), &comment);
         }
     }
     if let Some(node_port) = sp.node_port {
-        let key = format!("{proto} . {node_port}");
-        if external_ok {
-            out.element(fam, Container::ServiceNodePorts, key, format!("goto {}", names.external), &comment);
-        } else {
-            out.element(fam, Container::NoEndpointNodePorts, key, no_endpoint_verdict.into(), &comment);
+        let key = ElementKey::ProtoPort(proto, node_port);
+        if has_endpoints {
+            out.element(fam, Container::ServiceNodePorts, key.clone(), goto(&names.external), &comment);
+        }
+        if !external_ok {
+            out.element(fam, Container::NoEndpointNodePorts, key, no_endpoint_verdict.clone(), &comment);
         }
     }
 
     // loadBalancerSourceRanges: only LB-IP traffic is filtered, NodePorts are not.
     if !sp.source_ranges.is_empty() && !sp.load_balancer_ips.is_empty() {
-        let mut rules: Vec<String> =
-            sp.source_ranges.iter().map(|r| c(format!("{ip} saddr {r} return"))).collect();
+        let mut rules: Vec<Rule> = sp.source_ranges.iter().map(|r| when(Match::SaddrIn(*r), Action::Return)).collect();
         let node_in_range = ctx.node_ips.iter().any(|n| sp.source_ranges.iter().any(|r| r.contains(n)));
         if node_in_range {
-            rules.extend(sp.load_balancer_ips.iter().map(|lb| c(format!("{ip} saddr {lb} return"))));
+            rules.extend(sp.load_balancer_ips.iter().map(|lb| when(Match::SaddrIs(*lb), Action::Return)));
         }
-        rules.push(c("drop".into()));
+        rules.push(always(Action::Drop));
         out.chain(fam, names.firewall.clone(), rules);
         for lb in &sp.load_balancer_ips {
-            out.element(fam, Container::FirewallIps, port_key(lb), format!("jump {}", names.firewall), &comment);
+            out.element(fam, Container::FirewallIps, port_key(lb), Some(Verdict::Jump(names.firewall.clone())), &comment);
         }
     }
 }
 
-/// The rules of an endpoint-set chain: affinity lookups, then a random pick among `eps`.
-fn selection_rules(
-    sp: &ServicePort,
-    names: &ChainNames,
-    chain: &str,
-    eps: &[Endpoint],
-    slots: &mut SlotAllocator,
-    out: &mut Objects,
-) -> Vec<String> {
-    let fam = sp.family;
-    let ip = family_keyword(fam);
+/// The rules of an endpoint-set chain: affinity lookups, then a uniform random pick among `eps`.
+///
+/// The pick is a ladder, as iptables' statistic rules: endpoint i of n is taken with probability
+/// 1/(n-i), the last unconditionally. It needs no set at all: a per-Service anonymous map would
+/// grow the kernel's per-table set list (kubernetes#139513), and one shared map referenced from
+/// every Service chain makes the kernel's transaction validation walk that map once per
+/// reference (quadratic; measured 4 s per commit at 2,000 Services).
+fn selection_rules(sp: &ServicePort, names: &ChainNames, eps: &[Endpoint]) -> Vec<Rule> {
     let comment = sp.name.to_string();
     let mut rules = Vec::new();
     if let Some(timeout) = sp.affinity_timeout {
         for ep in eps {
-            rules.push(format!(
-                "{ip} saddr @{} goto {} comment \"{comment}\"",
-                names.affinity(ep, timeout),
-                names.endpoint(ep)
-            ));
+            let m = Match::SaddrInSet(names.affinity(ep, timeout));
+            rules.push(Rule::when(sp.family, vec![m], Action::Goto(names.endpoint(ep)), &comment));
         }
     }
-    let eps = if eps.len() > BLOCK_SIZE {
-        tracing::warn!(service = %comment, endpoints = eps.len(), "only the first {BLOCK_SIZE} endpoints are used");
-        &eps[..BLOCK_SIZE]
-    } else {
-        eps
-    };
-    if let [only] = eps {
-        rules.push(format!("goto {} comment \"{comment}\"", names.endpoint(only)));
-        return rules;
-    }
-    let start = slots.block_start(fam, chain);
-    rules.push(format!(
-        "numgen random mod {} offset {start} vmap @endpoint-select comment \"{comment}\"",
-        eps.len()
-    ));
+    let n = eps.len();
     for (i, ep) in eps.iter().enumerate() {
-        out.element(fam, Container::EndpointSelect, (start + i as u32).to_string(), format!("goto {}", names.endpoint(ep)), &comment);
+        let matches = if i + 1 == n { Vec::new() } else { vec![Match::Random { modulus: (n - i) as u32, value: 0 }] };
+        rules.push(Rule::when(sp.family, matches, Action::Goto(names.endpoint(ep)), &comment));
     }
     rules
+}
+
+#[cfg(test)]
+mod tests {
+    use roadkeeper_cluster::NamespacedName;
+
+    use super::*;
+    use crate::table::{IpFamily, Protocol, ServicePortName};
+
+    /// An `externalTrafficPolicy: Local` port with an externalIP and a NodePort, whose endpoints
+    /// (if any) run on other nodes.
+    fn local_policy_port(endpoints: Vec<Endpoint>) -> ServicePort {
+        ServicePort {
+            name: ServicePortName { service: NamespacedName::new("default", "web"), port: String::new(), protocol: Protocol::Tcp },
+            family: IpFamily::V4,
+            port: 80,
+            cluster_ip: Some("10.96.0.80".parse().unwrap()),
+            node_port: Some(30080),
+            external_ips: vec!["203.0.113.7".parse().unwrap()],
+            load_balancer_ips: Vec::new(),
+            source_ranges: Vec::new(),
+            affinity_timeout: None,
+            external_policy_local: true,
+            internal_policy_local: false,
+            health_check_node_port: None,
+            cluster_endpoints: endpoints,
+            local_endpoints: Vec::new(),
+        }
+    }
+
+    fn plan(sp: ServicePort) -> Objects {
+        let ctx = PlanContext { cluster_cidrs: vec!["10.244.0.0/16".parse().unwrap()], ..PlanContext::default() };
+        plan_service(&[sp], &ctx)
+    }
+
+    fn value(objects: &Objects, container: Container, key: &str) -> Option<String> {
+        objects
+            .elements
+            .iter()
+            .find(|((fam, c, k), _)| *fam == IpFamily::V4 && *c == container && k.to_string() == key)
+            .map(|(_, v)| v.verdict.as_ref().map(ToString::to_string).unwrap_or_default())
+    }
+
+    #[test]
+    fn local_policy_without_local_endpoints_short_circuits_pods_and_drops_the_rest() {
+        let remote = Endpoint { ip: "10.244.0.11".parse().unwrap(), port: 8080, is_local: false };
+        let objects = plan(local_policy_port(vec![remote]));
+        let external = &format!("external-{}-default/web/tcp/", nft_hash("default/web/tcp/"));
+        assert_eq!(value(&objects, Container::ServiceIps, "203.0.113.7 . tcp . 80"), Some(format!("goto {external}")));
+        assert_eq!(value(&objects, Container::ServiceNodePorts, "tcp . 30080"), Some(format!("goto {external}")));
+        assert_eq!(value(&objects, Container::NoEndpointServices, "203.0.113.7 . tcp . 80").as_deref(), Some("drop"));
+        assert_eq!(value(&objects, Container::NoEndpointNodePorts, "tcp . 30080").as_deref(), Some("drop"));
+        let rules: Vec<String> = objects.chains[&(IpFamily::V4, external.to_string())].iter().map(ToString::to_string).collect();
+        assert!(rules[0].starts_with("ip saddr 10.244.0.0/16 goto service-"), "{rules:?}");
+        assert!(!rules.iter().any(|r| r.contains("local-")), "nothing falls through to the empty Local set: {rules:?}");
+    }
+
+    #[test]
+    fn external_frontends_without_any_endpoint_reject() {
+        let objects = plan(local_policy_port(Vec::new()));
+        assert_eq!(value(&objects, Container::ServiceIps, "203.0.113.7 . tcp . 80"), None);
+        assert_eq!(value(&objects, Container::NoEndpointServices, "203.0.113.7 . tcp . 80").as_deref(), Some("goto reject-chain"));
+        assert_eq!(value(&objects, Container::NoEndpointNodePorts, "tcp . 30080").as_deref(), Some("goto reject-chain"));
+        assert!(!objects.chains.keys().any(|(_, name)| name.starts_with("external-")));
+    }
 }

@@ -5,7 +5,8 @@ use std::collections::BTreeSet;
 use std::fmt::Write;
 
 use super::layout::Layout;
-use super::objects::{Container, Objects, TABLE, family_keyword};
+use super::objects::{Container, ElementValue, Objects, TABLE, family_keyword};
+use super::rule::{ElementKey, Op, Rule};
 use crate::table::IpFamily;
 
 /// Names found in the kernel before a full sync (so that stale ones can be deleted).
@@ -28,16 +29,19 @@ fn add_rules(out: &mut String, family: IpFamily, chain: &str, rules: &[String]) 
     }
 }
 
-fn add_elements<'a>(out: &mut String, objects: impl IntoIterator<Item = (&'a (IpFamily, Container, String), &'a super::objects::Element)>) {
-    for ((family, container, _), element) in objects {
-        let _ = writeln!(
-            out,
-            "add element {} {} {{ {} }}",
-            table(*family),
-            container.name(),
-            element.to_nft()
-        );
-    }
+/// The op that adds one element.
+fn add_element(family: IpFamily, container: Container, key: &ElementKey, value: &ElementValue) -> Op {
+    Op::AddElement { family, container, key: key.clone(), value: value.verdict.clone(), comment: value.comment.clone() }
+}
+
+/// The op that appends one rule.
+fn add_rule(chain: &str, rule: &Rule) -> Op {
+    Op::AddRule { chain: chain.to_string(), rule: rule.clone() }
+}
+
+/// Renders ops as an `nft -f` script.
+pub fn script(ops: &[Op]) -> String {
+    ops.iter().map(|op| format!("{op}\n")).collect()
 }
 
 /// The complete script for a full sync: creates or refreshes every object we own, replaces all
@@ -80,7 +84,7 @@ pub fn full_sync(layouts: &[Layout], services: &Objects, existing: &Existing) ->
         }
     }
     for ((fam, name), set) in &services.sets {
-        let _ = writeln!(out, "add set {} {name} {{ {} }}", table(*fam), set.declaration);
+        let _ = writeln!(out, "add set {} {name} {{ {} }}", table(*fam), set.declaration(*fam));
         wanted_sets.insert((*fam, name.clone()));
     }
     for (fam, name) in services.chains.keys() {
@@ -88,10 +92,14 @@ pub fn full_sync(layouts: &[Layout], services: &Objects, existing: &Existing) ->
         let _ = writeln!(out, "flush chain {} {name}", table(*fam));
         wanted_chains.insert((*fam, name.clone()));
     }
-    for ((fam, name), rules) in &services.chains {
-        add_rules(&mut out, *fam, name, rules);
+    for ((_, name), rules) in &services.chains {
+        for rule in rules {
+            let _ = writeln!(out, "{}", add_rule(name, rule));
+        }
     }
-    add_elements(&mut out, &services.elements);
+    for ((fam, container, key), value) in &services.elements {
+        let _ = writeln!(out, "{}", add_element(*fam, *container, key, value));
+    }
     let stale_chains: Vec<_> = existing.chains.difference(&wanted_chains).collect();
     for (fam, name) in &stale_chains {
         let _ = writeln!(out, "flush chain {} {name}", table(*fam));
@@ -105,52 +113,56 @@ pub fn full_sync(layouts: &[Layout], services: &Objects, existing: &Existing) ->
     out
 }
 
-/// The script that moves the kernel from `old` to `new` for some Services: only chains whose
-/// rules differ are flushed and rewritten, only changed elements are deleted or added.
-/// Returns an empty string when nothing differs.
-pub fn partial_sync(old: &Objects, new: &Objects) -> String {
-    let mut out = String::new();
-    for ((fam, name), set) in &new.sets {
-        if !old.sets.contains_key(&(*fam, name.clone())) {
-            let _ = writeln!(out, "add set {} {name} {{ {} }}", table(*fam), set.declaration);
+/// The ops that move the kernel from `old` to `new` for some Services: only chains whose rules
+/// differ are flushed and rewritten, only changed elements are deleted or added. Empty when
+/// nothing differs.
+pub fn partial_sync(old: &Objects, new: &Objects) -> Vec<Op> {
+    let mut ops = Vec::new();
+    for ((family, name), set) in &new.sets {
+        if !old.sets.contains_key(&(*family, name.clone())) {
+            ops.push(Op::AddSet { family: *family, name: name.clone(), set: set.clone() });
         }
     }
     let mut rewritten = Vec::new();
-    for (key @ (fam, name), rules) in &new.chains {
+    for (key @ (family, name), rules) in &new.chains {
         match old.chains.get(key) {
             None => {
-                let _ = writeln!(out, "add chain {} {name}", table(*fam));
-                rewritten.push((key, rules));
+                ops.push(Op::AddChain { family: *family, name: name.clone() });
+                rewritten.push((name, rules));
             }
             Some(old_rules) if old_rules != rules => {
-                let _ = writeln!(out, "flush chain {} {name}", table(*fam));
-                rewritten.push((key, rules));
+                ops.push(Op::FlushChain { family: *family, name: name.clone() });
+                rewritten.push((name, rules));
             }
             Some(_) => {}
         }
     }
-    for ((fam, name), rules) in rewritten {
-        add_rules(&mut out, *fam, name, rules);
+    for (name, rules) in rewritten {
+        ops.extend(rules.iter().map(|rule| add_rule(name, rule)));
     }
-    for (key @ (fam, container, elem_key), element) in &old.elements {
-        if new.elements.get(key) != Some(element) {
-            let _ = writeln!(out, "delete element {} {} {{ {elem_key} }}", table(*fam), container.name());
+    for (key @ (family, container, elem_key), value) in &old.elements {
+        if new.elements.get(key) != Some(value) {
+            ops.push(Op::DeleteElement { family: *family, container: *container, key: elem_key.clone() });
         }
     }
-    add_elements(&mut out, new.elements.iter().filter(|(k, e)| old.elements.get(*k) != Some(*e)));
+    for (key @ (family, container, elem_key), value) in &new.elements {
+        if old.elements.get(key) != Some(value) {
+            ops.push(add_element(*family, *container, elem_key, value));
+        }
+    }
     let removed: Vec<_> = old.chains.keys().filter(|k| !new.chains.contains_key(*k)).collect();
-    for (fam, name) in &removed {
-        let _ = writeln!(out, "flush chain {} {name}", table(*fam));
+    for (family, name) in &removed {
+        ops.push(Op::FlushChain { family: *family, name: name.clone() });
     }
-    for (fam, name) in &removed {
-        let _ = writeln!(out, "delete chain {} {name}", table(*fam));
+    for (family, name) in &removed {
+        ops.push(Op::DeleteChain { family: *family, name: name.clone() });
     }
-    for (fam, name) in old.sets.keys() {
-        if !new.sets.contains_key(&(*fam, name.clone())) {
-            let _ = writeln!(out, "delete set {} {name}", table(*fam));
+    for (family, name) in old.sets.keys() {
+        if !new.sets.contains_key(&(*family, name.clone())) {
+            ops.push(Op::DeleteSet { family: *family, name: name.clone() });
         }
     }
-    out
+    ops
 }
 
 /// Script that removes everything roadkeeper installed (both tables), and nothing else.
@@ -161,4 +173,88 @@ pub fn cleanup() -> String {
         let _ = writeln!(out, "delete table {}", table(fam));
     }
     out
+}
+
+#[cfg(test)]
+mod tests {
+    use roadkeeper_cluster::NamespacedName;
+
+    use super::*;
+    use crate::nft::service::{PlanContext, plan_service};
+    use crate::table::{Endpoint, Protocol, ServicePort, ServicePortName};
+
+    fn port(name: &str, ip: &str, endpoints: &[&str]) -> ServicePort {
+        ServicePort {
+            name: ServicePortName { service: NamespacedName::new("default", name), port: "http".into(), protocol: Protocol::Tcp },
+            family: IpFamily::V4,
+            port: 80,
+            cluster_ip: Some(ip.parse().unwrap()),
+            node_port: None,
+            external_ips: Vec::new(),
+            load_balancer_ips: Vec::new(),
+            source_ranges: Vec::new(),
+            affinity_timeout: None,
+            external_policy_local: false,
+            internal_policy_local: false,
+            health_check_node_port: None,
+            cluster_endpoints: endpoints
+                .iter()
+                .map(|e| Endpoint { ip: e.parse().unwrap(), port: 8080, is_local: true })
+                .collect(),
+            local_endpoints: Vec::new(),
+        }
+    }
+
+    fn plan(sp: ServicePort) -> Objects {
+        plan_service(&[sp], &PlanContext::default())
+    }
+
+    #[test]
+    fn an_unchanged_service_needs_no_ops() {
+        let a = plan(port("a", "10.96.0.1", &["10.244.0.1", "10.244.0.2"]));
+        assert!(partial_sync(&a, &a).is_empty());
+    }
+
+    #[test]
+    fn replacing_one_endpoint_touches_only_that_services_chains() {
+        let old = plan(port("a", "10.96.0.1", &["10.244.0.1", "10.244.0.2"]));
+        let new = plan(port("a", "10.96.0.1", &["10.244.0.1", "10.244.0.3"]));
+        let ops = script(&partial_sync(&old, &new));
+        let lines: Vec<&str> = ops.lines().collect();
+        assert!(lines.iter().all(|l| l.contains("default/a")), "{ops}");
+        assert!(!ops.contains("element"), "map elements did not change: {ops}");
+        assert_eq!(lines.iter().filter(|l| l.starts_with("add chain")).count(), 1, "{ops}");
+        assert_eq!(lines.iter().filter(|l| l.starts_with("delete chain")).count(), 1, "{ops}");
+        assert!(lines[0].starts_with("add chain") && lines.last().unwrap().starts_with("delete chain"), "{ops}");
+    }
+
+    #[test]
+    fn losing_all_endpoints_moves_the_cluster_ip_to_reject() {
+        let old = plan(port("a", "10.96.0.1", &["10.244.0.1"]));
+        let new = plan(port("a", "10.96.0.1", &[]));
+        let ops = script(&partial_sync(&old, &new));
+        assert!(ops.contains("delete element ip roadkeeper service-ips { 10.96.0.1 . tcp . 80 }"), "{ops}");
+        assert!(ops.contains("add element ip roadkeeper no-endpoint-services { 10.96.0.1 . tcp . 80 comment \"default/a:http\" : goto reject-chain }"), "{ops}");
+    }
+
+    #[test]
+    fn full_sync_deletes_only_stale_objects() {
+        let objects = plan(port("a", "10.96.0.1", &["10.244.0.1"]));
+        let mut existing = Existing::default();
+        existing.chains.insert((IpFamily::V4, "service-OLD-default/gone/tcp/".into()));
+        existing.chains.insert((IpFamily::V4, "services".into()));
+        existing.sets.insert((IpFamily::V4, "affinity-OLD".into()));
+        let layouts = [Layout {
+            family: IpFamily::V4,
+            cluster_cidrs: Vec::new(),
+            masquerade_mark: 0x4000,
+            nodeport_ips: Vec::new(),
+            service_cidrs: Vec::new(),
+        }];
+        let script = full_sync(&layouts, &objects, &existing);
+        assert!(script.contains("delete chain ip roadkeeper service-OLD-default/gone/tcp/"));
+        assert!(script.contains("delete set ip roadkeeper affinity-OLD"));
+        assert!(!script.contains("delete chain ip roadkeeper services"));
+        assert!(script.contains("add element ip roadkeeper cluster-ips { 10.96.0.1 comment \"default/a\" }"));
+    }
 }

@@ -4,12 +4,15 @@
 
 #![allow(dead_code)] // each test binary uses a different part of the harness
 
-use std::net::{IpAddr, SocketAddr};
+use std::collections::BTreeSet;
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
 use std::path::PathBuf;
 use std::process::Output;
 use std::time::{Duration, Instant};
 
-use roadkeeper_netlab::addressing::{NODE_IPV4, NODE_IPV6};
+use roadkeeper_netlab::addressing::{
+    EXTERNAL_HOST_IPV4, EXTERNAL_HOST_IPV6, NODE_IPV4, NODE_IPV6, POD_GATEWAY_V4, POD_GATEWAY_V6,
+};
 use roadkeeper_netlab::{EchoServer, Lab, Netns, Pod, ProbeResult, Process, echo, probe};
 
 /// The node's name in the manifests.
@@ -18,6 +21,10 @@ pub const NODE: &str = "node-a";
 pub const ECHO_PORT: u16 = 8080;
 /// Probe timeout: a DROP shows up as a timeout of this length.
 pub const TIMEOUT: Duration = Duration::from_millis(700);
+/// Port of every test Service made by [`service_manifest`], for TCP (`http`) and UDP (`dns`).
+pub const SERVICE_PORT: u16 = 80;
+/// How long a watching proxy may take to apply a manifest change.
+pub const SETTLE: Duration = Duration::from_secs(5);
 
 /// A pod running an echo server on its IPv4 and IPv6 address.
 pub struct EchoPod {
@@ -25,6 +32,87 @@ pub struct EchoPod {
     _server: EchoServer,
     /// The pod.
     pub pod: Pod,
+}
+
+/// IP family of a probe, with the lab's addresses in that family.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Family {
+    /// IPv4.
+    V4,
+    /// IPv6.
+    V6,
+}
+
+/// Both families, for tests that prove a feature in each.
+pub const FAMILIES: [Family; 2] = [Family::V4, Family::V6];
+/// Both probe protocols.
+pub const PROTOS: [Proto; 2] = [Proto::Tcp, Proto::Udp];
+
+impl Family {
+    /// The family of `ip`.
+    pub fn of(ip: IpAddr) -> Family {
+        if ip.is_ipv4() { Family::V4 } else { Family::V6 }
+    }
+
+    /// The ClusterIP `10.96.0.<n>` / `fd00:96::<n>`.
+    pub fn cluster_ip(self, n: u8) -> IpAddr {
+        self.parse(format!("10.96.0.{n}"), format!("fd00:96::{n}"))
+    }
+
+    /// The external (or load-balancer) IP `203.0.113.<n>` / `2001:db8::<n>`.
+    pub fn external_ip(self, n: u8) -> IpAddr {
+        self.parse(format!("203.0.113.{n}"), format!("2001:db8::{n}"))
+    }
+
+    /// The node IP on the uplink (where NodePorts listen).
+    pub fn node_ip(self) -> IpAddr {
+        self.pick(NODE_IPV4, NODE_IPV6)
+    }
+
+    /// The external host's IP.
+    pub fn external_host_ip(self) -> IpAddr {
+        self.pick(EXTERNAL_HOST_IPV4, EXTERNAL_HOST_IPV6)
+    }
+
+    /// The node's bridge address: the source of traffic masqueraded towards pods.
+    pub fn bridge_ip(self) -> IpAddr {
+        self.pick(POD_GATEWAY_V4, POD_GATEWAY_V6)
+    }
+
+    /// `nft` table family keyword.
+    pub fn nft(self) -> &'static str {
+        self.pick_str("ip", "ip6")
+    }
+
+    /// Kubernetes spelling (`IPv4`, `IPv6`).
+    pub fn k8s(self) -> &'static str {
+        self.pick_str("IPv4", "IPv6")
+    }
+
+    fn pick(self, v4: Ipv4Addr, v6: Ipv6Addr) -> IpAddr {
+        if self == Family::V4 { v4.into() } else { v6.into() }
+    }
+
+    /// Parses the address of this family (written with the same host digits in both).
+    fn parse(self, v4: String, v6: String) -> IpAddr {
+        let text = if self == Family::V4 { v4 } else { v6 };
+        text.parse().expect("lab address")
+    }
+
+    fn pick_str(self, v4: &'static str, v6: &'static str) -> &'static str {
+        if self == Family::V4 { v4 } else { v6 }
+    }
+}
+
+/// How a pod manifest describes the pod's lifecycle.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum PodState {
+    /// Running and Ready.
+    Ready,
+    /// Running, Ready condition False.
+    NotReady,
+    /// Being deleted (`metadata.deletionTimestamp` set) while still Ready, i.e. serving.
+    Terminating,
 }
 
 /// Transport protocol of a probe.
@@ -43,6 +131,8 @@ pub struct Cluster {
     pub client: Pod,
     pub lab: Lab,
     pub manifests: tempfile::TempDir,
+    /// Files next to the manifests (proxy log, config files), outside the watched folder.
+    pub scratch: tempfile::TempDir,
 }
 
 /// The manifest of this node, with fixed InternalIPs so NodePort addresses are known.
@@ -59,7 +149,8 @@ impl Cluster {
         let lab = Lab::new(prefix).expect("lab");
         let client = lab.add_pod("client").expect("client pod");
         let manifests = tempfile::tempdir().expect("tempdir");
-        let cluster = Cluster { proxy: None, pods: Vec::new(), client, lab, manifests };
+        let scratch = tempfile::tempdir().expect("tempdir");
+        let cluster = Cluster { proxy: None, pods: Vec::new(), client, lab, manifests, scratch };
         cluster.write("node.yaml", &node_manifest("zone-a"));
         cluster
     }
@@ -73,16 +164,17 @@ impl Cluster {
             SocketAddr::new(IpAddr::V6(pod.ipv6), ECHO_PORT),
         ];
         let server = pod.ns.run(|| echo::serve(&listen, name)).expect("echo server");
-        self.write(&format!("pod-{name}.yaml"), &pod_manifest(name, labels, node, &pod, true));
+        self.write(&format!("pod-{name}.yaml"), &pod_manifest(name, labels, node, &pod, PodState::Ready));
         self.pods.push(EchoPod { _server: server, pod });
         self.pods.len() - 1
     }
 
-    /// Rewrites the manifest of pod `i` (labels, readiness).
-    pub fn update_pod(&self, i: usize, labels: &str, node: &str, ready: bool) {
+    /// Rewrites the manifest of pod `i` (labels, node, lifecycle state).
+    pub fn update_pod(&self, i: usize, labels: &str, node: &str, state: PodState) {
         let pod = &self.pods[i].pod;
-        self.write(&format!("pod-{}.yaml", pod.name), &pod_manifest(&pod.name, labels, node, pod, ready));
+        self.write(&format!("pod-{}.yaml", pod.name), &pod_manifest(&pod.name, labels, node, pod, state));
     }
+
 
     /// Writes (or replaces) a manifest file atomically (rename), so the watcher never sees half a file.
     pub fn write(&self, file: &str, yaml: &str) {
@@ -97,10 +189,26 @@ impl Cluster {
         std::fs::remove_file(self.manifests.path().join(file)).expect("remove manifest");
     }
 
+    /// Writes a file outside the manifest folder and returns its path.
+    pub fn scratch_file(&self, file: &str, contents: &str) -> String {
+        let path = self.scratch.path().join(file);
+        std::fs::write(&path, contents).expect("write scratch file");
+        path.display().to_string()
+    }
+
+    /// Runs the roadkeeper binary with `args` in the node and returns its output.
+    pub fn roadkeeper(&self, args: &[&str]) -> Output {
+        std::process::Command::new("ip")
+            .args(["netns", "exec", self.lab.node().name()])
+            .arg(binary())
+            .args(args)
+            .output()
+            .expect("run roadkeeper")
+    }
+
     /// The arguments of `roadkeeper proxy` for this lab.
     fn proxy_args(&self, extra: &[&str]) -> Vec<String> {
         let mut args: Vec<String> = vec![
-            env!("CARGO_BIN_EXE_roadkeeper").into(),
             "proxy".into(),
             "--manifests".into(),
             self.manifests.path().display().to_string(),
@@ -117,11 +225,7 @@ impl Cluster {
     pub fn try_proxy_once(&self, extra: &[&str]) -> Output {
         let mut args = self.proxy_args(extra);
         args.push("--once".into());
-        std::process::Command::new("ip")
-            .args(["netns", "exec", self.lab.node().name()])
-            .args(&args)
-            .output()
-            .expect("run roadkeeper")
+        self.roadkeeper(&args.iter().map(String::as_str).collect::<Vec<_>>())
     }
 
     /// Runs `roadkeeper proxy --once` in the node and asserts it succeeded.
@@ -130,12 +234,14 @@ impl Cluster {
         assert!(out.status.success(), "roadkeeper proxy --once failed:\n{}", String::from_utf8_lossy(&out.stderr));
     }
 
-    /// Starts `roadkeeper proxy` in watch mode in the node (stopped on drop) and waits for its
-    /// first sync.
+    /// Starts `roadkeeper proxy` in watch mode in the node (stopped on drop), logging to
+    /// [`proxy_log`](Self::proxy_log), and waits for its first sync.
     pub fn start_proxy(&mut self, extra: &[&str]) {
-        let mut args = self.proxy_args(extra);
+        let mut args = vec![binary().display().to_string()];
+        args.extend(self.proxy_args(extra));
         args.push("-v".into());
-        let process = self.lab.node().spawn(&args).expect("spawn roadkeeper");
+        let log = self.scratch.path().join("proxy.log");
+        let process = self.lab.node().spawn_logged(&args, &log).expect("spawn roadkeeper");
         self.proxy = Some(process);
         let deadline = Instant::now() + Duration::from_secs(10);
         while Instant::now() < deadline {
@@ -147,9 +253,26 @@ impl Cluster {
         panic!("roadkeeper did not program the kernel within 10s");
     }
 
+    /// [`start_proxy`](Self::start_proxy) with a KubeProxyConfiguration file that makes it react
+    /// fast: 100 ms minimum between syncs, table health checks every 2 s.
+    pub fn start_fast_proxy(&mut self) {
+        let config = self.scratch_file(
+            "kube-proxy.yaml",
+            "apiVersion: kubeproxy.config.k8s.io/v1alpha1\nkind: KubeProxyConfiguration\n\
+             nftables: {syncPeriod: 2s, minSyncPeriod: 100ms}\n",
+        );
+        self.start_proxy(&["--config", &config]);
+    }
+
     /// The proxy process started by [`start_proxy`](Self::start_proxy).
     pub fn proxy(&self) -> &Process {
         self.proxy.as_ref().expect("proxy running")
+    }
+
+    /// What the proxy started by [`start_proxy`](Self::start_proxy) logged so far (stdout and
+    /// stderr).
+    pub fn proxy_log(&self) -> String {
+        std::fs::read_to_string(self.scratch.path().join("proxy.log")).unwrap_or_default()
     }
 
     /// Runs nft in the node.
@@ -161,32 +284,92 @@ impl Cluster {
             .expect("run nft")
     }
 
-    /// Our IPv4 table as text.
+    /// The node's whole nftables ruleset as text.
     pub fn ruleset(&self) -> String {
         String::from_utf8_lossy(&self.nft(&["list", "ruleset"]).stdout).into_owned()
     }
 
-    /// Pod `i`'s IP of the family of `like`.
-    pub fn pod_ip(&self, i: usize, like: IpAddr) -> IpAddr {
+    /// Pod `i`'s IP in `family`.
+    pub fn pod_ip(&self, i: usize, family: Family) -> IpAddr {
         let pod = &self.pods[i].pod;
-        if like.is_ipv4() { IpAddr::V4(pod.ipv4) } else { IpAddr::V6(pod.ipv6) }
+        family.pick(pod.ipv4, pod.ipv6)
     }
 
-    /// The client pod's IP of the family of `like`.
-    pub fn client_ip(&self, like: IpAddr) -> IpAddr {
-        if like.is_ipv4() { IpAddr::V4(self.client.ipv4) } else { IpAddr::V6(self.client.ipv6) }
+    /// The client pod's IP in `family`.
+    pub fn client_ip(&self, family: Family) -> IpAddr {
+        family.pick(self.client.ipv4, self.client.ipv6)
     }
 }
 
 /// A Pod manifest for a lab pod.
-pub fn pod_manifest(name: &str, labels: &str, node: &str, pod: &Pod, ready: bool) -> String {
-    let ready = if ready { "True" } else { "False" };
+pub fn pod_manifest(name: &str, labels: &str, node: &str, pod: &Pod, state: PodState) -> String {
+    let ready = if state == PodState::NotReady { "False" } else { "True" };
+    let deleting = if state == PodState::Terminating { ", deletionTimestamp: \"2025-01-01T00:00:00Z\"" } else { "" };
     format!(
-        "apiVersion: v1\nkind: Pod\nmetadata: {{name: {name}, labels: {{{labels}}}}}\n\
+        "apiVersion: v1\nkind: Pod\nmetadata: {{name: {name}, labels: {{{labels}}}{deleting}}}\n\
          spec: {{nodeName: {node}, containers: [{{name: echo, image: roadkeeper, ports: [{{name: http, containerPort: {ECHO_PORT}}}, {{name: dns, containerPort: {ECHO_PORT}, protocol: UDP}}]}}]}}\n\
          status:\n  phase: Running\n  podIP: {}\n  podIPs: [{{ip: {}}}, {{ip: \"{}\"}}]\n  conditions: [{{type: Ready, status: \"{ready}\"}}]\n",
         pod.ipv4, pod.ipv4, pod.ipv6
     )
+}
+
+/// A dual-stack Service `name` with ClusterIPs [`Family::cluster_ip`]`(n)`, selecting `app: <name>`,
+/// with port 80 over TCP (`http`) and UDP (`dns`) to the echo port. `extra` holds more `spec`
+/// entries in YAML flow style (e.g. `type: NodePort, externalTrafficPolicy: Local`); NodePort and
+/// LoadBalancer Services get nodePort [`node_port`]`(n)` for both protocols.
+pub fn service_manifest(name: &str, n: u8, extra: &str) -> String {
+    service_yaml(name, n, &[&format!("selector: {{app: {name}}}"), extra])
+}
+
+/// Like [`service_manifest`] but without a selector: its endpoints come from hand-written
+/// EndpointSlices (see [`endpoint_slice`]).
+pub fn selectorless_service_manifest(name: &str, n: u8) -> String {
+    service_yaml(name, n, &[])
+}
+
+fn service_yaml(name: &str, n: u8, extra: &[&str]) -> String {
+    let extra: Vec<&str> = extra.iter().copied().filter(|e| !e.is_empty()).collect();
+    let has_node_port = extra.iter().any(|e| e.contains("type: NodePort") || e.contains("type: LoadBalancer"));
+    let node_port = if has_node_port { format!(", nodePort: {}", node_port(n)) } else { String::new() };
+    let port = |name: &str, protocol: &str| {
+        format!("{{name: {name}, port: {SERVICE_PORT}, targetPort: {ECHO_PORT}, protocol: {protocol}{node_port}}}")
+    };
+    let mut spec = vec![
+        format!("clusterIPs: [{}, \"{}\"]", Family::V4.cluster_ip(n), Family::V6.cluster_ip(n)),
+        "ipFamilies: [IPv4, IPv6]".into(),
+        "ipFamilyPolicy: RequireDualStack".into(),
+        format!("ports: [{}, {}]", port("http", "TCP"), port("dns", "UDP")),
+    ];
+    spec.extend(extra.iter().map(|e| e.to_string()));
+    format!(
+        "apiVersion: v1\nkind: Service\nmetadata: {{name: {name}, namespace: default}}\nspec: {{{}}}\n",
+        spec.join(", ")
+    )
+}
+
+/// The nodePort of NodePort / LoadBalancer Services made by [`service_manifest`] with number `n`.
+pub fn node_port(n: u8) -> u16 {
+    30000 + u16::from(n)
+}
+
+/// A hand-written EndpointSlice of Service `service` in `family`, matching the ports of
+/// [`service_manifest`]; `endpoints` are YAML flow maps such as
+/// `{addresses: [10.244.0.10], nodeName: node-a}`.
+pub fn endpoint_slice(service: &str, family: Family, endpoints: &[String]) -> String {
+    format!(
+        "apiVersion: discovery.k8s.io/v1\nkind: EndpointSlice\n\
+         metadata: {{name: {service}-{}, namespace: default, labels: {{kubernetes.io/service-name: {service}}}}}\n\
+         addressType: {}\nports: [{{name: http, port: {ECHO_PORT}, protocol: TCP}}, {{name: dns, port: {ECHO_PORT}, protocol: UDP}}]\n\
+         endpoints: [{}]\n",
+        family.nft(),
+        family.k8s(),
+        endpoints.join(", ")
+    )
+}
+
+/// The service address `ip:80`.
+pub fn at(ip: IpAddr) -> SocketAddr {
+    SocketAddr::new(ip, SERVICE_PORT)
 }
 
 /// Sends one probe from `ns`.
@@ -195,6 +378,28 @@ pub fn probe(ns: &Netns, proto: Proto, target: SocketAddr) -> ProbeResult {
         Proto::Tcp => probe::tcp(target, TIMEOUT),
         Proto::Udp => probe::udp(target, TIMEOUT),
     })
+}
+
+/// Probes every `(proto, target)` of `cases` from `ns` at the same time (so timeouts overlap) and
+/// panics, listing the offenders, unless each ends as `expected` (compared by kind: any reply
+/// matches [`ProbeResult::Reply`]).
+pub fn assert_outcome(ns: &Netns, cases: &[(Proto, SocketAddr)], expected: &ProbeResult) {
+    let results: Vec<ProbeResult> = std::thread::scope(|scope| {
+        let running: Vec<_> = cases.iter().map(|&(proto, target)| scope.spawn(move || probe(ns, proto, target))).collect();
+        running.into_iter().map(|t| t.join().expect("probe thread")).collect()
+    });
+    let wrong: Vec<String> = cases
+        .iter()
+        .zip(&results)
+        .filter(|(_, got)| std::mem::discriminant(*got) != std::mem::discriminant(expected))
+        .map(|((proto, target), got)| format!("{proto:?} {target}: {got:?}"))
+        .collect();
+    assert!(wrong.is_empty(), "from {}, expected {expected:?}, got:\n{}", ns.name(), wrong.join("\n"));
+}
+
+/// Every protocol paired with every target, for [`assert_outcome`].
+pub fn cases(targets: &[SocketAddr]) -> Vec<(Proto, SocketAddr)> {
+    targets.iter().flat_map(|&t| PROTOS.map(|p| (p, t))).collect()
 }
 
 /// Sends `n` probes from `ns` and returns the names of the pods that answered (panics on a
@@ -214,7 +419,17 @@ pub fn answers(ns: &Netns, proto: Proto, target: SocketAddr, n: usize) -> (Vec<S
     (names, peer.expect("at least one probe"))
 }
 
-/// Polls `probe` until `ok` holds for its result, for at most `within`.
+/// The distinct pod names that answered `n` probes (see [`answers`]).
+pub fn reached(ns: &Netns, proto: Proto, target: SocketAddr, n: usize) -> BTreeSet<String> {
+    answers(ns, proto, target, n).0.into_iter().collect()
+}
+
+/// A set of pod names, for comparing with [`reached`].
+pub fn names(names: &[&str]) -> BTreeSet<String> {
+    names.iter().map(|n| n.to_string()).collect()
+}
+
+/// Polls `check` until it holds, for at most `within`.
 pub fn eventually(within: Duration, mut check: impl FnMut() -> bool) -> bool {
     let deadline = Instant::now() + within;
     loop {

@@ -1,0 +1,76 @@
+//! Bad manifests reach a watching proxy: each is reported (file, object, field) on its log, the
+//! Services already programmed keep answering, later good changes still apply and the proxy stays
+//! up.
+
+mod common;
+
+use common::*;
+
+/// Service number of `web`: ClusterIPs 10.96.0.90 / fd00:96::90.
+const WEB: u8 = 90;
+
+/// A watching proxy serving Service `web` (pod `web-a`).
+fn serving_web(prefix: &str) -> Cluster {
+    let mut c = Cluster::new(prefix);
+    c.add_pod("web-a", "app: web", NODE);
+    c.write("web.yaml", &service_manifest("web", WEB, ""));
+    c.start_fast_proxy();
+    c
+}
+
+/// Waits until the proxy log holds every piece of `report`, then checks that `web` still answers,
+/// a Service added afterwards is programmed, the proxy is alive and reported each piece once.
+fn assert_reported_and_unharmed(c: &mut Cluster, report: &[&str]) {
+    let logged = eventually(SETTLE, || {
+        let log = c.proxy_log();
+        report.iter().all(|part| log.contains(part))
+    });
+    assert!(logged, "expected {report:?} in the proxy log:\n{}", c.proxy_log());
+    for family in FAMILIES {
+        for proto in PROTOS {
+            answers(&c.client.ns, proto, at(family.cluster_ip(WEB)), 2);
+        }
+    }
+    c.add_pod("later-a", "app: later", NODE);
+    c.write("later.yaml", &service_manifest("later", WEB + 1, ""));
+    let later = at(Family::V6.cluster_ip(WEB + 1));
+    let applied = eventually(SETTLE, || matches!(probe(&c.client.ns, Proto::Tcp, later), roadkeeper_netlab::ProbeResult::Reply(_)));
+    assert!(applied, "a good change after the bad one was not applied; proxy log:\n{}", c.proxy_log());
+    assert!(c.proxy().try_wait().expect("poll proxy").is_none(), "proxy exited; log:\n{}", c.proxy_log());
+    let log = c.proxy_log();
+    for part in report {
+        assert_eq!(log.matches(part).count(), 1, "{part:?} reported more than once (reload loop?):\n{log}");
+    }
+}
+
+#[test]
+fn a_yaml_syntax_error_is_reported_with_its_file() {
+    let mut c = serving_web("rk-esyn");
+    c.write("broken.yaml", "apiVersion: v1\nkind: Service\nmetadata: {name: broken\nspec: [\n");
+    assert_reported_and_unharmed(&mut c, &["broken.yaml: "]);
+}
+
+#[test]
+fn invalid_new_services_are_reported_with_object_and_field() {
+    let mut c = serving_web("rk-enew");
+    c.write(
+        "bad-ip.yaml",
+        "apiVersion: v1\nkind: Service\nmetadata: {name: bad-ip}\nspec: {clusterIP: 10.96.0.300, ports: [{port: 80}]}\n",
+    );
+    c.write(
+        "bad-port.yaml",
+        "apiVersion: v1\nkind: Service\nmetadata: {name: bad-port}\nspec: {clusterIP: 10.96.0.92, ports: [{port: 70000}]}\n",
+    );
+    assert_reported_and_unharmed(
+        &mut c,
+        &["bad-ip.yaml: Service default/bad-ip: spec.clusterIP: ", "bad-port.yaml: Service default/bad-port: spec.ports[0].port: "],
+    );
+}
+
+#[test]
+fn an_invalid_edit_keeps_the_last_good_rules() {
+    let mut c = serving_web("rk-eedit");
+    let broken = service_manifest("web", WEB, "").replace(&format!("port: {SERVICE_PORT},"), "port: 70000,");
+    c.write("web.yaml", &broken);
+    assert_reported_and_unharmed(&mut c, &["web.yaml: Service default/web: spec.ports[0].port: 70000"]);
+}

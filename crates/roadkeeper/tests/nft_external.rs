@@ -1,0 +1,169 @@
+//! Traffic from outside the cluster, with real packets from the external host in both families:
+//! NodePorts, externalIPs, load-balancer IPs, `externalTrafficPolicy: Local` and
+//! `loadBalancerSourceRanges`.
+
+mod common;
+
+use std::collections::BTreeSet;
+use std::net::SocketAddr;
+
+use common::*;
+use roadkeeper_netlab::ProbeResult;
+
+/// Service number of `web`: ClusterIPs 10.96.0.80 / fd00:96::80, nodePort 30080.
+const WEB: u8 = 80;
+/// Host number of `web`'s externalIPs (203.0.113.7 / 2001:db8::7).
+const EXTERNAL_IP: u8 = 7;
+/// Host number of `web`'s load-balancer ingress IPs (203.0.113.9 / 2001:db8::9).
+const LB_IP: u8 = 9;
+
+/// A LoadBalancer Service `web` with externalIPs, load-balancer ingress IPs and `extra` spec
+/// entries (YAML flow style, may be empty).
+fn load_balancer(extra: &str) -> String {
+    let (v4, v6) = (Family::V4, Family::V6);
+    let mut spec = format!(
+        "type: LoadBalancer, externalIPs: [{}, \"{}\"]",
+        v4.external_ip(EXTERNAL_IP),
+        v6.external_ip(EXTERNAL_IP)
+    );
+    if !extra.is_empty() {
+        spec = format!("{spec}, {extra}");
+    }
+    format!(
+        "{}status: {{loadBalancer: {{ingress: [{{ip: {}}}, {{ip: \"{}\"}}]}}}}\n",
+        service_manifest("web", WEB, &spec),
+        v4.external_ip(LB_IP),
+        v6.external_ip(LB_IP)
+    )
+}
+
+/// The NodePort, externalIP and load-balancer IP of `web` in `family`.
+fn external_frontends(family: Family) -> [SocketAddr; 3] {
+    [node_port_address(family), at(family.external_ip(EXTERNAL_IP)), at(family.external_ip(LB_IP))]
+}
+
+fn node_port_address(family: Family) -> SocketAddr {
+    SocketAddr::new(family.node_ip(), node_port(WEB))
+}
+
+/// `web-local` on this node and `web-remote` on another one.
+fn local_and_remote_pods(c: &mut Cluster) {
+    c.add_pod("web-local", "app: web", NODE);
+    c.add_pod("web-remote", "app: web", "node-b");
+}
+
+#[test]
+fn node_port_from_outside_reaches_every_pod_masqueraded() {
+    let mut c = Cluster::new("rk-np");
+    c.add_pod("web-a", "app: web", NODE);
+    c.add_pod("web-b", "app: web", NODE);
+    c.write("web.yaml", &service_manifest("web", WEB, "type: NodePort"));
+    c.proxy_once(&[]);
+    for family in FAMILIES {
+        for proto in PROTOS {
+            let target = node_port_address(family);
+            let (got, peer) = answers(c.lab.external(), proto, target, 20);
+            assert_eq!(got.into_iter().collect::<BTreeSet<_>>(), names(&["web-a", "web-b"]), "{proto:?} {target}");
+            assert_eq!(peer, family.bridge_ip(), "{proto:?} {target}: Cluster policy masquerades external traffic");
+        }
+    }
+}
+
+#[test]
+fn external_and_load_balancer_ips_from_outside_reach_the_service_masqueraded() {
+    let mut c = Cluster::new("rk-eip");
+    c.add_pod("web-a", "app: web", NODE);
+    c.write("web.yaml", &load_balancer(""));
+    c.proxy_once(&[]);
+    for family in FAMILIES {
+        for proto in PROTOS {
+            for target in [at(family.external_ip(EXTERNAL_IP)), at(family.external_ip(LB_IP))] {
+                let (_, peer) = answers(c.lab.external(), proto, target, 3);
+                assert_eq!(peer, family.bridge_ip(), "{proto:?} {target}");
+            }
+        }
+    }
+}
+
+#[test]
+fn external_traffic_to_a_local_policy_service_reaches_only_local_endpoints_and_keeps_the_client_ip() {
+    let mut c = Cluster::new("rk-etpl");
+    local_and_remote_pods(&mut c);
+    c.write("web.yaml", &load_balancer("externalTrafficPolicy: Local"));
+    c.proxy_once(&[]);
+    for family in FAMILIES {
+        for proto in PROTOS {
+            for target in external_frontends(family) {
+                let (got, peer) = answers(c.lab.external(), proto, target, 10);
+                assert!(got.iter().all(|n| n == "web-local"), "{proto:?} {target}: {got:?}");
+                assert_eq!(peer, family.external_host_ip(), "{proto:?} {target}: client IP kept");
+            }
+        }
+    }
+}
+
+#[test]
+fn pod_traffic_to_external_frontends_of_a_local_policy_service_reaches_every_endpoint() {
+    let mut c = Cluster::new("rk-etps");
+    local_and_remote_pods(&mut c);
+    c.write("web.yaml", &load_balancer("externalTrafficPolicy: Local"));
+    c.proxy_once(&[]);
+    for family in FAMILIES {
+        for proto in PROTOS {
+            for target in external_frontends(family) {
+                let got = reached(&c.client.ns, proto, target, 30);
+                assert_eq!(got, names(&["web-local", "web-remote"]), "{proto:?} {target}: short-circuited to the Cluster set");
+            }
+        }
+    }
+}
+
+#[test]
+fn external_traffic_to_a_local_policy_service_without_local_endpoints_is_dropped_but_pods_and_host_are_served() {
+    let mut c = Cluster::new("rk-etpd");
+    c.add_pod("web-remote", "app: web", "node-b");
+    c.write("web.yaml", &load_balancer("externalTrafficPolicy: Local"));
+    c.proxy_once(&[]);
+    for family in FAMILIES {
+        assert_outcome(c.lab.external(), &cases(&external_frontends(family)), &ProbeResult::Timeout);
+        for proto in PROTOS {
+            let mut targets = external_frontends(family).to_vec();
+            targets.push(at(family.cluster_ip(WEB)));
+            for target in targets {
+                for ns in [&c.client.ns, c.lab.node()] {
+                    let (got, _) = answers(ns, proto, target, 3);
+                    assert!(got.iter().all(|n| n == "web-remote"), "{proto:?} {target}: pod and host traffic still served: {got:?}");
+                }
+            }
+        }
+    }
+}
+
+#[test]
+fn load_balancer_source_ranges_drop_other_sources_but_not_the_node_port() {
+    let mut c = Cluster::new("rk-lbsr");
+    c.add_pod("web-a", "app: web", NODE);
+    c.write("web.yaml", &load_balancer("loadBalancerSourceRanges: [198.51.100.0/24, \"2001:db8:1::/64\"]"));
+    c.proxy_once(&[]);
+    for family in FAMILIES {
+        assert_outcome(c.lab.external(), &cases(&[at(family.external_ip(LB_IP))]), &ProbeResult::Timeout);
+        for proto in PROTOS {
+            for target in [node_port_address(family), at(family.external_ip(EXTERNAL_IP))] {
+                answers(c.lab.external(), proto, target, 2);
+            }
+        }
+    }
+}
+
+#[test]
+fn load_balancer_source_ranges_admit_listed_sources() {
+    let mut c = Cluster::new("rk-lbok");
+    c.add_pod("web-a", "app: web", NODE);
+    c.write("web.yaml", &load_balancer("loadBalancerSourceRanges: [192.168.77.0/24, \"fd00:77::/64\"]"));
+    c.proxy_once(&[]);
+    for family in FAMILIES {
+        for proto in PROTOS {
+            answers(c.lab.external(), proto, at(family.external_ip(LB_IP)), 3);
+        }
+    }
+}

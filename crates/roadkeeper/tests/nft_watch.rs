@@ -1,0 +1,89 @@
+//! The proxy in watch mode follows manifest changes, with real packets in both families: pods
+//! joining and leaving a Service, a deleted Service, and our table deleted by someone else.
+
+mod common;
+
+use common::*;
+use roadkeeper_netlab::ProbeResult;
+
+/// Service number of `web`: ClusterIPs 10.96.0.40 / fd00:96::40.
+const WEB: u8 = 40;
+
+/// A watching proxy with Service `web` over pods `web-a` and `web-b`.
+fn watched_web(prefix: &str) -> Cluster {
+    let mut c = Cluster::new(prefix);
+    c.add_pod("web-a", "app: web", NODE);
+    c.add_pod("web-b", "app: web", NODE);
+    c.write("web.yaml", &service_manifest("web", WEB, ""));
+    c.start_fast_proxy();
+    assert!(serves(&c, &["web-a", "web-b"]), "initial rotation");
+    c
+}
+
+/// Whether ClusterIP traffic from the client, in every family and protocol, reaches exactly the
+/// pods `expected` (15 probes each).
+fn serves(c: &Cluster, expected: &[&str]) -> bool {
+    FAMILIES.iter().all(|family| {
+        PROTOS.iter().all(|&proto| reached(&c.client.ns, proto, at(family.cluster_ip(WEB)), 15) == names(expected))
+    })
+}
+
+/// Waits until `web` serves exactly `expected`, failing with the proxy's log otherwise.
+fn settles_on(c: &Cluster, expected: &[&str]) {
+    assert!(eventually(SETTLE, || serves(c, expected)), "web never served only {expected:?}; proxy log:\n{}", c.proxy_log());
+}
+
+#[test]
+fn a_new_pod_joins_the_rotation() {
+    let mut c = watched_web("rk-wup");
+    c.add_pod("web-c", "app: web", NODE);
+    settles_on(&c, &["web-a", "web-b", "web-c"]);
+}
+
+#[test]
+fn a_deleted_pod_leaves_the_rotation() {
+    let c = watched_web("rk-wdown");
+    c.remove("pod-web-b.yaml");
+    settles_on(&c, &["web-a"]);
+}
+
+#[test]
+fn a_relabelled_pod_leaves_the_rotation() {
+    let c = watched_web("rk-wlabel");
+    c.update_pod(1, "app: removed", NODE, PodState::Ready);
+    settles_on(&c, &["web-a"]);
+}
+
+#[test]
+fn a_pod_that_turns_not_ready_leaves_the_rotation() {
+    let c = watched_web("rk-wready");
+    c.update_pod(1, "app: web", NODE, PodState::NotReady);
+    settles_on(&c, &["web-a"]);
+}
+
+#[test]
+fn a_deleted_service_stops_answering() {
+    let c = watched_web("rk-wsvc");
+    c.write(
+        "service-cidr.yaml",
+        "apiVersion: networking.k8s.io/v1\nkind: ServiceCIDR\nmetadata: {name: kubernetes}\n\
+         spec: {cidrs: [10.96.0.0/12, \"fd00:96::/108\"]}\n",
+    );
+    c.remove("web.yaml");
+    let targets: Vec<_> = FAMILIES.iter().map(|f| at(f.cluster_ip(WEB))).collect();
+    let gone = eventually(SETTLE, || targets.iter().all(|&t| probe(&c.client.ns, Proto::Tcp, t) == ProbeResult::Timeout));
+    assert!(gone, "ClusterIPs still open; proxy log:\n{}", c.proxy_log());
+    // Unallocated addresses inside a ServiceCIDR are dropped.
+    assert_outcome(&c.client.ns, &cases(&targets), &ProbeResult::Timeout);
+}
+
+#[test]
+fn a_table_deleted_by_someone_else_is_restored() {
+    let c = watched_web("rk-wrepair");
+    let out = c.nft(&["delete", "table", "ip", "roadkeeper"]);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let target = at(Family::V4.cluster_ip(WEB));
+    let back = eventually(SETTLE, || matches!(probe(&c.client.ns, Proto::Tcp, target), ProbeResult::Reply(_)));
+    assert!(back, "table not restored; proxy log:\n{}", c.proxy_log());
+    assert!(serves(&c, &["web-a", "web-b"]));
+}
