@@ -165,40 +165,32 @@ impl<R: NftRunner> NftProxier<R> {
         Ok(report)
     }
 
-    /// Rewrites everything we own in one transaction.
+    /// Rewrites everything we own: the layout with `nft -f`, then every Service's objects in one
+    /// netlink transaction.
     fn full_sync(&mut self, store: &Store) -> Result<SyncReport, Error> {
         let keys: Vec<NamespacedName> = store.services().map(|(k, _)| k.clone()).collect();
-        let mut planned: BTreeMap<NamespacedName, (Vec<ServicePort>, Objects)> = BTreeMap::new();
-        for key in &keys {
-            let plan = self.plan(key, store);
-            planned.insert(key.clone(), plan);
-        }
+        let mut planned: BTreeMap<NamespacedName, (Vec<ServicePort>, Objects)> =
+            keys.iter().map(|key| (key.clone(), self.plan(key, store))).collect();
         let existing = self.runner.existing()?;
         let layouts = self.layouts();
-        let script_for = |planned: &BTreeMap<NamespacedName, (Vec<ServicePort>, Objects)>, skip: &BTreeSet<&NamespacedName>| {
-            let mut all = Objects::default();
-            for (key, (_, objects)) in planned {
-                if !skip.contains(key) {
-                    all.extend(objects.clone());
-                }
-            }
-            transaction::full_sync(&layouts, &all, &existing)
+        let layout_script = transaction::full_sync_layout(&layouts);
+        self.runner.apply(&layout_script)?;
+        let ops_for = |planned: &BTreeMap<NamespacedName, (Vec<ServicePort>, Objects)>, only: Option<&[NamespacedName]>| {
+            let included = |key: &NamespacedName| only.is_none_or(|keys| keys.contains(key));
+            let objects = planned.iter().filter(|(k, _)| included(k)).map(|(_, (_, o))| o);
+            transaction::full_sync_services(&layouts, objects, &existing)
         };
         let mut refused = Vec::new();
-        let mut script = script_for(&planned, &BTreeSet::new());
-        if let Err(err) = self.runner.apply(&script) {
+        let mut ops = ops_for(&planned, None);
+        if let Err(err) = self.runner.apply_ops(&ops) {
             tracing::warn!(error = %err, "full sync refused by the kernel; looking for the offending Services");
             let runner = &mut self.runner;
-            let bad = bisect(&keys, &mut |subset| {
-                let only: BTreeSet<&NamespacedName> = subset.iter().collect();
-                let skip: BTreeSet<&NamespacedName> = keys.iter().filter(|k| !only.contains(k)).collect();
-                runner.check(&script_for(&planned, &skip)).is_ok()
-            });
+            let bad = bisect(&keys, &mut |subset| runner.check_ops(&ops_for(&planned, Some(subset))).is_ok());
             if bad.is_empty() {
                 return Err(err);
             }
             for key in &bad {
-                let why = self.runner.check(&script_for(&planned, &keys.iter().filter(|k| *k != key).collect())).err();
+                let why = self.runner.check_ops(&ops_for(&planned, Some(std::slice::from_ref(key)))).err();
                 let why = why.map(|e| e.to_string()).unwrap_or_else(|| err.to_string());
                 tracing::error!(service = %key, error = %why, "kernel refused the rules of this Service; keeping its last good rules");
                 // Keep the last good objects of a refused Service, if it had any.
@@ -206,8 +198,8 @@ impl<R: NftRunner> NftProxier<R> {
                 planned.insert(key.clone(), (Vec::new(), last_good));
                 refused.push((key.clone(), why));
             }
-            script = script_for(&planned, &BTreeSet::new());
-            self.runner.apply(&script)?;
+            ops = ops_for(&planned, None);
+            self.runner.apply_ops(&ops)?;
         }
         self.needs_full = false;
         self.applied.clear();
@@ -217,11 +209,10 @@ impl<R: NftRunner> NftProxier<R> {
             if !objects.is_empty() {
                 self.applied.insert(key.clone(), objects);
             }
-            if !ports.is_empty() {
-                self.table.insert(key, ports);
-            }
+            self.set_table(&key, ports);
         }
-        Ok(SyncReport { full: true, services_changed: changed, ops: script.lines().count(), refused, duration: Duration::ZERO })
+        let ops = layout_script.lines().count() + ops.len();
+        Ok(SyncReport { full: true, services_changed: changed, ops, refused, duration: Duration::ZERO })
     }
 
     /// Applies only the differences of the `changed` Services, as one transaction of ops.

@@ -239,6 +239,13 @@ pub enum Op {
         /// Chain name.
         name: String,
     },
+    /// `flush map|set <family> roadkeeper <container>`: removes every element of a shared map.
+    FlushSet {
+        /// Table family.
+        family: IpFamily,
+        /// Which shared set or map.
+        container: super::objects::Container,
+    },
     /// `delete set <family> roadkeeper <name>`.
     DeleteSet {
         /// Table family.
@@ -268,6 +275,9 @@ impl fmt::Display for Op {
                 write!(f, " }}")
             }
             Op::DeleteChain { family, name } => write!(f, "delete chain {} {name}", t(family)),
+            Op::FlushSet { family, container } => {
+                write!(f, "flush {} {} {}", container.keyword(), t(family), container.name())
+            }
             Op::DeleteSet { family, name } => write!(f, "delete set {} {name}", t(family)),
         }
     }

@@ -44,21 +44,17 @@ pub fn script(ops: &[Op]) -> String {
     ops.iter().map(|op| format!("{op}\n")).collect()
 }
 
-/// The complete script for a full sync: creates or refreshes every object we own, replaces all
-/// rules and shared-map elements, keeps affinity sets' contents, deletes whatever stale chains
-/// and sets `existing` lists. Applied as one atomic transaction.
-pub fn full_sync(layouts: &[Layout], services: &Objects, existing: &Existing) -> String {
+/// The first step of a full sync, as an `nft -f` script: creates or refreshes the fixed layout
+/// of both tables (shared maps are declared, not flushed). Rewriting identical rules is atomic,
+/// so traffic never sees a half-built layout.
+pub fn full_sync_layout(layouts: &[Layout]) -> String {
     let mut out = String::new();
-    let mut wanted_chains: BTreeSet<(IpFamily, String)> = BTreeSet::new();
-    let mut wanted_sets: BTreeSet<(IpFamily, String)> = BTreeSet::new();
     for layout in layouts {
         let fam = layout.family;
         let t = table(fam);
         let _ = writeln!(out, "add table {t} {{ comment \"rules for roadkeeper\" ; }}");
         for container in Container::ALL {
             let _ = writeln!(out, "add {} {t} {} {{ {} }}", container.keyword(), container.name(), container.declaration(fam));
-            let _ = writeln!(out, "flush {} {t} {}", container.keyword(), container.name());
-            wanted_sets.insert((fam, container.name().to_string()));
         }
         for set in layout.node_sets() {
             let _ = writeln!(out, "add set {t} {} {{ {} }}", set.name, set.declaration);
@@ -66,12 +62,10 @@ pub fn full_sync(layouts: &[Layout], services: &Objects, existing: &Existing) ->
             if !set.elements.is_empty() {
                 let _ = writeln!(out, "add element {t} {} {{ {} }}", set.name, set.elements.join(", "));
             }
-            wanted_sets.insert((fam, set.name.to_string()));
         }
         for chain in layout.helper_chains() {
             let _ = writeln!(out, "add chain {t} {}", chain.name);
             let _ = writeln!(out, "flush chain {t} {}", chain.name);
-            wanted_chains.insert((fam, chain.name.to_string()));
         }
         for chain in layout.helper_chains() {
             add_rules(&mut out, fam, chain.name, &chain.rules);
@@ -80,37 +74,58 @@ pub fn full_sync(layouts: &[Layout], services: &Objects, existing: &Existing) ->
             let _ = writeln!(out, "add chain {t} {} {{ {} }}", chain.name, chain.hook);
             let _ = writeln!(out, "flush chain {t} {}", chain.name);
             add_rules(&mut out, fam, chain.name, &chain.rules);
-            wanted_chains.insert((fam, chain.name.to_string()));
         }
-    }
-    for ((fam, name), set) in &services.sets {
-        let _ = writeln!(out, "add set {} {name} {{ {} }}", table(*fam), set.declaration(*fam));
-        wanted_sets.insert((*fam, name.clone()));
-    }
-    for (fam, name) in services.chains.keys() {
-        let _ = writeln!(out, "add chain {} {name}", table(*fam));
-        let _ = writeln!(out, "flush chain {} {name}", table(*fam));
-        wanted_chains.insert((*fam, name.clone()));
-    }
-    for ((_, name), rules) in &services.chains {
-        for rule in rules {
-            let _ = writeln!(out, "{}", add_rule(name, rule));
-        }
-    }
-    for ((fam, container, key), value) in &services.elements {
-        let _ = writeln!(out, "{}", add_element(*fam, *container, key, value));
-    }
-    let stale_chains: Vec<_> = existing.chains.difference(&wanted_chains).collect();
-    for (fam, name) in &stale_chains {
-        let _ = writeln!(out, "flush chain {} {name}", table(*fam));
-    }
-    for (fam, name) in &stale_chains {
-        let _ = writeln!(out, "delete chain {} {name}", table(*fam));
-    }
-    for (fam, name) in existing.sets.difference(&wanted_sets) {
-        let _ = writeln!(out, "delete set {} {name}", table(*fam));
     }
     out
+}
+
+/// The second step of a full sync, as one netlink transaction: replaces every per-Service
+/// chain and every shared-map element, keeps affinity sets' contents, and deletes whatever stale
+/// chains and sets `existing` lists.
+pub fn full_sync_services<'a>(
+    layouts: &[Layout],
+    services: impl Iterator<Item = &'a Objects> + Clone,
+    existing: &Existing,
+) -> Vec<Op> {
+    let mut ops = Vec::new();
+    let mut wanted_chains: BTreeSet<(IpFamily, String)> = BTreeSet::new();
+    let mut wanted_sets: BTreeSet<(IpFamily, String)> = BTreeSet::new();
+    for layout in layouts {
+        let family = layout.family;
+        for container in Container::ALL {
+            ops.push(Op::FlushSet { family, container });
+            wanted_sets.insert((family, container.name().to_string()));
+        }
+        wanted_sets.extend(layout.node_sets().iter().map(|s| (family, s.name.to_string())));
+        let layout_chains = layout.helper_chains().into_iter().map(|c| c.name).chain(layout.base_chains().into_iter().map(|c| c.name));
+        wanted_chains.extend(layout_chains.map(|name| (family, name.to_string())));
+    }
+    for ((family, name), set) in services.clone().flat_map(|o| &o.sets) {
+        ops.push(Op::AddSet { family: *family, name: name.clone(), set: set.clone() });
+        wanted_sets.insert((*family, name.clone()));
+    }
+    for (family, name) in services.clone().flat_map(|o| o.chains.keys()) {
+        ops.push(Op::AddChain { family: *family, name: name.clone() });
+        ops.push(Op::FlushChain { family: *family, name: name.clone() });
+        wanted_chains.insert((*family, name.clone()));
+    }
+    for ((_, name), rules) in services.clone().flat_map(|o| &o.chains) {
+        ops.extend(rules.iter().map(|rule| add_rule(name, rule)));
+    }
+    for ((family, container, key), value) in services.flat_map(|o| &o.elements) {
+        ops.push(add_element(*family, *container, key, value));
+    }
+    let stale_chains: Vec<_> = existing.chains.difference(&wanted_chains).collect();
+    for (family, name) in &stale_chains {
+        ops.push(Op::FlushChain { family: *family, name: name.clone() });
+    }
+    for (family, name) in &stale_chains {
+        ops.push(Op::DeleteChain { family: *family, name: name.clone() });
+    }
+    for (family, name) in existing.sets.difference(&wanted_sets) {
+        ops.push(Op::DeleteSet { family: *family, name: name.clone() });
+    }
+    ops
 }
 
 /// The ops that move the kernel from `old` to `new` for some Services: only chains whose rules
@@ -251,7 +266,7 @@ mod tests {
             nodeport_ips: Vec::new(),
             service_cidrs: Vec::new(),
         }];
-        let script = full_sync(&layouts, &objects, &existing);
+        let script = script(&full_sync_services(&layouts, std::iter::once(&objects), &existing));
         assert!(script.contains("delete chain ip roadkeeper service-OLD-default/gone/tcp/"));
         assert!(script.contains("delete set ip roadkeeper affinity-OLD"));
         assert!(!script.contains("delete chain ip roadkeeper services"));
