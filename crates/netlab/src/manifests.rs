@@ -16,12 +16,24 @@ pub fn node(name: &str, zone: &str) -> String {
     )
 }
 
+/// How a Pod manifest describes the pod's lifecycle.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum PodState {
+    /// Running and Ready.
+    Ready,
+    /// Running, Ready condition False.
+    NotReady,
+    /// Being deleted (`metadata.deletionTimestamp` set) while still Ready, i.e. serving.
+    Terminating,
+}
+
 /// The Pod object of a lab pod: `labels` is the body of a YAML flow map (`app: hello`), the pod
-/// runs on `node`, has both its addresses and is Ready when `ready`.
-pub fn pod(pod: &Pod, labels: &str, node: &str, ready: bool) -> String {
-    let ready = if ready { "True" } else { "False" };
+/// runs on `node` and has both its addresses.
+pub fn pod(pod: &Pod, labels: &str, node: &str, state: PodState) -> String {
+    let ready = if state == PodState::NotReady { "False" } else { "True" };
+    let deleting = if state == PodState::Terminating { ", deletionTimestamp: \"2025-01-01T00:00:00Z\"" } else { "" };
     format!(
-        "apiVersion: v1\nkind: Pod\nmetadata: {{name: {name}, labels: {{{labels}}}}}\n\
+        "apiVersion: v1\nkind: Pod\nmetadata: {{name: {name}, labels: {{{labels}}}{deleting}}}\n\
          spec: {{nodeName: {node}, containers: [{{name: echo, image: roadkeeper, ports: [{{name: http, containerPort: {ECHO_PORT}}}, {{name: dns, containerPort: {ECHO_PORT}, protocol: UDP}}]}}]}}\n\
          status:\n  phase: Running\n  podIP: {v4}\n  podIPs: [{{ip: {v4}}}, {{ip: \"{v6}\"}}]\n  conditions: [{{type: Ready, status: \"{ready}\"}}]\n",
         name = pod.name,

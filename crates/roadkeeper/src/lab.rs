@@ -36,7 +36,7 @@ pub fn run(args: LabArgs) -> anyhow::Result<()> {
             SocketAddr::new(IpAddr::V6(pod.ipv6), manifests::ECHO_PORT),
         ];
         let server = pod.ns.run(|| echo::serve(&listen, name))?;
-        std::fs::write(dir.path().join(format!("pod-{name}.yaml")), manifests::pod(&pod, "app: hello", NODE, true))?;
+        std::fs::write(dir.path().join(format!("pod-{name}.yaml")), manifests::pod(&pod, "app: hello", NODE, manifests::PodState::Ready))?;
         println!("pod {name:8} {} {}", pod.ipv4, pod.ipv6);
         pods.push((server, pod));
     }

@@ -13,12 +13,10 @@ use std::time::{Duration, Instant};
 use roadkeeper_netlab::addressing::{
     EXTERNAL_HOST_IPV4, EXTERNAL_HOST_IPV6, NODE_IPV4, NODE_IPV6, POD_GATEWAY_V4, POD_GATEWAY_V6,
 };
-use roadkeeper_netlab::{EchoServer, Lab, Netns, Pod, ProbeResult, Process, echo, probe};
+use roadkeeper_netlab::{EchoServer, Lab, Netns, Pod, ProbeResult, Process, echo, manifests, probe};
 
 /// The node's name in the manifests.
 pub const NODE: &str = "node-a";
-/// Port every echo server listens on.
-pub const ECHO_PORT: u16 = 8080;
 /// Probe timeout: a DROP shows up as a timeout of this length.
 pub const TIMEOUT: Duration = Duration::from_millis(700);
 /// Port of every test Service made by [`service_manifest`], for TCP (`http`) and UDP (`dns`).
@@ -104,16 +102,7 @@ impl Family {
     }
 }
 
-/// How a pod manifest describes the pod's lifecycle.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum PodState {
-    /// Running and Ready.
-    Ready,
-    /// Running, Ready condition False.
-    NotReady,
-    /// Being deleted (`metadata.deletionTimestamp` set) while still Ready, i.e. serving.
-    Terminating,
-}
+pub use roadkeeper_netlab::manifests::{ECHO_PORT, PodState};
 
 /// Transport protocol of a probe.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -135,14 +124,6 @@ pub struct Cluster {
     pub scratch: tempfile::TempDir,
 }
 
-/// The manifest of this node, with fixed InternalIPs so NodePort addresses are known.
-fn node_manifest(zone: &str) -> String {
-    format!(
-        "apiVersion: v1\nkind: Node\nmetadata:\n  name: {NODE}\n  labels: {{topology.kubernetes.io/zone: {zone}}}\n\
-         status:\n  addresses:\n  - {{type: InternalIP, address: {NODE_IPV4}}}\n  - {{type: InternalIP, address: \"{NODE_IPV6}\"}}\n"
-    )
-}
-
 impl Cluster {
     /// A lab with a client pod and no workload yet.
     pub fn new(prefix: &str) -> Cluster {
@@ -151,7 +132,7 @@ impl Cluster {
         let manifests = tempfile::tempdir().expect("tempdir");
         let scratch = tempfile::tempdir().expect("tempdir");
         let cluster = Cluster { proxy: None, pods: Vec::new(), client, lab, manifests, scratch };
-        cluster.write("node.yaml", &node_manifest("zone-a"));
+        cluster.write("node.yaml", &manifests::node(NODE, "zone-a"));
         cluster
     }
 
@@ -164,7 +145,7 @@ impl Cluster {
             SocketAddr::new(IpAddr::V6(pod.ipv6), ECHO_PORT),
         ];
         let server = pod.ns.run(|| echo::serve(&listen, name)).expect("echo server");
-        self.write(&format!("pod-{name}.yaml"), &pod_manifest(name, labels, node, &pod, PodState::Ready));
+        self.write(&format!("pod-{name}.yaml"), &manifests::pod(&pod, labels, node, PodState::Ready));
         self.pods.push(EchoPod { _server: server, pod });
         self.pods.len() - 1
     }
@@ -172,7 +153,7 @@ impl Cluster {
     /// Rewrites the manifest of pod `i` (labels, node, lifecycle state).
     pub fn update_pod(&self, i: usize, labels: &str, node: &str, state: PodState) {
         let pod = &self.pods[i].pod;
-        self.write(&format!("pod-{}.yaml", pod.name), &pod_manifest(&pod.name, labels, node, pod, state));
+        self.write(&format!("pod-{}.yaml", pod.name), &manifests::pod(pod, labels, node, state));
     }
 
 
@@ -299,18 +280,6 @@ impl Cluster {
     pub fn client_ip(&self, family: Family) -> IpAddr {
         family.pick(self.client.ipv4, self.client.ipv6)
     }
-}
-
-/// A Pod manifest for a lab pod.
-pub fn pod_manifest(name: &str, labels: &str, node: &str, pod: &Pod, state: PodState) -> String {
-    let ready = if state == PodState::NotReady { "False" } else { "True" };
-    let deleting = if state == PodState::Terminating { ", deletionTimestamp: \"2025-01-01T00:00:00Z\"" } else { "" };
-    format!(
-        "apiVersion: v1\nkind: Pod\nmetadata: {{name: {name}, labels: {{{labels}}}{deleting}}}\n\
-         spec: {{nodeName: {node}, containers: [{{name: echo, image: roadkeeper, ports: [{{name: http, containerPort: {ECHO_PORT}}}, {{name: dns, containerPort: {ECHO_PORT}, protocol: UDP}}]}}]}}\n\
-         status:\n  phase: Running\n  podIP: {}\n  podIPs: [{{ip: {}}}, {{ip: \"{}\"}}]\n  conditions: [{{type: Ready, status: \"{ready}\"}}]\n",
-        pod.ipv4, pod.ipv4, pod.ipv6
-    )
 }
 
 /// A dual-stack Service `name` with ClusterIPs [`Family::cluster_ip`]`(n)`, selecting `app: <name>`,
