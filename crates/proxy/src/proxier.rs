@@ -11,7 +11,7 @@ use roadkeeper_cluster::{NamespacedName, Store};
 
 use crate::Error;
 use crate::config::ProxyConfig;
-use crate::nft::apply::NftRunner;
+use crate::nft::apply::{NftRunner, Timed};
 use crate::nft::layout::Layout;
 use crate::nft::objects::Objects;
 use crate::nft::rule::Op;
@@ -32,6 +32,8 @@ pub struct SyncReport {
     pub refused: Vec<(NamespacedName, String)>,
     /// Wall time of the sync.
     pub duration: Duration,
+    /// The part of `duration` spent in nft and the kernel (the rest is roadkeeper's planning).
+    pub kernel: Duration,
 }
 
 /// Plans and programs one node's nftables rules.
@@ -39,7 +41,7 @@ pub struct NftProxier<R: NftRunner> {
     cfg: ProxyConfig,
     node: NodeInfo,
     service_cidrs: Vec<IpNet>,
-    runner: R,
+    runner: Timed<R>,
     /// Objects in the kernel, per Service.
     applied: BTreeMap<NamespacedName, Objects>,
     /// The service table, per Service (for display and health checks).
@@ -67,7 +69,7 @@ impl<R: NftRunner> NftProxier<R> {
             cfg,
             node,
             service_cidrs: Vec::new(),
-            runner,
+            runner: Timed { inner: runner, spent: Duration::ZERO },
             applied: BTreeMap::new(),
             table: BTreeMap::new(),
             needs_full: true,
@@ -98,7 +100,7 @@ impl<R: NftRunner> NftProxier<R> {
 
     /// The runner (for health checks of the kernel state).
     pub fn runner(&mut self) -> &mut R {
-        &mut self.runner
+        &mut self.runner.inner
     }
 
     /// The current service table.
@@ -160,8 +162,10 @@ impl<R: NftRunner> NftProxier<R> {
     /// Brings the kernel up to date: a full sync when needed, else a partial sync of `changed`.
     pub fn sync(&mut self, store: &Store, changed: &BTreeSet<NamespacedName>) -> Result<SyncReport, Error> {
         let start = Instant::now();
+        self.runner.spent = Duration::ZERO;
         let mut report = if self.needs_full { self.full_sync(store)? } else { self.partial_sync(store, changed)? };
         report.duration = start.elapsed();
+        report.kernel = self.runner.spent;
         Ok(report)
     }
 
@@ -212,7 +216,7 @@ impl<R: NftRunner> NftProxier<R> {
             self.set_table(&key, ports);
         }
         let ops = layout_script.lines().count() + ops.len();
-        Ok(SyncReport { full: true, services_changed: changed, ops, refused, duration: Duration::ZERO })
+        Ok(SyncReport { full: true, services_changed: changed, ops, refused, ..SyncReport::default() })
     }
 
     /// Applies only the differences of the `changed` Services, as one transaction of ops.
@@ -263,7 +267,7 @@ impl<R: NftRunner> NftProxier<R> {
             if objects.is_empty() { self.applied.remove(&key) } else { self.applied.insert(key.clone(), objects) };
             self.set_table(&key, ports);
         }
-        Ok(SyncReport { full: false, services_changed, ops: ops.len(), refused, duration: Duration::ZERO })
+        Ok(SyncReport { full: false, services_changed, ops: ops.len(), refused, ..SyncReport::default() })
     }
 
     /// Records the service table entries of one Service.

@@ -56,6 +56,7 @@ fn log_sync(report: &SyncReport) {
         ops = report.ops,
         refused = report.refused.len(),
         duration_ms = format!("{:.1}", report.duration.as_secs_f64() * 1e3),
+        kernel_ms = format!("{:.1}", report.kernel.as_secs_f64() * 1e3),
         "synced rules"
     );
 }

@@ -137,3 +137,47 @@ impl NftRunner for Recorder {
         Ok(true)
     }
 }
+
+/// Wraps a runner and adds up the wall time spent in it (the kernel's share of a sync).
+#[derive(Debug, Default)]
+pub struct Timed<R> {
+    /// The wrapped runner.
+    pub inner: R,
+    /// Time spent in `inner` since the last reset.
+    pub spent: std::time::Duration,
+}
+
+impl<R: NftRunner> Timed<R> {
+    fn time<T>(&mut self, f: impl FnOnce(&mut R) -> T) -> T {
+        let start = std::time::Instant::now();
+        let out = f(&mut self.inner);
+        self.spent += start.elapsed();
+        out
+    }
+}
+
+impl<R: NftRunner> NftRunner for Timed<R> {
+    fn apply(&mut self, script: &str) -> Result<(), Error> {
+        self.time(|r| r.apply(script))
+    }
+
+    fn check(&mut self, script: &str) -> Result<(), Error> {
+        self.time(|r| r.check(script))
+    }
+
+    fn apply_ops(&mut self, ops: &[Op]) -> Result<(), Error> {
+        self.time(|r| r.apply_ops(ops))
+    }
+
+    fn check_ops(&mut self, ops: &[Op]) -> Result<(), Error> {
+        self.time(|r| r.check_ops(ops))
+    }
+
+    fn existing(&mut self) -> Result<Existing, Error> {
+        self.time(|r| r.existing())
+    }
+
+    fn healthy(&mut self) -> Result<bool, Error> {
+        self.time(|r| r.healthy())
+    }
+}
