@@ -39,6 +39,16 @@ pub enum NodePortAddresses {
 }
 
 impl NodePortAddresses {
+    /// True when the CIDRs include the whole address space of `family` (`0.0.0.0/0`, `::/0`).
+    pub fn covers_all(&self, family: crate::table::IpFamily) -> bool {
+        match self {
+            NodePortAddresses::Primary => false,
+            NodePortAddresses::Cidrs(cidrs) => cidrs
+                .iter()
+                .any(|c| c.prefix_len() == 0 && crate::table::IpFamily::of(&c.addr()) == family),
+        }
+    }
+
     /// Parses the flag value: a comma-separated list of CIDRs and/or the word `primary`.
     pub fn parse(items: &[String]) -> Result<Self, Error> {
         let items: Vec<&str> = items.iter().map(|s| s.trim()).filter(|s| !s.is_empty()).collect();

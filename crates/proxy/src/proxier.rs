@@ -44,6 +44,8 @@ pub struct NftProxier<R: NftRunner> {
     runner: Timed<R>,
     /// Objects in the kernel, per Service.
     applied: BTreeMap<NamespacedName, Objects>,
+    /// Services the kernel refused at the last sync: retried with every later sync.
+    refused: BTreeSet<NamespacedName>,
     /// The service table, per Service (for display and health checks).
     table: BTreeMap<NamespacedName, Vec<ServicePort>>,
     needs_full: bool,
@@ -72,6 +74,7 @@ impl<R: NftRunner> NftProxier<R> {
             runner: Timed { inner: runner, spent: Duration::ZERO },
             applied: BTreeMap::new(),
             table: BTreeMap::new(),
+            refused: BTreeSet::new(),
             needs_full: true,
         }
     }
@@ -98,6 +101,11 @@ impl<R: NftRunner> NftProxier<R> {
         self.needs_full = true;
     }
 
+    /// True when the kernel refused some Service at the last sync (a retry is worth scheduling).
+    pub fn has_refused(&self) -> bool {
+        !self.refused.is_empty()
+    }
+
     /// The runner (for health checks of the kernel state).
     pub fn runner(&mut self) -> &mut R {
         &mut self.runner.inner
@@ -117,6 +125,7 @@ impl<R: NftRunner> NftProxier<R> {
                 cluster_cidrs: self.family_cidrs(family),
                 masquerade_mark: self.cfg.masquerade_mark(),
                 nodeport_ips: self.node.nodeport_ips(family, &self.cfg),
+                nodeport_all_local: self.cfg.nodeport_addresses.covers_all(family),
                 service_cidrs: self
                     .service_cidrs
                     .iter()
@@ -163,7 +172,13 @@ impl<R: NftRunner> NftProxier<R> {
     pub fn sync(&mut self, store: &Store, changed: &BTreeSet<NamespacedName>) -> Result<SyncReport, Error> {
         let start = Instant::now();
         self.runner.spent = Duration::ZERO;
-        let mut report = if self.needs_full { self.full_sync(store)? } else { self.partial_sync(store, changed)? };
+        let mut report = if self.needs_full {
+            self.full_sync(store)?
+        } else {
+            let retried: BTreeSet<NamespacedName> = changed.union(&self.refused).cloned().collect();
+            self.partial_sync(store, &retried)?
+        };
+        self.refused = report.refused.iter().map(|(key, _)| key.clone()).collect();
         report.duration = start.elapsed();
         report.kernel = self.runner.spent;
         Ok(report)
@@ -296,7 +311,117 @@ fn bisect<T: Clone>(items: &[T], ok: &mut dyn FnMut(&[T]) -> bool) -> Vec<T> {
 
 #[cfg(test)]
 mod tests {
-    use super::bisect;
+    use roadkeeper_cluster::Object;
+
+    use super::*;
+    use crate::nft::apply::Recorder;
+    use crate::nft::transaction::{Existing, script};
+
+    /// Service `name` (ClusterIP 10.96.0.<n>) and its slice with endpoints 10.244.<n>.<1..=eps>
+    /// (the first one shifted by `generation`).
+    fn service(name: &str, n: u8, eps: u8, generation: u8) -> [Object; 2] {
+        let svc = format!("metadata: {{name: {name}, namespace: default}}\nspec: {{clusterIP: 10.96.0.{n}, ports: [{{port: 80}}]}}\n");
+        let mut slice = format!(
+            "metadata: {{name: {name}-1, namespace: default, labels: {{kubernetes.io/service-name: {name}}}}}\n\
+             addressType: IPv4\nports: [{{port: 8080}}]\nendpoints:\n"
+        );
+        for e in 1..=eps {
+            let host = if e == 1 { e + generation * 10 } else { e };
+            slice.push_str(&format!("- {{addresses: [10.244.{n}.{host}]}}\n"));
+        }
+        [Object::Service(serde_saphyr::from_str(&svc).unwrap()), Object::EndpointSlice(serde_saphyr::from_str(&slice).unwrap())]
+    }
+
+    fn cluster(size: u8, changed_generation: u8) -> Store {
+        Store::from_objects((1..=size).flat_map(|n| service(&format!("svc-{n}"), n, 3, if n == 1 { changed_generation } else { 0 })))
+    }
+
+    fn proxier<R: NftRunner>(runner: R) -> NftProxier<R> {
+        NftProxier::new(ProxyConfig::default(), NodeInfo::default(), runner)
+    }
+
+    fn changed(name: &str) -> BTreeSet<NamespacedName> {
+        BTreeSet::from([NamespacedName::new("default", name)])
+    }
+
+    #[test]
+    fn one_change_sends_the_same_ops_whatever_the_cluster_size() {
+        let mut ops_per_size = Vec::new();
+        for size in [2, 200] {
+            let mut p = proxier(Recorder::default());
+            p.sync(&cluster(size, 0), &BTreeSet::new()).unwrap();
+            let report = p.sync(&cluster(size, 1), &changed("svc-1")).unwrap();
+            assert!(!report.full);
+            ops_per_size.push(p.runner().scripts.last().unwrap().clone());
+        }
+        assert_eq!(ops_per_size[0], ops_per_size[1]);
+        assert!(ops_per_size[0].lines().all(|l| l.contains("default/svc-1")), "{}", ops_per_size[0]);
+    }
+
+    /// Refuses every batch that touches Services whose name contains `poison`.
+    #[derive(Default)]
+    struct Refuser {
+        poison: Option<String>,
+        applied: Vec<String>,
+    }
+
+    impl Refuser {
+        fn judge(&self, ops: &[Op]) -> Result<(), Error> {
+            let text = script(ops);
+            match &self.poison {
+                Some(p) if text.contains(p.as_str()) => Err(Error::Nft(format!("Invalid argument: {p}"))),
+                _ => Ok(()),
+            }
+        }
+    }
+
+    impl NftRunner for Refuser {
+        fn apply(&mut self, _script: &str) -> Result<(), Error> {
+            Ok(())
+        }
+        fn check(&mut self, _script: &str) -> Result<(), Error> {
+            Ok(())
+        }
+        fn apply_ops(&mut self, ops: &[Op]) -> Result<(), Error> {
+            self.judge(ops)?;
+            self.applied.push(script(ops));
+            Ok(())
+        }
+        fn check_ops(&mut self, ops: &[Op]) -> Result<(), Error> {
+            self.judge(ops)
+        }
+        fn existing(&mut self) -> Result<Existing, Error> {
+            Ok(Existing::default())
+        }
+        fn healthy(&mut self) -> Result<bool, Error> {
+            Ok(true)
+        }
+    }
+
+    #[test]
+    fn a_refused_service_keeps_its_last_good_rules_and_the_others_apply() {
+        let before = Store::from_objects(service("good", 1, 2, 0).into_iter().chain(service("bad", 2, 2, 0)));
+        let after = Store::from_objects(service("good", 1, 2, 1).into_iter().chain(service("bad", 2, 2, 1)));
+        let mut p = proxier(Refuser::default());
+        p.sync(&before, &BTreeSet::new()).unwrap();
+        let bad_before = p.applied[&NamespacedName::new("default", "bad")].clone();
+        p.runner().poison = Some("default/bad".into());
+        let both = changed("good").into_iter().chain(changed("bad")).collect();
+        let report = p.sync(&after, &both).unwrap();
+        assert_eq!(report.refused.len(), 1);
+        assert_eq!(report.refused[0].0, NamespacedName::new("default", "bad"));
+        assert!(report.refused[0].1.contains("Invalid argument"), "{:?}", report.refused);
+        assert_eq!(report.services_changed, 1);
+        let last = p.runner().applied.last().unwrap().clone();
+        assert!(last.contains("default/good") && !last.contains("default/bad"), "{last}");
+        assert_eq!(p.applied[&NamespacedName::new("default", "bad")], bad_before, "last good objects are kept");
+        // Once the kernel accepts it again, the next sync retries `bad` without being asked.
+        assert!(p.has_refused());
+        p.runner().poison = None;
+        let report = p.sync(&after, &BTreeSet::new()).unwrap();
+        assert_eq!(report.services_changed, 1);
+        assert_ne!(p.applied[&NamespacedName::new("default", "bad")], bad_before);
+    }
 
     #[test]
     fn bisect_finds_each_bad_item() {

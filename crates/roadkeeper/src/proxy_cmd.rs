@@ -15,6 +15,9 @@ use crate::cli::ProxyArgs;
 
 /// How long file events are collected before a reload.
 const WATCH_DEBOUNCE: Duration = Duration::from_millis(200);
+/// A full resync rewrites everything this often even when nothing seems wrong (upstream's
+/// nftables proxier does the same, hourly).
+const FULL_SYNC_PERIOD: Duration = Duration::from_secs(3600);
 
 /// Merges the config file and the flags (flags win), as kube-proxy does.
 fn build_config(args: &ProxyArgs) -> anyhow::Result<ProxyConfig> {
@@ -130,12 +133,14 @@ pub fn run(args: ProxyArgs) -> anyhow::Result<()> {
         let mut sigint = signal(SignalKind::interrupt())?;
         let mut periodic = tokio::time::interval(sync_period);
         periodic.tick().await;
+        let mut hourly = tokio::time::interval(FULL_SYNC_PERIOD);
+        hourly.tick().await;
         let mut pending = Changes::default();
-        let mut retry = first.is_err();
+        let mut sync_due = first.is_err();
         let mut last_sync = Instant::now();
         loop {
             let due = tokio::time::Instant::from_std(last_sync + min_sync_period);
-            let work = !pending.is_empty() || retry;
+            let work = !pending.is_empty() || sync_due;
             tokio::select! {
                 Some(paths) = rx.recv() => {
                     let (changes, errors) = source.reload(&paths);
@@ -146,12 +151,12 @@ pub fn run(args: ProxyArgs) -> anyhow::Result<()> {
                     last_sync = Instant::now();
                     let changes = std::mem::take(&mut pending);
                     match sync_changes(&mut proxier, source.store(), &hostname, &changes) {
-                        Ok(_) => retry = false,
+                        Ok(_) => sync_due = false,
                         Err(err) => {
                             tracing::error!("sync failed, full resync in {sync_period:?}: {err:#}");
                             proxier.force_full_sync();
                             last_sync = Instant::now() + sync_period - min_sync_period.min(sync_period);
-                            retry = true;
+                            sync_due = true;
                         }
                     }
                 }
@@ -159,8 +164,14 @@ pub fn run(args: ProxyArgs) -> anyhow::Result<()> {
                     if !proxier.runner().healthy().unwrap_or(false) {
                         tracing::warn!("our nftables tables were removed or flushed by someone else; full resync");
                         proxier.force_full_sync();
-                        retry = true;
+                        sync_due = true;
                     }
+                    // Services the kernel refused are retried every syncPeriod.
+                    sync_due |= proxier.has_refused();
+                }
+                _ = hourly.tick() => {
+                    proxier.force_full_sync();
+                    sync_due = true;
                 }
                 _ = sigterm.recv() => break,
                 _ = sigint.recv() => break,

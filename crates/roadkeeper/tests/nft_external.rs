@@ -167,3 +167,35 @@ fn load_balancer_source_ranges_admit_listed_sources() {
         }
     }
 }
+
+/// A second node address on the uplink (192.168.77.3 / fd00:77::3), reachable from the
+/// external host.
+fn second_node_address(family: Family) -> SocketAddr {
+    let ip: std::net::IpAddr = match family {
+        Family::V4 => "192.168.77.3".parse().unwrap(),
+        Family::V6 => "fd00:77::3".parse().unwrap(),
+    };
+    SocketAddr::new(ip, node_port(WEB))
+}
+
+#[test]
+fn node_ports_listen_on_the_primary_ip_by_default_and_on_every_address_with_0_0_0_0_slash_0() {
+    let mut c = Cluster::new("rk-npa");
+    c.lab.add_node_address("192.168.77.3/24".parse().unwrap()).unwrap();
+    c.lab.add_node_address("fd00:77::3/64".parse().unwrap()).unwrap();
+    c.add_pod("web-a", "app: web", NODE);
+    c.write("web.yaml", &service_manifest("web", WEB, "type: NodePort"));
+    c.proxy_once(&[]);
+    for family in FAMILIES {
+        assert!(matches!(probe(c.lab.external(), Proto::Tcp, node_port_address(family)), ProbeResult::Reply(_)));
+        let other = probe(c.lab.external(), Proto::Tcp, second_node_address(family));
+        assert!(!matches!(other, ProbeResult::Reply(_)), "{family:?}: only the primary IP by default, got {other:?}");
+    }
+    c.proxy_once(&["--nodeport-addresses", "0.0.0.0/0,::/0"]);
+    for family in FAMILIES {
+        for target in [node_port_address(family), second_node_address(family)] {
+            let (got, _) = answers(c.lab.external(), Proto::Tcp, target, 3);
+            assert!(got.iter().all(|n| n == "web-a"), "{target}: {got:?}");
+        }
+    }
+}

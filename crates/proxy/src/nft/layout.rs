@@ -19,6 +19,9 @@ pub struct Layout {
     pub masquerade_mark: u32,
     /// Addresses that accept NodePort traffic.
     pub nodeport_ips: Vec<IpAddr>,
+    /// NodePorts on every local address (`--nodeport-addresses 0.0.0.0/0`): matched with
+    /// `fib daddr type local` rather than `@nodeport-ips`; loopback stays excluded.
+    pub nodeport_all_local: bool,
     /// Service CIDRs (from ServiceCIDR objects): unallocated addresses in them are dropped.
     pub service_cidrs: Vec<IpNet>,
 }
@@ -110,11 +113,11 @@ impl Layout {
         vec![
             HelperChain { name: "services", rules: vec![
                 format!("{ip} daddr . meta l4proto . th dport vmap @service-ips"),
-                format!("{ip} daddr @nodeport-ips meta l4proto . th dport vmap @service-nodeports"),
+                format!("{} meta l4proto . th dport vmap @service-nodeports", self.nodeport_match()),
             ] },
             HelperChain { name: "firewall-check", rules: vec![format!("{ip} daddr . meta l4proto . th dport vmap @firewall-ips")] },
             HelperChain { name: "service-endpoints-check", rules: vec![format!("{ip} daddr . meta l4proto . th dport vmap @no-endpoint-services")] },
-            HelperChain { name: "nodeport-endpoints-check", rules: vec![format!("{ip} daddr @nodeport-ips meta l4proto . th dport vmap @no-endpoint-nodeports")] },
+            HelperChain { name: "nodeport-endpoints-check", rules: vec![format!("{} meta l4proto . th dport vmap @no-endpoint-nodeports", self.nodeport_match())] },
             HelperChain { name: "cluster-ips-check", rules: cluster_ips_check },
             // A TCP reset fails connections at once in both families (Linux retries a SYN that
             // got an ICMPv6 port-unreachable, so IPv6 clients would hang ~1 s per attempt).
@@ -130,6 +133,15 @@ impl Layout {
                 "masquerade fully-random".into(),
             ] },
         ]
+    }
+
+    /// The condition selecting NodePort traffic by destination.
+    fn nodeport_match(&self) -> String {
+        match (self.nodeport_all_local, self.family) {
+            (true, IpFamily::V4) => "fib daddr type local ip daddr != 127.0.0.0/8".into(),
+            (true, IpFamily::V6) => "fib daddr type local ip6 daddr != ::1".into(),
+            (false, family) => format!("{} daddr @nodeport-ips", family_keyword(family)),
+        }
     }
 
     /// The node-level sets.

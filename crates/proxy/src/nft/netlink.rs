@@ -1084,6 +1084,7 @@ mod tests {
             cluster_cidrs: vec![a.pods],
             masquerade_mark: 0x4000,
             nodeport_ips: vec![a.lb],
+            nodeport_all_local: false,
             service_cidrs: vec![a.wide],
         };
         let script = full_sync_layout(&[layout]);

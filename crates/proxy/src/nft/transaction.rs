@@ -264,6 +264,7 @@ mod tests {
             cluster_cidrs: Vec::new(),
             masquerade_mark: 0x4000,
             nodeport_ips: Vec::new(),
+            nodeport_all_local: false,
             service_cidrs: Vec::new(),
         }];
         let script = script(&full_sync_services(&layouts, std::iter::once(&objects), &existing));
