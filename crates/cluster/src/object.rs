@@ -1,6 +1,7 @@
 //! The supported object kinds and their identities.
 
 use std::fmt;
+use std::sync::Arc;
 
 use k8s_openapi::api::core::v1::{Node, Pod, Service};
 use k8s_openapi::api::discovery::v1::EndpointSlice;
@@ -8,23 +9,20 @@ use k8s_openapi::api::networking::v1::ServiceCIDR;
 
 use crate::NamespacedName;
 
-/// One supported Kubernetes object.
-#[allow(
-    clippy::large_enum_variant,
-    reason = "transient values; the store keeps them in Arcs"
-)]
+/// One supported Kubernetes object. Shared (`Arc`) so that the source's per-file bookkeeping and
+/// the store hold one copy between them.
 #[derive(Clone, Debug, PartialEq)]
 pub enum Object {
     /// `v1 Service`.
-    Service(Service),
+    Service(Arc<Service>),
     /// `discovery.k8s.io/v1 EndpointSlice`.
-    EndpointSlice(EndpointSlice),
+    EndpointSlice(Arc<EndpointSlice>),
     /// `v1 Pod`.
-    Pod(Pod),
+    Pod(Arc<Pod>),
     /// `v1 Node`.
-    Node(Node),
+    Node(Arc<Node>),
     /// `networking.k8s.io/v1 ServiceCIDR`.
-    ServiceCidr(ServiceCIDR),
+    ServiceCidr(Arc<ServiceCIDR>),
 }
 
 impl Object {
@@ -133,10 +131,10 @@ mod tests {
         assert_eq!(node.to_string(), "Node n1");
         let mut service = Service::default();
         service.metadata.name = Some("hello".into());
-        assert_eq!(Object::Service(service).key(), svc);
+        assert_eq!(Object::Service(service.into()).key(), svc);
         let mut n = Node::default();
         n.metadata.name = Some("n1".into());
         n.metadata.namespace = Some("x".into());
-        assert_eq!(Object::Node(n).key(), node);
+        assert_eq!(Object::Node(n.into()).key(), node);
     }
 }

@@ -2,6 +2,7 @@
 //! `apiVersion`/`kind`, unknown-field detection and validation.
 
 use std::path::Path;
+use std::sync::Arc;
 
 use serde::de::DeserializeOwned;
 use serde_json::{Map, Value};
@@ -140,11 +141,11 @@ fn identify(kind: Kind, map: &mut Map<String, Value>) -> Option<ObjectKey> {
 
 fn typed(kind: Kind, value: Value) -> Result<Object, Vec<FieldError>> {
     Ok(match kind {
-        Kind::Service => Object::Service(strict(value)?),
-        Kind::EndpointSlice => Object::EndpointSlice(strict(value)?),
-        Kind::Pod => Object::Pod(strict(value)?),
-        Kind::Node => Object::Node(strict(value)?),
-        Kind::ServiceCidr => Object::ServiceCidr(strict(value)?),
+        Kind::Service => Object::Service(Arc::new(strict(value)?)),
+        Kind::EndpointSlice => Object::EndpointSlice(Arc::new(strict(value)?)),
+        Kind::Pod => Object::Pod(Arc::new(strict(value)?)),
+        Kind::Node => Object::Node(Arc::new(strict(value)?)),
+        Kind::ServiceCidr => Object::ServiceCidr(Arc::new(strict(value)?)),
     })
 }
 

@@ -151,14 +151,14 @@ impl Store {
         changes
     }
 
-    fn set_service(&mut self, key: &NamespacedName, new: Option<&Service>, batch: &mut Batch) {
+    fn set_service(&mut self, key: &NamespacedName, new: Option<&Arc<Service>>, batch: &mut Batch) {
         if replace(&mut self.services, key, new).is_some() {
             batch.changes.services.insert(key.clone());
             batch.recompute.insert(key.clone());
         }
     }
 
-    fn set_slice(&mut self, key: &NamespacedName, new: Option<&EndpointSlice>, batch: &mut Batch) {
+    fn set_slice(&mut self, key: &NamespacedName, new: Option<&Arc<EndpointSlice>>, batch: &mut Batch) {
         let Some(old) = replace(&mut self.slices, key, new) else {
             return;
         };
@@ -176,7 +176,7 @@ impl Store {
         }
     }
 
-    fn set_pod(&mut self, key: &NamespacedName, new: Option<&Pod>, batch: &mut Batch) {
+    fn set_pod(&mut self, key: &NamespacedName, new: Option<&Arc<Pod>>, batch: &mut Batch) {
         let Some(old) = replace(&mut self.pods, key, new) else {
             return;
         };
@@ -184,15 +184,15 @@ impl Store {
         if let Some(node) = old.as_deref().and_then(node_of) {
             index::remove(&mut self.pods_by_node, &node, key);
         }
-        if let Some(node) = new.and_then(node_of) {
+        if let Some(node) = new.and_then(|pod| node_of(pod)) {
             index::insert(&mut self.pods_by_node, node, key.clone());
         }
-        for pod in old.as_deref().into_iter().chain(new) {
+        for pod in old.as_deref().into_iter().chain(new.map(|p| &**p)) {
             self.recompute_selecting(pod, batch);
         }
     }
 
-    fn set_node(&mut self, name: &str, new: Option<&Node>, batch: &mut Batch) {
+    fn set_node(&mut self, name: &str, new: Option<&Arc<Node>>, batch: &mut Batch) {
         if replace(&mut self.nodes, &name.to_owned(), new).is_none() {
             return;
         }
@@ -209,7 +209,7 @@ impl Store {
         }
     }
 
-    fn set_service_cidr(&mut self, name: &str, new: Option<&ServiceCIDR>, batch: &mut Batch) {
+    fn set_service_cidr(&mut self, name: &str, new: Option<&Arc<ServiceCIDR>>, batch: &mut Batch) {
         if replace(&mut self.service_cidrs, &name.to_owned(), new).is_some() {
             batch.changes.service_cidrs = true;
         }
@@ -225,16 +225,16 @@ impl Store {
 }
 
 /// Replaces `map[key]` with `new` unless equal; returns the previous value if anything changed.
-fn replace<K: Ord + Clone, T: Clone + PartialEq>(
+fn replace<K: Ord + Clone, T: PartialEq>(
     map: &mut BTreeMap<K, Arc<T>>,
     key: &K,
-    new: Option<&T>,
+    new: Option<&Arc<T>>,
 ) -> Option<Option<Arc<T>>> {
-    if map.get(key).map(|v| &**v) == new {
+    if map.get(key).map(|v| &**v) == new.map(|v| &**v) {
         return None;
     }
     Some(match new {
-        Some(v) => map.insert(key.clone(), Arc::new(v.clone())),
+        Some(v) => map.insert(key.clone(), Arc::clone(v)),
         None => map.remove(key),
     })
 }
@@ -334,7 +334,7 @@ mod tests {
         let Object::Pod(mut annotated) = pod("p", "b", "n1") else {
             unreachable!()
         };
-        annotated.metadata.annotations = Some([("x".to_owned(), "y".to_owned())].into());
+        Arc::make_mut(&mut annotated).metadata.annotations = Some([("x".to_owned(), "y".to_owned())].into());
         assert!(apply(&mut store, vec![(Object::Pod(annotated.clone()), true)]).is_empty());
 
         let changes = apply(&mut store, vec![(Object::Pod(annotated), false)]);

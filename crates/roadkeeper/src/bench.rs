@@ -46,7 +46,7 @@ fn slice(i: usize, endpoints: usize, generation: u32) -> EndpointSlice {
 fn store(services: usize, endpoints: usize, changed: Option<(usize, u32)>) -> Store {
     let objects = (0..services).flat_map(|i| {
         let generation = changed.filter(|(c, _)| *c == i).map_or(0, |(_, g)| g);
-        [Object::Service(service(i)), Object::EndpointSlice(slice(i, endpoints, generation))]
+        [Object::Service(service(i).into()), Object::EndpointSlice(slice(i, endpoints, generation).into())]
     });
     Store::from_objects(objects)
 }
