@@ -168,6 +168,22 @@ impl Process {
             .context("cannot poll child process")
     }
 
+    /// Sends SIGTERM and waits up to `within` for the process to exit; its exit status.
+    pub fn terminate(&self, within: std::time::Duration) -> Result<ExitStatus> {
+        let pid = nix::unistd::Pid::from_raw(self.id() as i32);
+        nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGTERM).context("cannot send SIGTERM")?;
+        let deadline = std::time::Instant::now() + within;
+        loop {
+            if let Some(status) = self.try_wait()? {
+                return Ok(status);
+            }
+            if std::time::Instant::now() > deadline {
+                anyhow::bail!("process {} still running {within:?} after SIGTERM", self.id());
+            }
+            std::thread::sleep(std::time::Duration::from_millis(20));
+        }
+    }
+
     /// Kills the process (if still running) and reaps it.
     pub fn kill(&self) -> Result<()> {
         let mut child = lock(&self.0);

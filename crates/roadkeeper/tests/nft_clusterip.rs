@@ -90,3 +90,22 @@ fn sctp_service_ports_are_programmed() {
     let ruleset = c.ruleset();
     assert!(ruleset.contains(&dnat), "no `{dnat}` in:\n{ruleset}");
 }
+
+#[test]
+fn the_script_printed_by_rules_is_what_the_proxy_applies() {
+    let mut c = Cluster::new("rk-rules");
+    hello(&mut c);
+    let args = c.proxy_args_for("rules", &[]);
+    let out = c.roadkeeper(&args.iter().map(String::as_str).collect::<Vec<_>>());
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(c.ruleset().trim().is_empty(), "`rules` touches nothing");
+    let script = c.scratch_file("rules.nft", &String::from_utf8_lossy(&out.stdout));
+    let applied = c.nft(&["-f", &script]);
+    assert!(applied.status.success(), "{}", String::from_utf8_lossy(&applied.stderr));
+    let by_hand = c.ruleset();
+    let (names, _) = answers(&c.client.ns, Proto::Tcp, "10.96.0.10:80".parse().unwrap(), 30);
+    assert_eq!(names.iter().collect::<BTreeSet<_>>().len(), 3, "{names:?}");
+    c.roadkeeper(&["cleanup"]);
+    c.proxy_once(&[]);
+    assert_eq!(c.ruleset(), by_hand, "the proxy programs exactly what `rules` prints");
+}

@@ -74,3 +74,13 @@ fn an_invalid_edit_keeps_the_last_good_rules() {
     c.write("web.yaml", &broken);
     assert_reported_and_unharmed(&mut c, &["web.yaml: Service default/web: spec.ports[0].port: 70000"]);
 }
+
+#[test]
+fn a_bad_flag_value_fails_once_with_a_message_naming_the_flag_and_touches_nothing() {
+    let c = Cluster::new("rk-flag");
+    let out = c.try_proxy_once(&["--nodeport-addresses", "10.0.0.300/8"]);
+    assert!(!out.status.success());
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(stderr.contains("nodePortAddresses") && stderr.contains("10.0.0.300/8"), "{stderr}");
+    assert!(c.ruleset().trim().is_empty(), "nothing was programmed");
+}

@@ -87,3 +87,11 @@ fn a_table_deleted_by_someone_else_is_restored() {
     assert!(back, "table not restored; proxy log:\n{}", c.proxy_log());
     assert!(serves(&c, &["web-a", "web-b"]));
 }
+
+#[test]
+fn sigterm_stops_the_proxy_cleanly_and_leaves_the_rules_in_place() {
+    let c = watched_web("rk-term");
+    let status = c.proxy().terminate(std::time::Duration::from_secs(5)).expect("proxy stops on SIGTERM");
+    assert!(status.success(), "exit status {status:?}; log:\n{}", c.proxy_log());
+    assert!(serves(&c, &["web-a", "web-b"]), "the rules outlive the proxy");
+}

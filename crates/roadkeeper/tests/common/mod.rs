@@ -187,10 +187,10 @@ impl Cluster {
             .expect("run roadkeeper")
     }
 
-    /// The arguments of `roadkeeper proxy` for this lab.
-    fn proxy_args(&self, extra: &[&str]) -> Vec<String> {
+    /// The arguments of `roadkeeper <command>` (`proxy` or `rules`) for this lab.
+    pub fn proxy_args_for(&self, command: &str, extra: &[&str]) -> Vec<String> {
         let mut args: Vec<String> = vec![
-            "proxy".into(),
+            command.into(),
             "--manifests".into(),
             self.manifests.path().display().to_string(),
             "--hostname-override".into(),
@@ -200,6 +200,11 @@ impl Cluster {
         ];
         args.extend(extra.iter().map(|s| s.to_string()));
         args
+    }
+
+    /// The arguments of `roadkeeper proxy` for this lab.
+    fn proxy_args(&self, extra: &[&str]) -> Vec<String> {
+        self.proxy_args_for("proxy", extra)
     }
 
     /// Runs `roadkeeper proxy --once` in the node and returns its output (not asserting success).
