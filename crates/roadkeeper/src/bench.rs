@@ -14,7 +14,8 @@ use roadkeeper_netlab::Netns;
 use roadkeeper_proxy::config::ProxyConfig;
 use roadkeeper_proxy::nft::apply::{NftBinary, NftRunner};
 use roadkeeper_proxy::nft::transaction;
-use roadkeeper_proxy::proxier::NftProxier;
+use roadkeeper_proxy::nft::proxier::NftProxier;
+use roadkeeper_proxy::proxier::Proxier;
 use roadkeeper_proxy::table::NodeInfo;
 
 use crate::cli::BenchArgs;

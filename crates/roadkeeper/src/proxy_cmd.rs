@@ -5,11 +5,13 @@ use std::time::{Duration, Instant};
 
 use anyhow::{Context, bail};
 use roadkeeper_cluster::{Changes, ManifestError, ManifestSource, Store, watch};
-use roadkeeper_proxy::config::{NodePortAddresses, ProxyConfig, parse_cidrs};
+use roadkeeper_proxy::config::{NodePortAddresses, ProxyConfig, ProxyMode, parse_cidrs};
 use roadkeeper_proxy::nft::apply::{NftBinary, NftRunner, Recorder};
 use roadkeeper_proxy::nft::transaction;
 use roadkeeper_proxy::node::{host_addresses, hostname, node_info};
-use roadkeeper_proxy::proxier::{NftProxier, SyncReport, service_cidrs};
+use roadkeeper_proxy::nft::proxier::NftProxier;
+use roadkeeper_proxy::proxier::{Proxier, SyncReport, service_cidrs};
+use roadkeeper_proxy::table::NodeInfo;
 
 use crate::cli::ProxyArgs;
 
@@ -64,24 +66,37 @@ fn log_sync(report: &SyncReport) {
     );
 }
 
-/// Loads the manifests and a proxier for them, node identity and service CIDRs included.
-fn load<R: NftRunner>(args: &ProxyArgs, runner: R) -> anyhow::Result<(ManifestSource, NftProxier<R>, ProxyConfig)> {
+/// Loads the config and the manifests, and works out this node's identity.
+fn load(args: &ProxyArgs) -> anyhow::Result<(ManifestSource, ProxyConfig, NodeInfo)> {
     let cfg = build_config(args)?;
     let (source, errors) = ManifestSource::load(&args.manifests)
         .with_context(|| format!("reading manifests from {}", args.manifests.display()))?;
     log_manifest_errors(&errors);
     let node = node_info(&cfg.hostname, source.store(), &host_addresses());
     tracing::info!(node = %node.name, ips = ?node.primary_ips, "node identity");
-    let mut proxier = NftProxier::new(cfg.clone(), node, runner);
-    proxier.set_service_cidrs(service_cidrs(source.store()));
-    Ok((source, proxier, cfg))
+    Ok((source, cfg, node))
 }
 
-/// `roadkeeper rules`: prints the full-sync script.
+/// The proxier of the configured backend, programming the kernel.
+fn kernel_proxier(cfg: &ProxyConfig, node: NodeInfo, store: &Store) -> Box<dyn Proxier> {
+    let mut proxier: Box<dyn Proxier> = match cfg.mode {
+        ProxyMode::Nftables => Box::new(NftProxier::new(cfg.clone(), node, NftBinary)),
+    };
+    proxier.set_service_cidrs(service_cidrs(store));
+    proxier
+}
+
+/// `roadkeeper rules`: prints what a full sync would send, touching nothing.
 pub fn print_rules(args: ProxyArgs) -> anyhow::Result<()> {
-    let (source, mut proxier, _) = load(&args, Recorder::default())?;
-    proxier.sync(source.store(), &BTreeSet::new())?;
-    print!("{}", proxier.runner().scripts.concat());
+    let (source, cfg, node) = load(&args)?;
+    match cfg.mode {
+        ProxyMode::Nftables => {
+            let mut proxier = NftProxier::new(cfg, node, Recorder::default());
+            proxier.set_service_cidrs(service_cidrs(source.store()));
+            proxier.sync(source.store(), &BTreeSet::new())?;
+            print!("{}", proxier.runner().scripts.concat());
+        }
+    }
     Ok(())
 }
 
@@ -92,7 +107,7 @@ pub fn cleanup() -> anyhow::Result<()> {
 }
 
 /// Applies pending changes from the store to the proxier.
-fn sync_changes(proxier: &mut NftProxier<NftBinary>, store: &Store, hostname: &str, changes: &Changes) -> anyhow::Result<SyncReport> {
+fn sync_changes(proxier: &mut dyn Proxier, store: &Store, hostname: &str, changes: &Changes) -> anyhow::Result<SyncReport> {
     if changes.nodes.contains(hostname) {
         proxier.set_node(node_info(hostname, store, &host_addresses()));
     }
@@ -107,9 +122,10 @@ fn sync_changes(proxier: &mut NftProxier<NftBinary>, store: &Store, hostname: &s
 /// `roadkeeper proxy`: first sync, then (unless `--once`) watch and re-sync until SIGTERM/SIGINT,
 /// leaving the rules in place on exit.
 pub fn run(args: ProxyArgs) -> anyhow::Result<()> {
-    let (mut source, mut proxier, cfg) = load(&args, NftBinary)?;
+    let (mut source, cfg, node) = load(&args)?;
+    let mut proxier = kernel_proxier(&cfg, node, source.store());
     let ProxyConfig { hostname, sync_period, min_sync_period, .. } = cfg;
-    let first = sync_changes(&mut proxier, source.store(), &hostname, &Changes::default());
+    let first = sync_changes(proxier.as_mut(), source.store(), &hostname, &Changes::default());
     if args.once {
         let report = first.context("programming the kernel")?;
         if !report.refused.is_empty() {
@@ -150,7 +166,7 @@ pub fn run(args: ProxyArgs) -> anyhow::Result<()> {
                 _ = tokio::time::sleep_until(due), if work => {
                     last_sync = Instant::now();
                     let changes = std::mem::take(&mut pending);
-                    match sync_changes(&mut proxier, source.store(), &hostname, &changes) {
+                    match sync_changes(proxier.as_mut(), source.store(), &hostname, &changes) {
                         Ok(_) => sync_due = false,
                         Err(err) => {
                             tracing::error!("sync failed, full resync in {sync_period:?}: {err:#}");
@@ -161,7 +177,7 @@ pub fn run(args: ProxyArgs) -> anyhow::Result<()> {
                     }
                 }
                 _ = periodic.tick() => {
-                    if !proxier.runner().healthy().unwrap_or(false) {
+                    if !proxier.healthy() {
                         tracing::warn!("our nftables tables were removed or flushed by someone else; full resync");
                         proxier.force_full_sync();
                         sync_due = true;

@@ -3,6 +3,7 @@
 pub mod apply;
 pub mod layout;
 pub mod netlink;
+pub mod proxier;
 pub mod objects;
 pub mod rule;
 pub mod service;
