@@ -44,7 +44,7 @@ pub fn tcp(target: SocketAddr, timeout: Duration) -> ProbeResult {
 
 /// Like [`tcp`], from source address `source`.
 pub fn tcp_from(source: IpAddr, target: SocketAddr, timeout: Duration) -> ProbeResult {
-    tcp_probe(Some(source), target, timeout)
+    tcp_probe(Some(SocketAddr::new(source, 0)), target, timeout)
 }
 
 /// Sends one datagram from a connected UDP socket to `target` and reads the echo line.
@@ -54,10 +54,16 @@ pub fn udp(target: SocketAddr, timeout: Duration) -> ProbeResult {
 
 /// Like [`udp`], from source address `source`.
 pub fn udp_from(source: IpAddr, target: SocketAddr, timeout: Duration) -> ProbeResult {
+    udp_probe(Some(SocketAddr::new(source, 0)), target, timeout)
+}
+
+/// Like [`udp`], from a fixed source address and port: a long-lived client whose datagrams all
+/// belong to one conntrack flow.
+pub fn udp_from_port(source: SocketAddr, target: SocketAddr, timeout: Duration) -> ProbeResult {
     udp_probe(Some(source), target, timeout)
 }
 
-fn tcp_probe(source: Option<IpAddr>, target: SocketAddr, timeout: Duration) -> ProbeResult {
+fn tcp_probe(source: Option<SocketAddr>, target: SocketAddr, timeout: Duration) -> ProbeResult {
     let deadline = Instant::now() + timeout;
     classify(|| {
         let socket = socket(source, target, Type::STREAM)?;
@@ -70,7 +76,7 @@ fn tcp_probe(source: Option<IpAddr>, target: SocketAddr, timeout: Duration) -> P
     })
 }
 
-fn udp_probe(source: Option<IpAddr>, target: SocketAddr, timeout: Duration) -> ProbeResult {
+fn udp_probe(source: Option<SocketAddr>, target: SocketAddr, timeout: Duration) -> ProbeResult {
     classify(|| {
         let socket = socket(source, target, Type::DGRAM)?;
         // Connected, so ICMP errors are reported on this socket.
@@ -85,10 +91,10 @@ fn udp_probe(source: Option<IpAddr>, target: SocketAddr, timeout: Duration) -> P
 }
 
 /// A socket for talking to `target`, bound to `source` if given.
-fn socket(source: Option<IpAddr>, target: SocketAddr, ty: Type) -> io::Result<Socket> {
+fn socket(source: Option<SocketAddr>, target: SocketAddr, ty: Type) -> io::Result<Socket> {
     let socket = Socket::new(Domain::for_address(target), ty, None)?;
     if let Some(source) = source {
-        socket.bind(&SocketAddr::new(source, 0).into())?;
+        socket.bind(&source.into())?;
     }
     Ok(socket)
 }

@@ -14,6 +14,8 @@ pub enum ProxyMode {
     /// nftables tables `ip roadkeeper` / `ip6 roadkeeper` (the default).
     #[default]
     Nftables,
+    /// iptables / ip6tables `nat` and `filter` chains with upstream's layout (`KUBE-SERVICES`...).
+    Iptables,
 }
 
 impl std::str::FromStr for ProxyMode {
@@ -21,8 +23,9 @@ impl std::str::FromStr for ProxyMode {
     fn from_str(s: &str) -> Result<Self, Error> {
         match s {
             "" | "nftables" => Ok(ProxyMode::Nftables),
+            "iptables" => Ok(ProxyMode::Iptables),
             other => Err(Error::Config(format!(
-                "mode: unsupported proxy mode {other:?} (supported: nftables)"
+                "mode: unsupported proxy mode {other:?} (supported: nftables, iptables)"
             ))),
         }
     }
@@ -31,8 +34,11 @@ impl std::str::FromStr for ProxyMode {
 /// Which node addresses accept NodePort traffic (`--nodeport-addresses`).
 #[derive(Debug, Clone, PartialEq, Eq, Default)]
 pub enum NodePortAddresses {
-    /// The node's primary IP of each family (nftables-mode default).
+    /// Not configured: the mode's default, i.e. the primary IPs in nftables mode and every local
+    /// address in iptables mode (as kube-proxy).
     #[default]
+    Unset,
+    /// The node's primary IP of each family (`primary`).
     Primary,
     /// Every local address inside one of these CIDRs.
     Cidrs(Vec<IpNet>),
@@ -42,7 +48,7 @@ impl NodePortAddresses {
     /// True when the CIDRs include the whole address space of `family` (`0.0.0.0/0`, `::/0`).
     pub fn covers_all(&self, family: crate::table::IpFamily) -> bool {
         match self {
-            NodePortAddresses::Primary => false,
+            NodePortAddresses::Unset | NodePortAddresses::Primary => false,
             NodePortAddresses::Cidrs(cidrs) => cidrs
                 .iter()
                 .any(|c| c.prefix_len() == 0 && crate::table::IpFamily::of(&c.addr()) == family),
@@ -52,7 +58,10 @@ impl NodePortAddresses {
     /// Parses the flag value: a comma-separated list of CIDRs and/or the word `primary`.
     pub fn parse(items: &[String]) -> Result<Self, Error> {
         let items: Vec<&str> = items.iter().map(|s| s.trim()).filter(|s| !s.is_empty()).collect();
-        if items.is_empty() || items == ["primary"] {
+        if items.is_empty() {
+            return Ok(NodePortAddresses::Unset);
+        }
+        if items == ["primary"] {
             return Ok(NodePortAddresses::Primary);
         }
         items
@@ -86,6 +95,9 @@ pub struct ProxyConfig {
     pub min_sync_period: Duration,
     /// Period of the health check of our tables and retry after failure (`syncPeriod`, default 30s).
     pub sync_period: Duration,
+    /// iptables mode: NodePorts also answer on 127.0.0.1 (`iptables.localhostNodePorts`, default
+    /// true; needs `net.ipv4.conf.all.route_localnet=1`, which the iptables runner sets).
+    pub localhost_nodeports: bool,
 }
 
 impl Default for ProxyConfig {
@@ -95,10 +107,11 @@ impl Default for ProxyConfig {
             cluster_cidrs: Vec::new(),
             masquerade_all: false,
             masquerade_bit: 14,
-            nodeport_addresses: NodePortAddresses::Primary,
+            nodeport_addresses: NodePortAddresses::Unset,
             mode: ProxyMode::Nftables,
             min_sync_period: Duration::from_secs(1),
             sync_period: Duration::from_secs(30),
+            localhost_nodeports: true,
         }
     }
 }
@@ -133,7 +146,7 @@ pub fn parse_cidrs(field: &str, value: &str) -> Result<Vec<IpNet>, Error> {
 }
 
 /// Parses a Go duration as written in kube-proxy configs (`1s`, `30s`, `1m0s`, `500ms`, `1h`).
-fn parse_go_duration(field: &str, value: &str) -> Result<Duration, Error> {
+pub fn parse_go_duration(field: &str, value: &str) -> Result<Duration, Error> {
     let bad = || Error::Config(format!("{field}: {value:?} is not a duration like 30s or 1m0s"));
     let mut total = Duration::ZERO;
     let mut rest = value.trim();
@@ -221,8 +234,7 @@ struct MasqueradeSettings {
     masquerade_bit: Option<i32>,
     sync_period: Option<String>,
     min_sync_period: Option<String>,
-    /// iptables mode only; accepted, not used by the nftables backend.
-    #[allow(dead_code)]
+    /// iptables mode only (`iptables.localhostNodePorts`).
     localhost_node_ports: Option<bool>,
 }
 
@@ -240,6 +252,7 @@ impl KubeProxyConfiguration {
         {
             return Err(Error::Config(format!("kind: {kind:?} is not KubeProxyConfiguration")));
         }
+        let mode_given = self.mode.is_some();
         if let Some(mode) = self.mode {
             cfg.mode = mode.parse()?;
         }
@@ -265,7 +278,16 @@ impl KubeProxyConfiguration {
         if let Some(period) = self.min_sync_period {
             cfg.min_sync_period = parse_go_duration("minSyncPeriod", &period)?;
         }
-        let section = if cfg.mode == ProxyMode::Nftables { self.nftables } else { self.iptables };
+        if let Some(localhost) = self.iptables.as_ref().and_then(|s| s.localhost_node_ports) {
+            cfg.localhost_nodeports = localhost;
+        }
+        // The section of the file's mode; without a mode in the file (the mode may come from the
+        // `--proxy-mode` flag, applied after the file), the only section present, else the one of
+        // the current mode.
+        let section = match (mode_given, self.nftables, self.iptables) {
+            (false, Some(only), None) | (false, None, Some(only)) => Some(only),
+            (_, nft, ipt) => if cfg.mode == ProxyMode::Nftables { nft } else { ipt },
+        };
         if let Some(section) = section {
             if let Some(all) = section.masquerade_all {
                 cfg.masquerade_all = all;
@@ -328,6 +350,24 @@ mod tests {
             cfg.nodeport_addresses,
             NodePortAddresses::Cidrs(vec!["192.168.0.0/16".parse().unwrap()])
         );
+    }
+
+    #[test]
+    fn iptables_mode_reads_its_own_section() {
+        let cfg = from_yaml(
+            "mode: iptables\niptables: {masqueradeBit: 15, localhostNodePorts: false, minSyncPeriod: 2s}\n\
+             nftables: {masqueradeBit: 16}\n",
+        )
+        .unwrap();
+        assert_eq!(cfg.mode, ProxyMode::Iptables);
+        assert_eq!(cfg.masquerade_mark(), 0x8000);
+        assert!(!cfg.localhost_nodeports);
+        assert_eq!(cfg.min_sync_period, Duration::from_secs(2));
+        assert_eq!(cfg.nodeport_addresses, NodePortAddresses::Unset);
+        // Without a mode in the file (it may come from --proxy-mode), the only section present.
+        let cfg = from_yaml("iptables: {syncPeriod: 2s, minSyncPeriod: 100ms}\n").unwrap();
+        assert_eq!((cfg.sync_period, cfg.min_sync_period), (Duration::from_secs(2), Duration::from_millis(100)));
+        assert!(cfg.localhost_nodeports);
     }
 
     #[test]

@@ -25,6 +25,8 @@ pub struct SyncReport {
     pub duration: Duration,
     /// The part of `duration` spent in the kernel and its tools (the rest is roadkeeper's own).
     pub kernel: Duration,
+    /// Stale UDP/SCTP conntrack entries deleted after the sync (filled by the sync loop).
+    pub conntrack_deleted: u64,
 }
 
 /// A node proxy backend: turns the store into kernel rules, fully or for changed Services.

@@ -11,7 +11,7 @@ use roadkeeper_cluster::NamespacedName;
 use roadkeeper_cluster::k8s_openapi::api::core::v1::{Service, ServicePort as K8sServicePort};
 use roadkeeper_cluster::k8s_openapi::api::discovery::v1::EndpointSlice;
 
-use crate::config::{NodePortAddresses, ProxyConfig};
+use crate::config::{NodePortAddresses, ProxyConfig, ProxyMode};
 
 /// Label that hands a Service to another proxy implementation.
 pub const SERVICE_PROXY_NAME_LABEL: &str = "service.kubernetes.io/service-proxy-name";
@@ -114,7 +114,9 @@ impl NodeInfo {
     /// The addresses that accept NodePort traffic for one family.
     pub fn nodeport_ips(&self, family: IpFamily, cfg: &ProxyConfig) -> Vec<IpAddr> {
         let mut ips: Vec<IpAddr> = match &cfg.nodeport_addresses {
-            NodePortAddresses::Primary => self.primary_ips.clone(),
+            // iptables mode's default: every local address.
+            NodePortAddresses::Unset if cfg.mode == ProxyMode::Iptables => self.local_addresses.clone(),
+            NodePortAddresses::Unset | NodePortAddresses::Primary => self.primary_ips.clone(),
             NodePortAddresses::Cidrs(cidrs) => self
                 .local_addresses
                 .iter()

@@ -62,9 +62,21 @@ pub struct ProxyArgs {
     /// node's primary IPs).
     #[arg(long, value_name = "CIDRS", value_delimiter = ',')]
     pub nodeport_addresses: Option<Vec<String>>,
-    /// Kernel backend.
+    /// Kernel backend: `nftables` (default) or `iptables`.
     #[arg(long, value_name = "MODE")]
     pub proxy_mode: Option<String>,
+    /// iptables mode: the packet-mark bit flagging traffic for masquerading (0-31, default 14).
+    #[arg(long, value_name = "BIT")]
+    pub iptables_masquerade_bit: Option<u8>,
+    /// iptables mode: minimum time between syncs, as a Go duration (default 1s).
+    #[arg(long, value_name = "DURATION")]
+    pub iptables_min_sync_period: Option<String>,
+    /// iptables mode: period of the rule health check and of retries (default 30s).
+    #[arg(long, value_name = "DURATION")]
+    pub iptables_sync_period: Option<String>,
+    /// iptables mode: NodePorts also answer on 127.0.0.1 (default true).
+    #[arg(long, value_name = "BOOL", num_args = 0..=1, default_missing_value = "true")]
+    pub iptables_localhost_nodeports: Option<bool>,
     /// Program the kernel once and exit: 0 when the rules are in place.
     #[arg(long)]
     pub once: bool,

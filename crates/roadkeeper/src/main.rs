@@ -6,6 +6,12 @@ mod lab;
 mod proxy_cmd;
 
 use clap::Parser;
+
+/// mimalloc rather than glibc's malloc: after a full sync frees hundreds of MB of small objects,
+/// glibc consolidates its free lists on the next larger allocation, which made planning one
+/// Service take ~5 ms at 10,000 Services (measured); mimalloc keeps that at microseconds.
+#[global_allocator]
+static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
 use tracing_subscriber::EnvFilter;
 
 use cli::{Cli, Command};
@@ -21,6 +27,7 @@ fn main() -> std::process::ExitCode {
     tracing_subscriber::fmt()
         .with_env_filter(EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new(default_level)))
         .with_writer(std::io::stderr)
+        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
         .init();
     let result = match cli.command {
         Command::Proxy(args) => proxy_cmd::run(args),

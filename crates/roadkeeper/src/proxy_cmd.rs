@@ -1,17 +1,20 @@
 //! `roadkeeper proxy`, `rules` and `cleanup`: wiring the manifest source to the nftables proxier.
 
 use std::collections::BTreeSet;
+use std::net::IpAddr;
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, bail};
 use roadkeeper_cluster::{Changes, ManifestError, ManifestSource, Store, watch};
-use roadkeeper_proxy::config::{NodePortAddresses, ProxyConfig, ProxyMode, parse_cidrs};
+use roadkeeper_proxy::config::{NodePortAddresses, ProxyConfig, ProxyMode, parse_cidrs, parse_go_duration};
+use roadkeeper_proxy::iptables::{self, IptablesBinary, IptablesProxier};
 use roadkeeper_proxy::nft::apply::{NftBinary, NftRunner, Recorder};
 use roadkeeper_proxy::nft::transaction;
 use roadkeeper_proxy::node::{host_addresses, hostname, node_info};
 use roadkeeper_proxy::nft::proxier::NftProxier;
 use roadkeeper_proxy::proxier::{Proxier, SyncReport, service_cidrs};
-use roadkeeper_proxy::table::NodeInfo;
+use roadkeeper_proxy::conntrack;
+use roadkeeper_proxy::table::{IpFamily, NodeInfo};
 
 use crate::cli::ProxyArgs;
 
@@ -45,6 +48,21 @@ fn build_config(args: &ProxyArgs) -> anyhow::Result<ProxyConfig> {
     if let Some(mode) = &args.proxy_mode {
         cfg.mode = mode.parse()?;
     }
+    if cfg.mode == ProxyMode::Iptables {
+        if let Some(bit) = args.iptables_masquerade_bit {
+            anyhow::ensure!(bit <= 31, "--iptables-masquerade-bit: {bit} is out of range 0-31");
+            cfg.masquerade_bit = bit;
+        }
+        if let Some(period) = &args.iptables_min_sync_period {
+            cfg.min_sync_period = parse_go_duration("--iptables-min-sync-period", period)?;
+        }
+        if let Some(period) = &args.iptables_sync_period {
+            cfg.sync_period = parse_go_duration("--iptables-sync-period", period)?;
+        }
+        if let Some(on) = args.iptables_localhost_nodeports {
+            cfg.localhost_nodeports = on;
+        }
+    }
     Ok(cfg)
 }
 
@@ -62,6 +80,7 @@ fn log_sync(report: &SyncReport) {
         refused = report.refused.len(),
         duration_ms = format!("{:.1}", report.duration.as_secs_f64() * 1e3),
         kernel_ms = format!("{:.1}", report.kernel.as_secs_f64() * 1e3),
+        conntrack_deleted = report.conntrack_deleted,
         "synced rules"
     );
 }
@@ -81,6 +100,7 @@ fn load(args: &ProxyArgs) -> anyhow::Result<(ManifestSource, ProxyConfig, NodeIn
 fn kernel_proxier(cfg: &ProxyConfig, node: NodeInfo, store: &Store) -> Box<dyn Proxier> {
     let mut proxier: Box<dyn Proxier> = match cfg.mode {
         ProxyMode::Nftables => Box::new(NftProxier::new(cfg.clone(), node, NftBinary)),
+        ProxyMode::Iptables => Box::new(IptablesProxier::new(cfg.clone(), node, IptablesBinary::new())),
     };
     proxier.set_service_cidrs(service_cidrs(store));
     proxier
@@ -96,25 +116,46 @@ pub fn print_rules(args: ProxyArgs) -> anyhow::Result<()> {
             proxier.sync(source.store(), &BTreeSet::new())?;
             print!("{}", proxier.runner().scripts.concat());
         }
+        ProxyMode::Iptables => {
+            let mut proxier = IptablesProxier::new(cfg, node, iptables::Recorder::default());
+            proxier.set_service_cidrs(service_cidrs(source.store()));
+            proxier.sync(source.store(), &BTreeSet::new())?;
+            print!("{}", proxier.runner().script());
+        }
     }
     Ok(())
 }
 
-/// `roadkeeper cleanup`: deletes our tables.
+/// `roadkeeper cleanup`: deletes our nftables tables and our iptables chains (both flavours, both
+/// families), and nothing else.
 pub fn cleanup() -> anyhow::Result<()> {
     NftBinary.apply(&transaction::cleanup()).context("removing nftables tables")?;
+    iptables::cleanup().context("removing iptables chains")?;
     Ok(())
 }
 
-/// Applies pending changes from the store to the proxier.
-fn sync_changes(proxier: &mut dyn Proxier, store: &Store, hostname: &str, changes: &Changes) -> anyhow::Result<SyncReport> {
-    if changes.nodes.contains(hostname) {
-        proxier.set_node(node_info(hostname, store, &host_addresses()));
+/// Applies pending changes from the store to the proxier, then removes conntrack entries of
+/// UDP/SCTP flows whose endpoint is gone.
+fn sync_changes(
+    proxier: &mut dyn Proxier,
+    store: &Store,
+    cfg: &ProxyConfig,
+    node: &mut NodeInfo,
+    changes: &Changes,
+) -> anyhow::Result<SyncReport> {
+    if changes.nodes.contains(&cfg.hostname) {
+        *node = node_info(&cfg.hostname, store, &host_addresses());
+        proxier.set_node(node.clone());
     }
     if changes.service_cidrs {
         proxier.set_service_cidrs(service_cidrs(store));
     }
-    let report = proxier.sync(store, &changes.services)?;
+    let mut report = proxier.sync(store, &changes.services)?;
+    let node_ips: Vec<IpAddr> = [IpFamily::V4, IpFamily::V6].into_iter().flat_map(|f| node.nodeport_ips(f, cfg)).collect();
+    match conntrack::cleanup_stale_flows(proxier.table(), &node_ips) {
+        Ok(deleted) => report.conntrack_deleted = deleted,
+        Err(err) => tracing::warn!("cleaning up stale conntrack entries: {err}"),
+    }
     log_sync(&report);
     Ok(report)
 }
@@ -122,31 +163,46 @@ fn sync_changes(proxier: &mut dyn Proxier, store: &Store, hostname: &str, change
 /// `roadkeeper proxy`: first sync, then (unless `--once`) watch and re-sync until SIGTERM/SIGINT,
 /// leaving the rules in place on exit.
 pub fn run(args: ProxyArgs) -> anyhow::Result<()> {
-    let (mut source, cfg, node) = load(&args)?;
-    let mut proxier = kernel_proxier(&cfg, node, source.store());
-    let ProxyConfig { hostname, sync_period, min_sync_period, .. } = cfg;
-    let first = sync_changes(proxier.as_mut(), source.store(), &hostname, &Changes::default());
-    if args.once {
-        let report = first.context("programming the kernel")?;
-        if !report.refused.is_empty() {
-            let names: Vec<String> = report.refused.iter().map(|(k, e)| format!("{k}: {e}")).collect();
-            bail!("the kernel refused the rules of {} Service(s):\n{}", names.len(), names.join("\n"));
-        }
-        return Ok(());
+    if args.once { run_once(&args) } else { run_watching(&args) }
+}
+
+/// `--once`: one sync; an error names the Services the kernel refused.
+fn run_once(args: &ProxyArgs) -> anyhow::Result<()> {
+    let (source, cfg, mut node) = load(args)?;
+    let mut proxier = kernel_proxier(&cfg, node.clone(), source.store());
+    let report = sync_changes(proxier.as_mut(), source.store(), &cfg, &mut node, &Changes::default())
+        .context("programming the kernel")?;
+    if !report.refused.is_empty() {
+        let names: Vec<String> = report.refused.iter().map(|(k, e)| format!("{k}: {e}")).collect();
+        bail!("the kernel refused the rules of {} Service(s):\n{}", names.len(), names.join("\n"));
     }
+    Ok(())
+}
+
+/// Watch mode: the rate-limited sync loop.
+fn run_watching(args: &ProxyArgs) -> anyhow::Result<()> {
+    use tokio::signal::unix::{SignalKind, signal};
+    let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
+    // Signals are caught from the start: a SIGTERM during the first sync still stops cleanly.
+    let (mut sigterm, mut sigint) = {
+        let _context = runtime.enter();
+        (signal(SignalKind::terminate())?, signal(SignalKind::interrupt())?)
+    };
+    // Watch before reading, so that no edit between the first read and the watch goes unseen.
+    let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel();
+    let _watcher = watch(&args.manifests, WATCH_DEBOUNCE, move |paths| {
+        let _ = tx.send(paths);
+    })
+    .with_context(|| format!("watching {}", args.manifests.display()))?;
+    let (mut source, cfg, mut node) = load(args)?;
+    let mut proxier = kernel_proxier(&cfg, node.clone(), source.store());
+    let (sync_period, min_sync_period) = (cfg.sync_period, cfg.min_sync_period);
+    let first = sync_changes(proxier.as_mut(), source.store(), &cfg, &mut node, &Changes::default());
     if let Err(err) = &first {
         tracing::error!("first sync failed, retrying in {sync_period:?}: {err:#}");
     }
 
-    let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
     runtime.block_on(async move {
-        use tokio::signal::unix::{SignalKind, signal};
-        let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel();
-        let _watcher = watch(source.dir(), WATCH_DEBOUNCE, move |paths| {
-            let _ = tx.send(paths);
-        })?;
-        let mut sigterm = signal(SignalKind::terminate())?;
-        let mut sigint = signal(SignalKind::interrupt())?;
         let mut periodic = tokio::time::interval(sync_period);
         periodic.tick().await;
         let mut hourly = tokio::time::interval(FULL_SYNC_PERIOD);
@@ -166,7 +222,7 @@ pub fn run(args: ProxyArgs) -> anyhow::Result<()> {
                 _ = tokio::time::sleep_until(due), if work => {
                     last_sync = Instant::now();
                     let changes = std::mem::take(&mut pending);
-                    match sync_changes(proxier.as_mut(), source.store(), &hostname, &changes) {
+                    match sync_changes(proxier.as_mut(), source.store(), &cfg, &mut node, &changes) {
                         Ok(_) => sync_due = false,
                         Err(err) => {
                             tracing::error!("sync failed, full resync in {sync_period:?}: {err:#}");

@@ -1,13 +1,15 @@
-//! The thin effectful layer: hands scripts to the `nft` binary (one atomic transaction per call)
-//! and lists the names of what our tables hold.
+//! The thin effectful layer: sends transactions to the kernel and lists the names of what our
+//! tables hold.
 //!
-//! Like upstream's knftables, this drives `nft -f -` rather than speaking netlink: nft owns the
-//! intricate expression encoding and stays the reference a reader can replay by hand.
+//! Every sync (full or partial) is one nf_tables netlink batch ([`super::netlink`]), and the
+//! listings are netlink dumps of chain and set names, so the proxy never runs `nft` itself; only
+//! `roadkeeper cleanup` hands a script to `nft -f`. The `nft` syntax of the same ops stays the
+//! reference a reader can replay by hand (`roadkeeper rules`).
 
 use std::io::Write;
 use std::process::{Command, Stdio};
 
-use super::objects::TABLE;
+use super::objects::Container;
 use super::rule::Op;
 use super::transaction::script;
 use super::transaction::Existing;
@@ -16,11 +18,11 @@ use crate::table::IpFamily;
 
 /// Something that can run nft transactions: the real binary, or a recorder in tests.
 pub trait NftRunner: Send {
-    /// Applies one script atomically (full syncs).
+    /// Applies one script atomically (`nft -f`; cleanup).
     fn apply(&mut self, script: &str) -> Result<(), Error>;
-    /// Applies per-Service ops atomically (partial syncs).
+    /// Applies ops atomically, as one transaction (full and partial syncs).
     fn apply_ops(&mut self, ops: &[Op]) -> Result<(), Error>;
-    /// Checks per-Service ops against the kernel without committing them.
+    /// Checks ops against the kernel without committing them.
     fn check_ops(&mut self, ops: &[Op]) -> Result<(), Error>;
     /// Checks a script against the kernel without committing it (`nft -c`).
     fn check(&mut self, script: &str) -> Result<(), Error>;
@@ -30,7 +32,7 @@ pub trait NftRunner: Send {
     fn healthy(&mut self) -> Result<bool, Error>;
 }
 
-/// The kernel: full syncs through the system `nft` binary, partial syncs over netlink.
+/// The kernel: transactions and listings over netlink; scripts (cleanup) through `nft -f`.
 #[derive(Debug, Default)]
 pub struct NftBinary;
 
@@ -74,30 +76,17 @@ impl NftRunner for NftBinary {
     fn existing(&mut self) -> Result<Existing, Error> {
         let mut existing = Existing::default();
         for family in [IpFamily::V4, IpFamily::V6] {
-            let keyword = super::objects::family_keyword(family);
-            let Ok(listing) = nft(&["-t", "list", "table", keyword, TABLE], None) else { continue };
-            for line in listing.lines() {
-                let words: Vec<&str> = line.split_whitespace().collect();
-                match words.as_slice() {
-                    ["chain", name, "{"] => {
-                        existing.chains.insert((family, name.to_string()));
-                    }
-                    ["set" | "map", name, "{"] => {
-                        existing.sets.insert((family, name.to_string()));
-                    }
-                    _ => {}
-                }
-            }
+            let (chains, sets) = super::netlink::table_names(family)?;
+            existing.chains.extend(chains.into_iter().map(|name| (family, name)));
+            existing.sets.extend(sets.into_iter().map(|name| (family, name)));
         }
         Ok(existing)
     }
 
     fn healthy(&mut self) -> Result<bool, Error> {
         for family in [IpFamily::V4, IpFamily::V6] {
-            let keyword = super::objects::family_keyword(family);
-            match nft(&["list", "chain", keyword, TABLE, "services"], None) {
-                Ok(listing) if listing.contains("@service-ips") => {}
-                _ => return Ok(false),
+            if !super::netlink::chain_uses_set(family, "services", Container::ServiceIps.name())? {
+                return Ok(false);
             }
         }
         Ok(true)

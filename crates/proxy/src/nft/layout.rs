@@ -1,12 +1,14 @@
-//! The fixed part of each table: hooked base chains, helper chains and node-level sets. It only
-//! changes with the node or the config, and is rewritten by full syncs only.
+//! The fixed part of each table: hooked base chains, helper chains, the shared sets and maps and
+//! the node-level sets, as typed objects. It only changes with the node or the config, and is
+//! rewritten by full syncs only (in the same transaction as every Service's objects).
 
 use std::net::IpAddr;
 
 use ipnet::IpNet;
 
-use super::objects::family_keyword;
-use crate::table::IpFamily;
+use super::objects::Container;
+use super::rule::{Action, ChainType, ElementKey, Hook, HookPoint, Match, Op, Rule, VmapKey};
+use crate::table::{IpFamily, Protocol};
 
 /// Inputs of the fixed layout of one family's table.
 #[derive(Debug, Clone, PartialEq)]
@@ -26,14 +28,14 @@ pub struct Layout {
     pub service_cidrs: Vec<IpNet>,
 }
 
-/// A hooked base chain: name, hook declaration and rules.
+/// A hooked base chain: name, hook and rules.
 pub struct BaseChain {
     /// Chain name.
     pub name: &'static str,
     /// `type ... hook ... priority ...`.
-    pub hook: &'static str,
+    pub hook: Hook,
     /// Its rules.
-    pub rules: Vec<String>,
+    pub rules: Vec<Rule>,
 }
 
 /// A regular helper chain of the layout.
@@ -41,126 +43,180 @@ pub struct HelperChain {
     /// Chain name.
     pub name: &'static str,
     /// Its rules.
-    pub rules: Vec<String>,
+    pub rules: Vec<Rule>,
 }
 
-/// A node-level named set of the layout.
+/// A node-level set of the layout and its elements.
 pub struct NodeSet {
-    /// Set name.
-    pub name: &'static str,
-    /// Declaration body.
-    pub declaration: String,
-    /// Elements, as nft syntax.
-    pub elements: Vec<String>,
+    /// The set.
+    pub container: Container,
+    /// Its elements.
+    pub elements: Vec<ElementKey>,
 }
 
 impl Layout {
+    fn rule(&self, matches: Vec<Match>, action: Action) -> Rule {
+        Rule::when(self.family, matches, action, "")
+    }
+
     /// The hooked base chains.
     pub fn base_chains(&self) -> Vec<BaseChain> {
-        let new = |target: &str| format!("ct state new jump {target}");
+        let new = |target: &str| self.rule(vec![Match::CtStateNew], Action::Jump(target.into()));
+        let jump = |target: &str| self.rule(Vec::new(), Action::Jump(target.into()));
+        let filter = |point, priority| Hook { chain_type: ChainType::Filter, point, priority };
+        let nat = |point, priority| Hook { chain_type: ChainType::Nat, point, priority };
         vec![
-            BaseChain {
-                name: "filter-prerouting",
-                hook: "type filter hook prerouting priority -110 ;",
-                rules: vec![new("firewall-check")],
-            },
+            BaseChain { name: "filter-prerouting", hook: filter(HookPoint::Prerouting, -110), rules: vec![new("firewall-check")] },
             BaseChain {
                 name: "filter-input",
-                hook: "type filter hook input priority -110 ;",
+                hook: filter(HookPoint::Input, -110),
                 rules: vec![new("nodeport-endpoints-check"), new("service-endpoints-check")],
             },
             BaseChain {
                 name: "filter-forward",
-                hook: "type filter hook forward priority -110 ;",
+                hook: filter(HookPoint::Forward, -110),
                 rules: vec![new("service-endpoints-check"), new("cluster-ips-check")],
             },
-            BaseChain {
-                name: "filter-output",
-                hook: "type filter hook output priority -110 ;",
-                rules: vec![new("firewall-check")],
-            },
+            BaseChain { name: "filter-output", hook: filter(HookPoint::Output, -110), rules: vec![new("firewall-check")] },
             // Host traffic is checked after DNAT, so that what the external chains short-circuit
             // to the Cluster set (eTP=Local without local endpoints) is not dropped. NodePorts need
             // no check here: undNATed traffic to a node IP goes through filter-input.
             BaseChain {
                 name: "filter-output-post-dnat",
-                hook: "type filter hook output priority -90 ;",
+                hook: filter(HookPoint::Output, -90),
                 rules: vec![new("service-endpoints-check"), new("cluster-ips-check")],
             },
-            BaseChain { name: "nat-prerouting", hook: "type nat hook prerouting priority dstnat ;", rules: vec!["jump services".into()] },
-            BaseChain { name: "nat-output", hook: "type nat hook output priority -100 ;", rules: vec!["jump services".into()] },
-            BaseChain { name: "nat-postrouting", hook: "type nat hook postrouting priority srcnat ;", rules: vec!["jump masquerading".into()] },
+            BaseChain { name: "nat-prerouting", hook: nat(HookPoint::Prerouting, -100), rules: vec![jump("services")] },
+            BaseChain { name: "nat-output", hook: nat(HookPoint::Output, -100), rules: vec![jump("services")] },
+            BaseChain { name: "nat-postrouting", hook: nat(HookPoint::Postrouting, 100), rules: vec![jump("masquerading")] },
         ]
     }
 
     /// The regular chains the base chains and the service chains jump to.
     pub fn helper_chains(&self) -> Vec<HelperChain> {
-        let ip = family_keyword(self.family);
+        let fam = self.family;
         let mark = self.masquerade_mark;
+        let vmap = |key, map: Container| Action::Vmap { key, map: map.name().into() };
+        let by_address = |map| self.rule(Vec::new(), vmap(VmapKey::DaddrProtoPort, map));
+        let by_node_port = |map| self.rule(self.nodeport_match(), vmap(VmapKey::ProtoPort, map));
         let mut not_pod = Vec::new();
         for cidr in &self.cluster_cidrs {
-            not_pod.push(format!("{ip} saddr {cidr} return comment \"pod traffic is not masqueraded\""));
+            not_pod.push(Rule::when(fam, vec![Match::SaddrIn(*cidr)], Action::Return, "pod traffic is not masqueraded"));
         }
-        not_pod.push("jump mark-for-masquerade".into());
-        let mut cluster_ips_check = vec![format!(
-            "{ip} daddr @cluster-ips goto reject-chain comment \"Reject traffic to invalid ports of ClusterIPs\""
+        not_pod.push(self.rule(Vec::new(), Action::Jump("mark-for-masquerade".into())));
+        let mut cluster_ips_check = vec![Rule::when(
+            fam,
+            vec![Match::DaddrInSet(Container::ClusterIps.name().into())],
+            Action::Goto("reject-chain".into()),
+            "Reject traffic to invalid ports of ClusterIPs",
         )];
         if !self.service_cidrs.is_empty() {
-            cluster_ips_check.push(format!(
-                "{ip} daddr @service-cidrs drop comment \"Drop traffic to unallocated ClusterIPs\""
+            cluster_ips_check.push(Rule::when(
+                fam,
+                vec![Match::DaddrInSet(Container::ServiceCidrs.name().into())],
+                Action::Drop,
+                "Drop traffic to unallocated ClusterIPs",
             ));
         }
+        let reject_note = "helper for @no-endpoint-services / @no-endpoint-nodeports";
         vec![
-            HelperChain { name: "services", rules: vec![
-                format!("{ip} daddr . meta l4proto . th dport vmap @service-ips"),
-                format!("{} meta l4proto . th dport vmap @service-nodeports", self.nodeport_match()),
-            ] },
-            HelperChain { name: "firewall-check", rules: vec![format!("{ip} daddr . meta l4proto . th dport vmap @firewall-ips")] },
-            HelperChain { name: "service-endpoints-check", rules: vec![format!("{ip} daddr . meta l4proto . th dport vmap @no-endpoint-services")] },
-            HelperChain { name: "nodeport-endpoints-check", rules: vec![format!("{} meta l4proto . th dport vmap @no-endpoint-nodeports", self.nodeport_match())] },
+            HelperChain { name: "services", rules: vec![by_address(Container::ServiceIps), by_node_port(Container::ServiceNodePorts)] },
+            HelperChain { name: "firewall-check", rules: vec![by_address(Container::FirewallIps)] },
+            HelperChain { name: "service-endpoints-check", rules: vec![by_address(Container::NoEndpointServices)] },
+            HelperChain { name: "nodeport-endpoints-check", rules: vec![by_node_port(Container::NoEndpointNodePorts)] },
             HelperChain { name: "cluster-ips-check", rules: cluster_ips_check },
             // A TCP reset fails connections at once in both families (Linux retries a SYN that
             // got an ICMPv6 port-unreachable, so IPv6 clients would hang ~1 s per attempt).
             HelperChain { name: "reject-chain", rules: vec![
-                "meta l4proto tcp reject with tcp reset comment \"helper for @no-endpoint-services / @no-endpoint-nodeports\"".into(),
-                "reject comment \"helper for @no-endpoint-services / @no-endpoint-nodeports\"".into(),
+                Rule::when(fam, vec![Match::L4Proto(Protocol::Tcp)], Action::RejectTcpReset, reject_note),
+                Rule::always(fam, Action::Reject, reject_note),
             ] },
-            HelperChain { name: "mark-for-masquerade", rules: vec![format!("meta mark set meta mark | {mark:#x}")] },
+            HelperChain { name: "mark-for-masquerade", rules: vec![self.rule(Vec::new(), Action::MarkOr(mark))] },
             HelperChain { name: "mark-if-not-pod-traffic", rules: not_pod },
             HelperChain { name: "masquerading", rules: vec![
-                format!("meta mark & {mark:#x} == 0 return"),
-                format!("meta mark set meta mark ^ {mark:#x}"),
-                "masquerade fully-random".into(),
+                self.rule(vec![Match::MarkUnset(mark)], Action::Return),
+                self.rule(Vec::new(), Action::MarkXor(mark)),
+                self.rule(Vec::new(), Action::MasqueradeFullyRandom),
             ] },
         ]
     }
 
-    /// The condition selecting NodePort traffic by destination.
-    fn nodeport_match(&self) -> String {
-        match (self.nodeport_all_local, self.family) {
-            (true, IpFamily::V4) => "fib daddr type local ip daddr != 127.0.0.0/8".into(),
-            (true, IpFamily::V6) => "fib daddr type local ip6 daddr != ::1".into(),
-            (false, family) => format!("{} daddr @nodeport-ips", family_keyword(family)),
+    /// The conditions selecting NodePort traffic by destination.
+    fn nodeport_match(&self) -> Vec<Match> {
+        if self.nodeport_all_local {
+            let loopback: IpNet = match self.family {
+                IpFamily::V4 => "127.0.0.0/8".parse().expect("valid prefix"),
+                IpFamily::V6 => "::1/128".parse().expect("valid prefix"),
+            };
+            vec![Match::FibDaddrLocal, Match::DaddrNotIn(loopback)]
+        } else {
+            vec![Match::DaddrInSet(Container::NodePortIps.name().into())]
         }
     }
 
     /// The node-level sets.
     pub fn node_sets(&self) -> Vec<NodeSet> {
-        let addr = match self.family {
-            IpFamily::V4 => "ipv4_addr",
-            IpFamily::V6 => "ipv6_addr",
-        };
         vec![
+            NodeSet { container: Container::NodePortIps, elements: self.nodeport_ips.iter().map(|ip| ElementKey::Addr(*ip)).collect() },
             NodeSet {
-                name: "nodeport-ips",
-                declaration: format!("type {addr} ; comment \"IPs that accept NodePort traffic\" ;"),
-                elements: self.nodeport_ips.iter().map(ToString::to_string).collect(),
-            },
-            NodeSet {
-                name: "service-cidrs",
-                declaration: format!("type {addr} ; flags interval ; auto-merge ; comment \"ServiceCIDR ranges\" ;"),
-                elements: self.service_cidrs.iter().map(ToString::to_string).collect(),
+                container: Container::ServiceCidrs,
+                elements: merged_ranges(&self.service_cidrs).into_iter().map(|(a, b)| ElementKey::Range(a, b)).collect(),
             },
         ]
     }
+
+    /// Every op that (re)writes this family's layout, in an order the kernel accepts within one
+    /// transaction: the table, the shared sets and maps (declared and emptied), the node sets'
+    /// elements, the helper chains (emptied, then their rules), then the base chains. Services'
+    /// elements are added after these.
+    pub fn ops(&self) -> Vec<Op> {
+        let family = self.family;
+        let mut ops = vec![Op::AddTable { family }];
+        ops.extend(Container::ALL.iter().map(|&container| Op::AddContainer { family, container }));
+        ops.extend(Container::ALL.iter().map(|&container| Op::FlushSet { family, container }));
+        for set in self.node_sets() {
+            ops.extend(set.elements.into_iter().map(|key| Op::AddElement {
+                family,
+                container: set.container,
+                key,
+                value: None,
+                comment: String::new(),
+            }));
+        }
+        let helpers = self.helper_chains();
+        for chain in &helpers {
+            ops.push(Op::AddChain { family, name: chain.name.into() });
+            ops.push(Op::FlushChain { family, name: chain.name.into() });
+        }
+        for chain in helpers {
+            ops.extend(chain.rules.into_iter().map(|rule| Op::AddRule { chain: chain.name.into(), rule }));
+        }
+        for chain in self.base_chains() {
+            ops.push(Op::AddBaseChain { family, name: chain.name.into(), hook: chain.hook });
+            ops.push(Op::FlushChain { family, name: chain.name.into() });
+            ops.extend(chain.rules.into_iter().map(|rule| Op::AddRule { chain: chain.name.into(), rule }));
+        }
+        ops
+    }
+}
+
+/// The CIDRs as sorted, disjoint, non-adjacent inclusive ranges: what nft's `auto-merge` makes
+/// of them (the kernel refuses overlapping intervals, and nft lists adjacent ones merged).
+pub fn merged_ranges(cidrs: &[IpNet]) -> Vec<(IpAddr, IpAddr)> {
+    let as_int = |ip: IpAddr| match ip {
+        IpAddr::V4(a) => u128::from(u32::from(a)),
+        IpAddr::V6(a) => u128::from(a),
+    };
+    let mut ranges: Vec<(u128, u128, bool)> =
+        cidrs.iter().map(|c| (as_int(c.network()), as_int(c.broadcast()), c.addr().is_ipv4())).collect();
+    ranges.sort();
+    let mut merged: Vec<(u128, u128, bool)> = Vec::new();
+    for (first, last, v4) in ranges {
+        match merged.last_mut() {
+            Some((_, end, v)) if *v == v4 && first <= end.saturating_add(1) => *end = (*end).max(last),
+            _ => merged.push((first, last, v4)),
+        }
+    }
+    let to_ip = |n: u128, v4: bool| if v4 { IpAddr::from(std::net::Ipv4Addr::from(n as u32)) } else { IpAddr::from(std::net::Ipv6Addr::from(n)) };
+    merged.into_iter().map(|(a, b, v4)| (to_ip(a, v4), to_ip(b, v4))).collect()
 }

@@ -1,10 +1,12 @@
-//! Partial-sync transactions spoken directly to nf_tables over netlink.
+//! Every transaction spoken directly to nf_tables over netlink, and the few listings we need.
 //!
-//! Full syncs go through `nft -f` ([`super::apply`]). Partial syncs cannot: before it can encode
-//! `add rule ... jump X` or `add element ... : goto X`, nft 1.0.6 dumps every chain of the ruleset
-//! into its cache, so one changed Service costs O(all Services) (~100 ms per call at 2,000
-//! Services). Here the [`Op`]s of a partial sync are encoded into one nf_tables batch and sent on a
-//! `NETLINK_NETFILTER` socket, so the cost is O(the ops).
+//! A full sync (the fixed layout of both tables plus every Service's objects) and a partial sync
+//! are each one nf_tables batch of [`Op`]s, so each is atomic. `nft` cannot carry either: before
+//! it can encode `add rule ... jump X` or `add element ... : goto X`, nft 1.0.6 dumps every chain
+//! of the ruleset into its cache, so one changed Service costs O(all Services) (~100 ms per call
+//! at 2,000 Services), and a full script of 10,000 Services takes it over a gigabyte. Here the
+//! cost is O(the ops). The names of our chains and sets (stale-object cleanup) and the health
+//! check come from netlink dumps too.
 //!
 //! The messages are hand-encoded (nlmsghdr + nfgenmsg + nested TLV attributes) because no
 //! maintained crate covers what we need: the Rust nftables crates either drive `nft` (JSON), which
@@ -26,8 +28,8 @@ use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
 
 use ipnet::IpNet;
 
-use super::objects::{Container, TABLE};
-use super::rule::{Action, AffinitySet, ElementKey, Match, Op, Rule, Verdict};
+use super::objects::{Container, TABLE, TABLE_COMMENT};
+use super::rule::{Action, AffinitySet, ChainType, ElementKey, HookPoint, Match, Op, Rule, Verdict, VmapKey};
 use crate::Error;
 use crate::table::{IpFamily, Protocol};
 
@@ -36,6 +38,8 @@ const NETLINK_NETFILTER: i32 = 12;
 const NETLINK_CAP_ACK: i32 = 10;
 const NETLINK_EXT_ACK: i32 = 11;
 const NLMSG_ERROR: u16 = 2;
+const NLMSG_DONE: u16 = 3;
+const NLM_F_DUMP: u16 = 0x300;
 const NLM_F_REQUEST: u16 = 1;
 const NLM_F_ACK: u16 = 4;
 const NLM_F_CREATE: u16 = 0x400;
@@ -58,18 +62,36 @@ const NFPROTO_IPV4: u8 = 2;
 const NFPROTO_IPV6: u8 = 10;
 
 // linux/netfilter/nf_tables.h: enum nf_tables_msg_types
+const NFT_MSG_NEWTABLE: u16 = 0;
 const NFT_MSG_NEWCHAIN: u16 = 3;
+const NFT_MSG_GETCHAIN: u16 = 4;
 const NFT_MSG_DELCHAIN: u16 = 5;
+const NFT_MSG_GETRULE: u16 = 7;
 const NFT_MSG_NEWRULE: u16 = 6;
 const NFT_MSG_DELRULE: u16 = 8;
 const NFT_MSG_NEWSET: u16 = 9;
+const NFT_MSG_GETSET: u16 = 10;
 const NFT_MSG_DELSET: u16 = 11;
 const NFT_MSG_NEWSETELEM: u16 = 12;
 const NFT_MSG_DELSETELEM: u16 = 14;
 
-// enum nft_chain_attributes
+// enum nft_table_attributes
+const NFTA_TABLE_NAME: u16 = 1;
+const NFTA_TABLE_FLAGS: u16 = 2;
+const NFTA_TABLE_USERDATA: u16 = 6;
+// enum nft_chain_attributes, nft_hook_attributes
 const NFTA_CHAIN_TABLE: u16 = 1;
 const NFTA_CHAIN_NAME: u16 = 3;
+const NFTA_CHAIN_HOOK: u16 = 4;
+const NFTA_CHAIN_TYPE: u16 = 7;
+const NFTA_HOOK_HOOKNUM: u16 = 1;
+const NFTA_HOOK_PRIORITY: u16 = 2;
+// linux/netfilter.h: enum nf_inet_hooks
+const NF_INET_PRE_ROUTING: u32 = 0;
+const NF_INET_LOCAL_IN: u32 = 1;
+const NF_INET_FORWARD: u32 = 2;
+const NF_INET_LOCAL_OUT: u32 = 3;
+const NF_INET_POST_ROUTING: u32 = 4;
 // enum nft_rule_attributes
 const NFTA_RULE_TABLE: u16 = 1;
 const NFTA_RULE_CHAIN: u16 = 2;
@@ -85,9 +107,13 @@ const NFTA_SET_NAME: u16 = 2;
 const NFTA_SET_FLAGS: u16 = 3;
 const NFTA_SET_KEY_TYPE: u16 = 4;
 const NFTA_SET_KEY_LEN: u16 = 5;
+const NFTA_SET_DATA_TYPE: u16 = 6;
+const NFTA_SET_DATA_LEN: u16 = 7;
 const NFTA_SET_ID: u16 = 10;
 const NFTA_SET_TIMEOUT: u16 = 11;
 const NFTA_SET_USERDATA: u16 = 13;
+const NFT_SET_INTERVAL: u32 = 0x4;
+const NFT_SET_MAP: u32 = 0x8;
 const NFT_SET_TIMEOUT: u32 = 0x10;
 const NFT_SET_EVAL: u32 = 0x20;
 // enum nft_set_elem_list_attributes, nft_set_elem_attributes
@@ -96,12 +122,16 @@ const NFTA_SET_ELEM_LIST_SET: u16 = 2;
 const NFTA_SET_ELEM_LIST_ELEMENTS: u16 = 3;
 const NFTA_SET_ELEM_KEY: u16 = 1;
 const NFTA_SET_ELEM_DATA: u16 = 2;
+const NFTA_SET_ELEM_FLAGS: u16 = 3;
+const NFT_SET_ELEM_INTERVAL_END: u32 = 1;
 const NFTA_SET_ELEM_USERDATA: u16 = 6;
 // enum nft_data_attributes, nft_verdict_attributes, verdicts
 const NFTA_DATA_VALUE: u16 = 1;
 const NFTA_DATA_VERDICT: u16 = 2;
 const NFTA_VERDICT_CODE: u16 = 1;
 const NFTA_VERDICT_CHAIN: u16 = 2;
+/// `NFT_DATA_VERDICT`: the data type of verdict maps.
+const NFT_DATA_VERDICT: u32 = 0xffff_ff00;
 const NF_DROP: i32 = 0;
 const NFT_JUMP: i32 = -3;
 const NFT_GOTO: i32 = -4;
@@ -110,26 +140,35 @@ const NFT_RETURN: i32 = -5;
 const NFT_REG_VERDICT: u32 = 0;
 const NFT_REG_1: u32 = 1;
 const NFT_REG_2: u32 = 2;
+// 32-bit registers: NFT_REG32_00 is 8 and overlaps NFT_REG_1.
+const NFT_REG32_01: u32 = 9;
+const NFT_REG32_02: u32 = 10;
+const NFT_REG32_05: u32 = 13;
 // payload
 const NFTA_PAYLOAD_DREG: u16 = 1;
 const NFTA_PAYLOAD_BASE: u16 = 2;
 const NFTA_PAYLOAD_OFFSET: u16 = 3;
 const NFTA_PAYLOAD_LEN: u16 = 4;
 const NFT_PAYLOAD_NETWORK_HEADER: u32 = 1;
+const NFT_PAYLOAD_TRANSPORT_HEADER: u32 = 2;
 // cmp
 const NFTA_CMP_SREG: u16 = 1;
 const NFTA_CMP_OP: u16 = 2;
 const NFTA_CMP_DATA: u16 = 3;
 const NFT_CMP_EQ: u32 = 0;
+const NFT_CMP_NEQ: u32 = 1;
 // bitwise
 const NFTA_BITWISE_SREG: u16 = 1;
 const NFTA_BITWISE_DREG: u16 = 2;
 const NFTA_BITWISE_LEN: u16 = 3;
 const NFTA_BITWISE_MASK: u16 = 4;
 const NFTA_BITWISE_XOR: u16 = 5;
+const NFTA_BITWISE_OP: u16 = 6;
+const NFT_BITWISE_BOOL: u32 = 0;
 // lookup
 const NFTA_LOOKUP_SET: u16 = 1;
 const NFTA_LOOKUP_SREG: u16 = 2;
+const NFTA_LOOKUP_DREG: u16 = 3;
 // dynset
 const NFTA_DYNSET_SET_NAME: u16 = 1;
 const NFTA_DYNSET_OP: u16 = 3;
@@ -140,6 +179,7 @@ const NFTA_FIB_DREG: u16 = 1;
 const NFTA_FIB_RESULT: u16 = 2;
 const NFTA_FIB_FLAGS: u16 = 3;
 const NFTA_FIB_F_SADDR: u32 = 1;
+const NFTA_FIB_F_DADDR: u32 = 2;
 const NFT_FIB_RESULT_ADDRTYPE: u32 = 3;
 /// `RTN_LOCAL` (linux/rtnetlink.h): the address type `fib ... type local` compares with.
 const RTN_LOCAL: u32 = 2;
@@ -152,7 +192,25 @@ const NFT_NG_RANDOM: u32 = 1;
 // meta
 const NFTA_META_DREG: u16 = 1;
 const NFTA_META_KEY: u16 = 2;
+const NFTA_META_SREG: u16 = 3;
+const NFT_META_MARK: u32 = 3;
 const NFT_META_L4PROTO: u32 = 16;
+// ct
+const NFTA_CT_DREG: u16 = 1;
+const NFTA_CT_KEY: u16 = 2;
+const NFT_CT_STATE: u32 = 0;
+/// `NF_CT_STATE_BIT(IP_CT_NEW)` (linux/netfilter/nf_conntrack_common.h).
+const NF_CT_STATE_NEW_BIT: u32 = 1 << 3;
+// masq, reject
+const NFTA_MASQ_FLAGS: u16 = 1;
+const NF_NAT_RANGE_PROTO_RANDOM_FULLY: u32 = 0x10;
+const NFTA_REJECT_TYPE: u16 = 1;
+const NFTA_REJECT_ICMP_CODE: u16 = 2;
+const NFT_REJECT_ICMP_UNREACH: u32 = 0;
+const NFT_REJECT_TCP_RST: u32 = 1;
+/// ICMP_PORT_UNREACH (linux/icmp.h) and ICMPV6_PORT_UNREACH (linux/icmpv6.h).
+const ICMP_PORT_UNREACH: u8 = 3;
+const ICMPV6_PORT_UNREACH: u8 = 4;
 // immediate
 const NFTA_IMMEDIATE_DREG: u16 = 1;
 const NFTA_IMMEDIATE_DATA: u16 = 2;
@@ -166,15 +224,27 @@ const NFT_NAT_DNAT: u32 = 1;
 const NF_NAT_RANGE_PROTO_SPECIFIED: u32 = 2;
 
 // libnftnl udata.h (userdata TLVs nft stores and parses back)
+const NFTNL_UDATA_TABLE_COMMENT: u8 = 0;
 const NFTNL_UDATA_RULE_COMMENT: u8 = 0;
 const NFTNL_UDATA_SET_ELEM_COMMENT: u8 = 0;
 const NFTNL_UDATA_SET_KEYBYTEORDER: u8 = 0;
+const NFTNL_UDATA_SET_DATABYTEORDER: u8 = 1;
+const NFTNL_UDATA_SET_MERGE_ELEMENTS: u8 = 2;
+const NFTNL_UDATA_SET_KEY_TYPEOF: u8 = 3;
+const NFTNL_UDATA_SET_DATA_INTERVAL: u8 = 6;
 const NFTNL_UDATA_SET_COMMENT: u8 = 7;
+/// The NFTNL_UDATA_SET_KEY_TYPEOF value nft 1.0.6 stores for the concatenated keys of our maps
+/// (`{0: u32 13, 1: empty}`), copied from its messages.
+const CONCAT_KEY_TYPEOF: [u8; 8] = [0, 4, 13, 0, 0, 0, 1, 0];
 /// nft's `BYTEORDER_BIG_ENDIAN`, stored as the key byte order of address sets.
 const NFT_BYTEORDER_BIG_ENDIAN: u32 = 2;
-/// nft's datatype ids (`TYPE_IPADDR`, `TYPE_IP6ADDR`) as stored in `NFTA_SET_KEY_TYPE`.
+/// nft's datatype ids (`TYPE_IPADDR`, `TYPE_IP6ADDR`, `TYPE_INET_PROTOCOL`, `TYPE_INET_SERVICE`)
+/// as stored in `NFTA_SET_KEY_TYPE`; a concatenation stores them 6 bits apart.
 const NFT_TYPE_IPADDR: u32 = 7;
 const NFT_TYPE_IP6ADDR: u32 = 8;
+const NFT_TYPE_INET_PROTOCOL: u32 = 12;
+const NFT_TYPE_INET_SERVICE: u32 = 13;
+const NFT_TYPE_BITS: u32 = 6;
 
 /// Applies `ops` as one atomic nf_tables batch, in the calling thread's network namespace.
 ///
@@ -191,6 +261,97 @@ pub fn apply(ops: &[Op]) -> Result<(), Error> {
 /// aborts the transaction, validating the ruleset first. nf_tables has no check-only flag.
 pub fn check(ops: &[Op]) -> Result<(), Error> {
     transact(ops, false)
+}
+
+/// The names of the chains and of the sets/maps in our table of `family`, from netlink dumps
+/// (both empty when the table does not exist).
+pub fn table_names(family: IpFamily) -> Result<(Vec<String>, Vec<String>), Error> {
+    let names = |msg: u16, table_attr: u16, name_attr: u16| -> Result<Vec<String>, Error> {
+        let replies = dump(family, msg, |_| {})?;
+        Ok(replies
+            .iter()
+            .filter(|attrs| attr_str(attrs, table_attr).as_deref() == Some(TABLE))
+            .filter_map(|attrs| attr_str(attrs, name_attr))
+            .collect())
+    };
+    Ok((names(NFT_MSG_GETCHAIN, NFTA_CHAIN_TABLE, NFTA_CHAIN_NAME)?, names(NFT_MSG_GETSET, NFTA_SET_TABLE, NFTA_SET_NAME)?))
+}
+
+/// True when `chain` of our table in `family` has a rule looking up the set or map `set` (the
+/// kernel filters the rule dump by table and chain).
+pub fn chain_uses_set(family: IpFamily, chain: &str, set: &str) -> Result<bool, Error> {
+    let replies = dump(family, NFT_MSG_GETRULE, |b| {
+        b.str(NFTA_RULE_TABLE, TABLE);
+        b.str(NFTA_RULE_CHAIN, chain);
+    })?;
+    let mut needle = set.as_bytes().to_vec();
+    needle.push(0);
+    Ok(replies.iter().any(|attrs| {
+        attr_str(attrs, NFTA_RULE_TABLE).as_deref() == Some(TABLE)
+            && attr_str(attrs, NFTA_RULE_CHAIN).as_deref() == Some(chain)
+            && attrs.windows(needle.len()).any(|w| w == needle.as_slice())
+    }))
+}
+
+/// The top-level attribute `ty` of a message's attributes, as a NUL-terminated string.
+fn attr_str(attrs: &[u8], ty: u16) -> Option<String> {
+    let mut at = 0;
+    while at + 4 <= attrs.len() {
+        let len = u16_at(attrs, at) as usize;
+        if len < 4 || at + len > attrs.len() {
+            return None;
+        }
+        if u16_at(attrs, at + 2) & !NLA_F_NESTED == ty {
+            let value = &attrs[at + 4..at + len];
+            let value = value.split(|&c| c == 0).next().unwrap_or_default();
+            return Some(String::from_utf8_lossy(value).into_owned());
+        }
+        at += (len + 3) & !3;
+    }
+    None
+}
+
+/// Sends one GET request with NLM_F_DUMP and returns the attributes of every reply message.
+/// A missing table or chain (ENOENT) is an empty dump.
+fn dump(family: IpFamily, msg: u16, attrs: impl FnOnce(&mut Buf)) -> Result<Vec<Vec<u8>>, Error> {
+    let mut b = Buf::default();
+    let seq = 1;
+    let m = b.begin_msg(nft_type(msg), NLM_F_REQUEST | NLM_F_DUMP, seq, nfproto(family), 0);
+    attrs(&mut b);
+    b.end_msg(m);
+    let sock = Socket::open(b.data.len())?;
+    sock.send(&b.data)?;
+    let mut replies = Vec::new();
+    let mut buf = vec![0u8; 256 * 1024];
+    loop {
+        // The kernel fills the next part of a dump when we read the previous one.
+        let Some(n) = sock.recv(&mut buf, 10_000)? else {
+            return Err(Error::Nft("netlink dump: no answer from the kernel".into()));
+        };
+        let mut at = 0;
+        while at + NLMSG_HDRLEN <= n {
+            let len = u32_at(&buf, at) as usize;
+            if len < NLMSG_HDRLEN || at + len > n {
+                break;
+            }
+            let ty = u16_at(&buf, at + 4);
+            match ty {
+                NLMSG_DONE => return Ok(replies),
+                NLMSG_ERROR => {
+                    let errno = -(u32_at(&buf, at + NLMSG_HDRLEN) as i32);
+                    if errno == libc::ENOENT {
+                        return Ok(Vec::new());
+                    }
+                    if errno != 0 {
+                        return Err(Error::Nft(format!("netlink dump: {}", errno_text(errno))));
+                    }
+                }
+                _ if len >= NLMSG_HDRLEN + 4 => replies.push(buf[at + NLMSG_HDRLEN + 4..at + len].to_vec()),
+                _ => {}
+            }
+            at += (len + 3) & !3;
+        }
+    }
 }
 
 /// Encodes `ops` into one batch: BATCH_BEGIN (sequence `seq_start`), one message per op
@@ -347,6 +508,41 @@ fn encode_op(b: &mut Buf, op: &Op, seq: u32, set_id: &mut u32) {
     // sequence number), and a full sync of 10,000 Services is half a million messages.
     let req = NLM_F_REQUEST;
     match op {
+        Op::AddTable { family } => {
+            // nft sends NEWTABLE without NLM_F_CREATE (an existing table is kept as is).
+            let m = b.begin_msg(nft_type(NFT_MSG_NEWTABLE), req, seq, nfproto(*family), 0);
+            b.str(NFTA_TABLE_NAME, TABLE);
+            b.be32(NFTA_TABLE_FLAGS, 0);
+            b.attr(NFTA_TABLE_USERDATA, &comment_udata(NFTNL_UDATA_TABLE_COMMENT, TABLE_COMMENT));
+            b.end_msg(m);
+        }
+        Op::AddBaseChain { family, name, hook } => {
+            let m = b.begin_msg(nft_type(NFT_MSG_NEWCHAIN), req | NLM_F_CREATE, seq, nfproto(*family), 0);
+            b.str(NFTA_CHAIN_TABLE, TABLE);
+            b.str(NFTA_CHAIN_NAME, name);
+            b.str(NFTA_CHAIN_TYPE, match hook.chain_type {
+                ChainType::Filter => "filter",
+                ChainType::Nat => "nat",
+            });
+            let hooknum = match hook.point {
+                HookPoint::Prerouting => NF_INET_PRE_ROUTING,
+                HookPoint::Input => NF_INET_LOCAL_IN,
+                HookPoint::Forward => NF_INET_FORWARD,
+                HookPoint::Output => NF_INET_LOCAL_OUT,
+                HookPoint::Postrouting => NF_INET_POST_ROUTING,
+            };
+            b.nest(NFTA_CHAIN_HOOK, |b| {
+                b.be32(NFTA_HOOK_HOOKNUM, hooknum);
+                b.be32(NFTA_HOOK_PRIORITY, hook.priority as u32);
+            });
+            b.end_msg(m);
+        }
+        Op::AddContainer { family, container } => {
+            *set_id += 1;
+            let m = b.begin_msg(nft_type(NFT_MSG_NEWSET), req | NLM_F_CREATE, seq, nfproto(*family), 0);
+            encode_container(b, *family, *container, *set_id);
+            b.end_msg(m);
+        }
         Op::AddSet { family, name, set } => {
             *set_id += 1;
             let m = b.begin_msg(nft_type(NFT_MSG_NEWSET), req | NLM_F_CREATE, seq, nfproto(*family), 0);
@@ -372,7 +568,9 @@ fn encode_op(b: &mut Buf, op: &Op, seq: u32, set_id: &mut u32) {
             b.str(NFTA_RULE_TABLE, TABLE);
             b.str(NFTA_RULE_CHAIN, chain);
             b.nest(NFTA_RULE_EXPRESSIONS, |b| encode_rule(b, rule));
-            b.attr(NFTA_RULE_USERDATA, &comment_udata(NFTNL_UDATA_RULE_COMMENT, &rule.comment));
+            if !rule.comment.is_empty() {
+                b.attr(NFTA_RULE_USERDATA, &comment_udata(NFTNL_UDATA_RULE_COMMENT, &rule.comment));
+            }
             b.end_msg(m);
         }
         Op::DeleteElement { family, container, key } => {
@@ -428,6 +626,53 @@ fn encode_affinity_set(b: &mut Buf, family: IpFamily, name: &str, set: &Affinity
     b.attr(NFTA_SET_USERDATA, &ud);
 }
 
+/// A shared map or node set, declared as nft 1.0.6 declares it (see [`Container::declaration`]).
+fn encode_container(b: &mut Buf, family: IpFamily, container: Container, id: u32) {
+    let (addr_type, addr_len) = match family {
+        IpFamily::V4 => (NFT_TYPE_IPADDR, 4),
+        IpFamily::V6 => (NFT_TYPE_IP6ADDR, 16),
+    };
+    let concat = |types: &[u32]| types.iter().fold(0, |acc, t| (acc << NFT_TYPE_BITS) | t);
+    let proto_port = [NFT_TYPE_INET_PROTOCOL, NFT_TYPE_INET_SERVICE];
+    // Each component of a concatenation takes a multiple of 4 bytes.
+    let (flags, key_type, key_len) = if container.keyed_by_address_and_port() {
+        (NFT_SET_MAP, concat(&[addr_type, proto_port[0], proto_port[1]]), addr_len + 8)
+    } else if container.is_map() {
+        (NFT_SET_MAP, concat(&proto_port), 8)
+    } else if container == Container::ServiceCidrs {
+        (NFT_SET_INTERVAL, addr_type, addr_len)
+    } else {
+        (0, addr_type, addr_len)
+    };
+    b.str(NFTA_SET_TABLE, TABLE);
+    b.str(NFTA_SET_NAME, container.name());
+    b.be32(NFTA_SET_FLAGS, flags);
+    b.be32(NFTA_SET_KEY_TYPE, key_type);
+    b.be32(NFTA_SET_KEY_LEN, key_len);
+    if container.is_map() {
+        b.be32(NFTA_SET_DATA_TYPE, NFT_DATA_VERDICT);
+        b.be32(NFTA_SET_DATA_LEN, 0);
+    }
+    b.be32(NFTA_SET_ID, id);
+    let mut ud = Vec::new();
+    if container.is_map() {
+        // Concatenations have no byte order of their own; verdicts neither.
+        udata(&mut ud, NFTNL_UDATA_SET_KEYBYTEORDER, &0u32.to_ne_bytes());
+        udata(&mut ud, NFTNL_UDATA_SET_DATABYTEORDER, &0u32.to_ne_bytes());
+        udata(&mut ud, NFTNL_UDATA_SET_KEY_TYPEOF, &CONCAT_KEY_TYPEOF);
+        udata(&mut ud, NFTNL_UDATA_SET_DATA_INTERVAL, &0u32.to_ne_bytes());
+    } else {
+        udata(&mut ud, NFTNL_UDATA_SET_KEYBYTEORDER, &NFT_BYTEORDER_BIG_ENDIAN.to_ne_bytes());
+        if container == Container::ServiceCidrs {
+            udata(&mut ud, NFTNL_UDATA_SET_MERGE_ELEMENTS, &1u32.to_ne_bytes());
+        }
+    }
+    let mut comment: Vec<u8> = container.comment().as_bytes().to_vec();
+    comment.push(0);
+    udata(&mut ud, NFTNL_UDATA_SET_COMMENT, &comment);
+    b.attr(NFTA_SET_USERDATA, &ud);
+}
+
 fn addr_bytes(addr: IpAddr) -> Vec<u8> {
     match addr {
         IpAddr::V4(a) => a.octets().to_vec(),
@@ -457,15 +702,35 @@ fn key_bytes(key: &ElementKey) -> Vec<u8> {
             proto_port(&mut out, *p, *port);
         }
         ElementKey::ProtoPort(p, port) => proto_port(&mut out, *p, *port),
-        ElementKey::Addr(addr) => out.extend(addr_bytes(*addr)),
+        ElementKey::Addr(addr) | ElementKey::Range(addr, _) => out.extend(addr_bytes(*addr)),
     }
     out
+}
+
+/// The address after `addr`, `None` past the end of the address space.
+fn next_addr(addr: IpAddr) -> Option<IpAddr> {
+    match addr {
+        IpAddr::V4(a) => u32::from(a).checked_add(1).map(|n| IpAddr::from(std::net::Ipv4Addr::from(n))),
+        IpAddr::V6(a) => u128::from(a).checked_add(1).map(|n| IpAddr::from(std::net::Ipv6Addr::from(n))),
+    }
 }
 
 fn encode_elements(b: &mut Buf, container: Container, key: &ElementKey, value: Option<&Verdict>, comment: Option<&str>) {
     b.str(NFTA_SET_ELEM_LIST_TABLE, TABLE);
     b.str(NFTA_SET_ELEM_LIST_SET, container.name());
     b.nest(NFTA_SET_ELEM_LIST_ELEMENTS, |b| {
+        if let ElementKey::Range(_, last) = key {
+            // An interval is two elements: its start, and the address after it flagged as the
+            // end (none when the interval reaches the end of the address space), as nft sends.
+            b.nest(NFTA_LIST_ELEM, |b| b.value(NFTA_SET_ELEM_KEY, &key_bytes(key)));
+            if let Some(end) = next_addr(*last) {
+                b.nest(NFTA_LIST_ELEM, |b| {
+                    b.be32(NFTA_SET_ELEM_FLAGS, NFT_SET_ELEM_INTERVAL_END);
+                    b.value(NFTA_SET_ELEM_KEY, &addr_bytes(end));
+                });
+            }
+            return;
+        }
         b.nest(NFTA_LIST_ELEM, |b| {
             b.value(NFTA_SET_ELEM_KEY, &key_bytes(key));
             if let Some(v) = value {
@@ -476,25 +741,36 @@ fn encode_elements(b: &mut Buf, container: Container, key: &ElementKey, value: O
                 };
                 b.verdict(NFTA_SET_ELEM_DATA, code, chain);
             }
-            if let Some(comment) = comment {
+            if let Some(comment) = comment.filter(|c| !c.is_empty()) {
                 b.attr(NFTA_SET_ELEM_USERDATA, &comment_udata(NFTNL_UDATA_SET_ELEM_COMMENT, comment));
             }
         })
     });
 }
 
-/// `payload load <len>b @ network header + <saddr offset> => reg 1`.
-fn load_saddr(b: &mut Buf, family: IpFamily, len: u32) {
-    let offset = match family {
-        IpFamily::V4 => 12,
-        IpFamily::V6 => 8,
-    };
+/// `payload load <len>b @ <base> + <offset> => reg <dreg>`.
+fn load_payload(b: &mut Buf, dreg: u32, base: u32, offset: u32, len: u32) {
     b.expr("payload", |b| {
-        b.be32(NFTA_PAYLOAD_DREG, NFT_REG_1);
-        b.be32(NFTA_PAYLOAD_BASE, NFT_PAYLOAD_NETWORK_HEADER);
+        b.be32(NFTA_PAYLOAD_DREG, dreg);
+        b.be32(NFTA_PAYLOAD_BASE, base);
         b.be32(NFTA_PAYLOAD_OFFSET, offset);
         b.be32(NFTA_PAYLOAD_LEN, len);
     });
+}
+
+/// `payload load <len>b @ network header + <saddr or daddr offset> => reg 1`.
+fn load_addr(b: &mut Buf, family: IpFamily, daddr: bool, len: u32) {
+    let offset = match (family, daddr) {
+        (IpFamily::V4, false) => 12,
+        (IpFamily::V4, true) => 16,
+        (IpFamily::V6, false) => 8,
+        (IpFamily::V6, true) => 24,
+    };
+    load_payload(b, NFT_REG_1, NFT_PAYLOAD_NETWORK_HEADER, offset, len);
+}
+
+fn load_saddr(b: &mut Buf, family: IpFamily, len: u32) {
+    load_addr(b, family, false, len);
 }
 
 fn addr_len(family: IpFamily) -> u32 {
@@ -504,37 +780,66 @@ fn addr_len(family: IpFamily) -> u32 {
     }
 }
 
-/// `cmp eq reg 1 <data>`.
-fn cmp_eq(b: &mut Buf, data: &[u8]) {
+/// `cmp <op> reg 1 <data>`.
+fn cmp(b: &mut Buf, op: u32, data: &[u8]) {
     b.expr("cmp", |b| {
         b.be32(NFTA_CMP_SREG, NFT_REG_1);
-        b.be32(NFTA_CMP_OP, NFT_CMP_EQ);
+        b.be32(NFTA_CMP_OP, op);
         b.value(NFTA_CMP_DATA, data);
     });
 }
 
-/// `ip saddr <net>` as nft encodes it: a byte-aligned non-empty prefix loads and compares just
-/// its bytes; any other prefix loads the whole address, masks it and compares the network.
-fn saddr_in(b: &mut Buf, family: IpFamily, net: &IpNet) {
+/// `cmp eq reg 1 <data>`.
+fn cmp_eq(b: &mut Buf, data: &[u8]) {
+    cmp(b, NFT_CMP_EQ, data);
+}
+
+/// `bitwise reg 1 = (reg 1 & <mask>) ^ <xor>`; nft names the operation (boolean) for
+/// `meta mark` arithmetic and leaves it implicit for prefix and flag matches.
+fn bitwise(b: &mut Buf, with_op: bool, mask: &[u8], xor: &[u8]) {
+    b.expr("bitwise", |b| {
+        b.be32(NFTA_BITWISE_SREG, NFT_REG_1);
+        b.be32(NFTA_BITWISE_DREG, NFT_REG_1);
+        if with_op {
+            b.be32(NFTA_BITWISE_OP, NFT_BITWISE_BOOL);
+        }
+        b.be32(NFTA_BITWISE_LEN, mask.len() as u32);
+        b.value(NFTA_BITWISE_MASK, mask);
+        b.value(NFTA_BITWISE_XOR, xor);
+    });
+}
+
+/// `meta load <key> => reg <dreg>`.
+fn meta_load(b: &mut Buf, key: u32, dreg: u32) {
+    b.expr("meta", |b| {
+        b.be32(NFTA_META_KEY, key);
+        b.be32(NFTA_META_DREG, dreg);
+    });
+}
+
+/// `ip saddr|daddr [!=] <net>` as nft encodes it: a byte-aligned non-empty prefix loads and
+/// compares just its bytes; any other prefix loads the whole address, masks it and compares the
+/// network.
+fn addr_in(b: &mut Buf, family: IpFamily, daddr: bool, op: u32, net: &IpNet) {
     let prefix = u32::from(net.prefix_len());
     let network = addr_bytes(net.network());
     if prefix > 0 && prefix % 8 == 0 {
         let n = (prefix / 8) as usize;
-        load_saddr(b, family, n as u32);
-        cmp_eq(b, &network[..n]);
+        load_addr(b, family, daddr, n as u32);
+        cmp(b, op, &network[..n]);
     } else {
         let len = addr_len(family);
-        load_saddr(b, family, len);
-        let mask = addr_bytes(net.netmask());
-        b.expr("bitwise", |b| {
-            b.be32(NFTA_BITWISE_SREG, NFT_REG_1);
-            b.be32(NFTA_BITWISE_DREG, NFT_REG_1);
-            b.be32(NFTA_BITWISE_LEN, len);
-            b.value(NFTA_BITWISE_MASK, &mask);
-            b.value(NFTA_BITWISE_XOR, &vec![0; len as usize]);
-        });
-        cmp_eq(b, &network);
+        load_addr(b, family, daddr, len);
+        bitwise(b, false, &addr_bytes(net.netmask()), &vec![0; len as usize]);
+        cmp(b, op, &network);
     }
+}
+
+fn reject(b: &mut Buf, ty: u32, code: u8) {
+    b.expr("reject", |b| {
+        b.be32(NFTA_REJECT_TYPE, ty);
+        b.attr(NFTA_REJECT_ICMP_CODE, &[code]);
+    });
 }
 
 fn immediate_verdict(b: &mut Buf, code: i32, chain: Option<&str>) {
@@ -552,7 +857,7 @@ fn encode_rule(b: &mut Buf, rule: &Rule) {
                 load_saddr(b, family, addr_len(family));
                 cmp_eq(b, &addr_bytes(*addr));
             }
-            Match::SaddrIn(net) => saddr_in(b, family, net),
+            Match::SaddrIn(net) => addr_in(b, family, false, NFT_CMP_EQ, net),
             Match::SaddrInSet(set) => {
                 load_saddr(b, family, addr_len(family));
                 b.expr("lookup", |b| {
@@ -578,6 +883,39 @@ fn encode_rule(b: &mut Buf, rule: &Rule) {
                 });
                 cmp_eq(b, &value.to_ne_bytes());
             }
+            Match::CtStateNew => {
+                b.expr("ct", |b| {
+                    b.be32(NFTA_CT_KEY, NFT_CT_STATE);
+                    b.be32(NFTA_CT_DREG, NFT_REG_1);
+                });
+                bitwise(b, false, &NF_CT_STATE_NEW_BIT.to_ne_bytes(), &0u32.to_ne_bytes());
+                cmp(b, NFT_CMP_NEQ, &0u32.to_ne_bytes());
+            }
+            Match::DaddrInSet(set) => {
+                load_addr(b, family, true, addr_len(family));
+                b.expr("lookup", |b| {
+                    b.be32(NFTA_LOOKUP_SREG, NFT_REG_1);
+                    b.str(NFTA_LOOKUP_SET, set);
+                });
+            }
+            Match::DaddrNotIn(net) => addr_in(b, family, true, NFT_CMP_NEQ, net),
+            Match::FibDaddrLocal => {
+                b.expr("fib", |b| {
+                    b.be32(NFTA_FIB_FLAGS, NFTA_FIB_F_DADDR);
+                    b.be32(NFTA_FIB_RESULT, NFT_FIB_RESULT_ADDRTYPE);
+                    b.be32(NFTA_FIB_DREG, NFT_REG_1);
+                });
+                cmp_eq(b, &RTN_LOCAL.to_ne_bytes());
+            }
+            Match::L4Proto(protocol) => {
+                meta_load(b, NFT_META_L4PROTO, NFT_REG_1);
+                cmp_eq(b, &[proto_number(*protocol)]);
+            }
+            Match::MarkUnset(bits) => {
+                meta_load(b, NFT_META_MARK, NFT_REG_1);
+                bitwise(b, true, &bits.to_ne_bytes(), &0u32.to_ne_bytes());
+                cmp_eq(b, &0u32.to_ne_bytes());
+            }
         }
     }
     match &rule.action {
@@ -594,10 +932,7 @@ fn encode_rule(b: &mut Buf, rule: &Rule) {
             });
         }
         Action::Dnat { protocol, ip, port } => {
-            b.expr("meta", |b| {
-                b.be32(NFTA_META_KEY, NFT_META_L4PROTO);
-                b.be32(NFTA_META_DREG, NFT_REG_1);
-            });
+            meta_load(b, NFT_META_L4PROTO, NFT_REG_1);
             cmp_eq(b, &[proto_number(*protocol)]);
             b.expr("immediate", |b| {
                 b.be32(NFTA_IMMEDIATE_DREG, NFT_REG_1);
@@ -616,6 +951,43 @@ fn encode_rule(b: &mut Buf, rule: &Rule) {
                 b.be32(NFTA_NAT_FLAGS, NF_NAT_RANGE_PROTO_SPECIFIED);
             });
         }
+        Action::Vmap { key, map } => {
+            // The concatenation fills consecutive 32-bit registers from reg 1 on.
+            let (proto_reg, port_reg) = match (key, family) {
+                (VmapKey::DaddrProtoPort, IpFamily::V4) => {
+                    load_addr(b, family, true, 4);
+                    (NFT_REG32_01, NFT_REG32_02)
+                }
+                (VmapKey::DaddrProtoPort, IpFamily::V6) => {
+                    load_addr(b, family, true, 16);
+                    (NFT_REG_2, NFT_REG32_05)
+                }
+                (VmapKey::ProtoPort, _) => (NFT_REG_1, NFT_REG32_01),
+            };
+            meta_load(b, NFT_META_L4PROTO, proto_reg);
+            load_payload(b, port_reg, NFT_PAYLOAD_TRANSPORT_HEADER, 2, 2);
+            b.expr("lookup", |b| {
+                b.be32(NFTA_LOOKUP_SREG, NFT_REG_1);
+                b.be32(NFTA_LOOKUP_DREG, NFT_REG_VERDICT);
+                b.str(NFTA_LOOKUP_SET, map);
+            });
+        }
+        Action::MarkOr(bits) | Action::MarkXor(bits) => {
+            // `mark | x` is `(mark & ~x) ^ x`; `mark ^ x` is `(mark & 0xffffffff) ^ x`.
+            let mask = if matches!(rule.action, Action::MarkOr(_)) { !bits } else { u32::MAX };
+            meta_load(b, NFT_META_MARK, NFT_REG_1);
+            bitwise(b, true, &mask.to_ne_bytes(), &bits.to_ne_bytes());
+            b.expr("meta", |b| {
+                b.be32(NFTA_META_KEY, NFT_META_MARK);
+                b.be32(NFTA_META_SREG, NFT_REG_1);
+            });
+        }
+        Action::MasqueradeFullyRandom => b.expr("masq", |b| b.be32(NFTA_MASQ_FLAGS, NF_NAT_RANGE_PROTO_RANDOM_FULLY)),
+        Action::RejectTcpReset => reject(b, NFT_REJECT_TCP_RST, 0),
+        Action::Reject => reject(b, NFT_REJECT_ICMP_UNREACH, match family {
+            IpFamily::V4 => ICMP_PORT_UNREACH,
+            IpFamily::V6 => ICMPV6_PORT_UNREACH,
+        }),
     }
 }
 
@@ -855,7 +1227,7 @@ mod tests {
 
     use super::*;
     use crate::nft::layout::Layout;
-    use crate::nft::transaction::full_sync_layout;
+    use crate::nft::rule::Hook;
 
     // ---- pure encoding: byte-for-byte against what nft 1.0.6 sends -----------------------
 
@@ -979,6 +1351,71 @@ mod tests {
         assert_eq!(messages(&encode(&[op], 1))[1], want);
     }
 
+    /// The layout's messages, captured the same way from `nft -f` of the layout's script (rules
+    /// with set lookups are left out: nft adds the set ids of its cache to them).
+    #[test]
+    #[cfg(target_endian = "little")]
+    fn layout_encoding_matches_nft_byte_for_byte() {
+        let v4 = IpFamily::V4;
+        let r = |matches: Vec<Match>, action: Action, comment: &str| Rule::when(v4, matches, action, comment);
+        let add_rule = |chain: &str, rule: Rule| Op::AddRule { chain: chain.into(), rule };
+        let note = "helper for @no-endpoint-services / @no-endpoint-nodeports";
+        let base = |name: &str, chain_type, point, priority| Op::AddBaseChain {
+            family: v4,
+            name: name.into(),
+            hook: Hook { chain_type, point, priority },
+        };
+        let cases: Vec<(Op, &str)> = vec![
+            (
+                Op::AddTable { family: v4 },
+                "48000000000a01000000000000000000020000000f000100726f61646b6565706572000008000200000000001b000600001572756c657320666f7220726f61646b65657065720000",
+            ),
+            (
+                Op::AddContainer { family: v4, container: Container::ServiceIps },
+                "b8000000090a01040000000000000000020000000f000100726f61646b6565706572000010000200736572766963652d697073000800030000000008080004000000730d080005000000000c08000600ffffff00080007000000000008000a000000000154000d00000400000000010400000000030800040d00000001000604000000000732436c757374657249502c2045787465726e616c495020616e64204c6f616442616c616e636572204950207472616666696300",
+            ),
+            (
+                base("filter-prerouting", ChainType::Filter, HookPoint::Prerouting, -110),
+                "5c000000030a01040000000000000000020000000f000100726f61646b656570657200001600030066696c7465722d707265726f7574696e670000000b00070066696c746572000014000480080001000000000008000200ffffff92",
+            ),
+            (
+                base("nat-postrouting", ChainType::Nat, HookPoint::Postrouting, 100),
+                "54000000030a01040000000000000000020000000f000100726f61646b65657065720000140003006e61742d706f7374726f7574696e6700080007006e6174001400048008000100000000040800020000000064",
+            ),
+            (
+                add_rule("reject-chain", r(vec![Match::L4Proto(Protocol::Tcp)], Action::RejectTcpReset, note)),
+                "f0000000060a010c0000000000000000020000000f000100726f61646b656570657200001100020072656a6563742d636861696e000000007800048024000180090001006d6574610000000014000280080002000000001008000100000000012c00018008000100636d700020000280080001000000000108000200000000000c0003800500010006000000240001800b00010072656a6563740000140002800800010000000001050002000000000040000700003a68656c70657220666f7220406e6f2d656e64706f696e742d7365727669636573202f20406e6f2d656e64706f696e742d6e6f6465706f72747300",
+            ),
+            (
+                add_rule("reject-chain", r(vec![], Action::Reject, note)),
+                "a0000000060a010c0000000000000000020000000f000100726f61646b656570657200001100020072656a6563742d636861696e0000000028000480240001800b00010072656a6563740000140002800800010000000000050002000300000040000700003a68656c70657220666f7220406e6f2d656e64706f696e742d7365727669636573202f20406e6f2d656e64706f696e742d6e6f6465706f72747300",
+            ),
+            (
+                add_rule("mark-for-masquerade", r(vec![], Action::MarkOr(0x4000), "")),
+                "d4000000060a010c0000000000000000020000000f000100726f61646b65657065720000180002006d61726b2d666f722d6d617371756572616465009800048024000180090001006d6574610000000014000280080002000000000308000100000000014c0001800c00010062697477697365003c00028008000100000000010800020000000001080006000000000008000300000000040c00048008000100ffbfffff0c000580080001000040000024000180090001006d657461000000001400028008000200000000030800030000000001",
+            ),
+            (
+                add_rule("masquerading", r(vec![Match::MarkUnset(0x4000)], Action::Return, "")),
+                "08010000060a010c0000000000000000020000000f000100726f61646b65657065720000110002006d6173717565726164696e6700000000d000048024000180090001006d6574610000000014000280080002000000000308000100000000014c0001800c00010062697477697365003c00028008000100000000010800020000000001080006000000000008000300000000040c00048008000100004000000c00058008000100000000002c00018008000100636d700020000280080001000000000108000200000000000c0003800800010000000000300001800e000100696d6d6564696174650000001c0002800800010000000000100002800c00028008000100fffffffb",
+            ),
+            (
+                add_rule("masquerading", r(vec![], Action::MarkXor(0x4000), "")),
+                "d0000000060a010c0000000000000000020000000f000100726f61646b65657065720000110002006d6173717565726164696e67000000009800048024000180090001006d6574610000000014000280080002000000000308000100000000014c0001800c00010062697477697365003c00028008000100000000010800020000000001080006000000000008000300000000040c00048008000100ffffffff0c000580080001000040000024000180090001006d657461000000001400028008000200000000030800030000000001",
+            ),
+            (
+                add_rule("masquerading", r(vec![], Action::MasqueradeFullyRandom, "")),
+                "58000000060a010c0000000000000000020000000f000100726f61646b65657065720000110002006d6173717565726164696e6700000000200004801c000180090001006d617371000000000c0002800800010000000010",
+            ),
+            (
+                add_rule("filter-prerouting", r(vec![Match::CtStateNew], Action::Jump("firewall-check".into()), "")),
+                "14010000060a010c0000000000000000020000000f000100726f61646b656570657200001600020066696c7465722d707265726f7574696e67000000d80004802000018007000100637400001400028008000200000000000800010000000001440001800c0001006269747769736500340002800800010000000001080002000000000108000300000000040c00048008000100080000000c00058008000100000000002c00018008000100636d700020000280080001000000000108000200000000010c0003800800010000000000440001800e000100696d6d656469617465000000300002800800010000000000240002802000028008000100fffffffd130002006669726577616c6c2d636865636b0000",
+            ),
+        ];
+        for (op, want) in cases {
+            assert_eq!(messages(&encode(std::slice::from_ref(&op), 7))[1], want, "{op}");
+        }
+    }
+
     #[test]
     fn batch_framing_and_sequence_numbers() {
         let ops = vec![
@@ -1087,8 +1524,7 @@ mod tests {
             nodeport_all_local: false,
             service_cidrs: vec![a.wide],
         };
-        let script = full_sync_layout(&[layout]);
-        nft(&["-f", "-"], Some(&script)).expect("base table");
+        nft(&["-f", "-"], Some(&script(&layout.ops()))).expect("base table");
     }
 
     fn list_table(family: IpFamily) -> String {
@@ -1265,6 +1701,106 @@ mod tests {
     #[test]
     fn round_trip_ipv6() {
         round_trip(IpFamily::V6);
+    }
+
+    /// A layout using every layout object: several pod CIDRs (byte-aligned and not), two
+    /// NodePort addresses, and ServiceCIDRs that overlap and touch (merged as nft's auto-merge).
+    fn full_layout(family: IpFamily, nodeport_all_local: bool) -> Layout {
+        let a = addrs(family);
+        let n = |s: &str| s.parse::<IpNet>().unwrap();
+        let service_cidrs = match family {
+            IpFamily::V4 => ["10.96.0.0/16", "10.97.0.0/16", "10.100.0.0/16", "10.100.5.0/24", "10.101.0.0/16", "10.103.0.0/16", "10.104.0.0/16"],
+            IpFamily::V6 => ["fd00:10:96::/112", "fd00:10:96::1:0/112", "fd00:10:97::/64", "fd00:10:97::/80", "fd00:10:98::/64", "fd00:10:99:1::/64", "fd00:10:99:2::/64"],
+        };
+        Layout {
+            family,
+            cluster_cidrs: vec![a.pods, a.wide],
+            masquerade_mark: 0x4000,
+            nodeport_ips: vec![a.lb, a.pod],
+            nodeport_all_local,
+            service_cidrs: service_cidrs.iter().map(|c| n(c)).collect(),
+        }
+    }
+
+    /// A full sync as the proxier sends it: the layout and Services' objects in one batch.
+    fn full_sync_ops(family: IpFamily, nodeport_all_local: bool) -> Vec<Op> {
+        let mut ops = full_layout(family, nodeport_all_local).ops();
+        for op in install_ops(family) {
+            let flush = match &op {
+                Op::AddChain { family, name } => Some(Op::FlushChain { family: *family, name: name.clone() }),
+                _ => None,
+            };
+            ops.push(op);
+            ops.extend(flush);
+        }
+        ops
+    }
+
+    fn list_ruleset() -> String {
+        nft(&["list", "ruleset"], None).expect("list ruleset")
+    }
+
+    /// The layout (and Services) through netlink list exactly as the same ops through `nft -f`
+    /// of their text, on a fresh kernel, when repeated, and over a table nft wrote.
+    fn layout_round_trip(family: IpFamily, nodeport_all_local: bool) {
+        if !is_root() {
+            eprintln!("skipped: needs root");
+            return;
+        }
+        let ops = full_sync_ops(family, nodeport_all_local);
+        let text = script(&ops);
+        let reference = roadkeeper_netlab::Netns::new("rk-nllref").expect("netns");
+        let want = reference.run(|| {
+            nft(&["-f", "-"], Some(&text)).expect("reference nft -f");
+            list_ruleset()
+        });
+        let ns = roadkeeper_netlab::Netns::new("rk-nllay").expect("netns");
+        ns.run(|| {
+            assert_eq!(table_names(family).expect("dump"), (Vec::new(), Vec::new()));
+            assert!(!chain_uses_set(family, "services", "service-ips").expect("dump"));
+            check(&ops).expect("check");
+            assert_eq!(list_ruleset(), "", "check must not change anything");
+            apply(&ops).expect("apply");
+            let (chains, sets) = table_names(family).expect("dump");
+            let added = |op: &Op| match op {
+                Op::AddChain { name, .. } | Op::AddBaseChain { name, .. } | Op::AddSet { name, .. } => Some(name.clone()),
+                Op::AddContainer { container, .. } => Some(container.name().to_string()),
+                _ => None,
+            };
+            let mut want_names: Vec<String> = ops.iter().filter_map(added).collect();
+            let mut got: Vec<String> = chains.iter().chain(&sets).cloned().collect();
+            want_names.sort();
+            got.sort();
+            assert_eq!(got, want_names);
+            assert!(chain_uses_set(family, "services", "service-ips").expect("dump"));
+            assert!(!chain_uses_set(family, "firewall-check", "service-ips").expect("dump"));
+            if std::env::var_os("RK_NL_SHOW").is_some() {
+                eprintln!("{}", list_ruleset());
+            }
+            assert_eq!(list_ruleset(), want, "netlink and nft -f disagree");
+            apply(&ops).expect("apply again");
+            assert_eq!(list_ruleset(), want, "a second full sync changes nothing");
+        });
+        reference.run(|| {
+            apply(&ops).expect("apply over nft's table");
+            assert_eq!(list_ruleset(), want, "netlink over nft's table changes nothing");
+        });
+    }
+
+    #[test]
+    fn layout_round_trip_ipv4() {
+        layout_round_trip(IpFamily::V4, false);
+    }
+
+    #[test]
+    fn layout_round_trip_ipv6() {
+        layout_round_trip(IpFamily::V6, false);
+    }
+
+    #[test]
+    fn layout_round_trip_nodeports_on_all_local_addresses() {
+        layout_round_trip(IpFamily::V4, true);
+        layout_round_trip(IpFamily::V6, true);
     }
 
     #[test]

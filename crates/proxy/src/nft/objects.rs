@@ -17,6 +17,9 @@ pub fn family_keyword(family: IpFamily) -> &'static str {
 /// Name of roadkeeper's table in each family.
 pub const TABLE: &str = "roadkeeper";
 
+/// The comment of roadkeeper's tables.
+pub const TABLE_COMMENT: &str = "rules for roadkeeper";
+
 /// A set or map shared by all Services; Services contribute elements to it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub enum Container {
@@ -32,17 +35,23 @@ pub enum Container {
     FirewallIps,
     /// Set of allocated ClusterIPs (unused ports are rejected).
     ClusterIps,
+    /// Set of this node's addresses that accept NodePort traffic (filled by the layout).
+    NodePortIps,
+    /// Interval set of the ServiceCIDR ranges (filled by the layout).
+    ServiceCidrs,
 }
 
 impl Container {
-    /// Every shared container, in declaration order.
-    pub const ALL: [Container; 6] = [
+    /// Every shared container, in declaration order: Services' elements, then the node sets.
+    pub const ALL: [Container; 8] = [
         Container::ServiceIps,
         Container::ServiceNodePorts,
         Container::NoEndpointServices,
         Container::NoEndpointNodePorts,
         Container::FirewallIps,
         Container::ClusterIps,
+        Container::NodePortIps,
+        Container::ServiceCidrs,
     ];
 
     /// The set/map name in the table.
@@ -54,12 +63,39 @@ impl Container {
             Container::NoEndpointNodePorts => "no-endpoint-nodeports",
             Container::FirewallIps => "firewall-ips",
             Container::ClusterIps => "cluster-ips",
+            Container::NodePortIps => "nodeport-ips",
+            Container::ServiceCidrs => "service-cidrs",
         }
     }
 
     /// `map` or `set`.
     pub fn keyword(self) -> &'static str {
-        if self == Container::ClusterIps { "set" } else { "map" }
+        if self.is_map() { "map" } else { "set" }
+    }
+
+    /// True for the verdict maps, false for the address sets.
+    pub fn is_map(self) -> bool {
+        !matches!(self, Container::ClusterIps | Container::NodePortIps | Container::ServiceCidrs)
+    }
+
+    /// The declaration's comment.
+    pub fn comment(self) -> &'static str {
+        match self {
+            Container::ServiceIps => "ClusterIP, ExternalIP and LoadBalancer IP traffic",
+            Container::ServiceNodePorts => "NodePort traffic",
+            Container::NoEndpointServices => "vmap to drop or reject packets to services with no endpoints",
+            Container::NoEndpointNodePorts => "vmap to drop or reject packets to service nodeports with no endpoints",
+            Container::FirewallIps => "destinations that are subject to LoadBalancerSourceRanges",
+            Container::ClusterIps => "Active ClusterIPs",
+            Container::NodePortIps => "IPs that accept NodePort traffic",
+            Container::ServiceCidrs => "ServiceCIDR ranges",
+        }
+    }
+
+    /// True when the key is `daddr . l4proto . dport` (else `l4proto . dport`, or an address
+    /// for the sets).
+    pub fn keyed_by_address_and_port(self) -> bool {
+        matches!(self, Container::ServiceIps | Container::NoEndpointServices | Container::FirewallIps)
     }
 
     /// The declaration body for a family.
@@ -68,15 +104,13 @@ impl Container {
             IpFamily::V4 => "ipv4_addr",
             IpFamily::V6 => "ipv6_addr",
         };
-        let (ty, comment) = match self {
-            Container::ServiceIps => (format!("type {addr} . inet_proto . inet_service : verdict"), "ClusterIP, ExternalIP and LoadBalancer IP traffic"),
-            Container::ServiceNodePorts => ("type inet_proto . inet_service : verdict".into(), "NodePort traffic"),
-            Container::NoEndpointServices => (format!("type {addr} . inet_proto . inet_service : verdict"), "vmap to drop or reject packets to services with no endpoints"),
-            Container::NoEndpointNodePorts => ("type inet_proto . inet_service : verdict".into(), "vmap to drop or reject packets to service nodeports with no endpoints"),
-            Container::FirewallIps => (format!("type {addr} . inet_proto . inet_service : verdict"), "destinations that are subject to LoadBalancerSourceRanges"),
-            Container::ClusterIps => (format!("type {addr}"), "Active ClusterIPs"),
+        let ty = match self {
+            _ if self.keyed_by_address_and_port() => format!("type {addr} . inet_proto . inet_service : verdict"),
+            Container::ServiceNodePorts | Container::NoEndpointNodePorts => "type inet_proto . inet_service : verdict".into(),
+            Container::ServiceCidrs => format!("type {addr} ; flags interval ; auto-merge"),
+            _ => format!("type {addr}"),
         };
-        format!("{ty} ; comment \"{comment}\" ;")
+        format!("{ty} ; comment \"{}\" ;", self.comment())
     }
 }
 

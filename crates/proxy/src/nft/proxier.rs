@@ -107,20 +107,18 @@ impl<R: NftRunner> NftProxier<R> {
         (ports, objects)
     }
 
-    /// Rewrites everything we own: the layout with `nft -f`, then every Service's objects in one
-    /// netlink transaction.
+    /// Rewrites everything we own, the layout and every Service's objects, in one netlink
+    /// transaction.
     fn full_sync(&mut self, store: &Store) -> Result<SyncReport, Error> {
         let keys: Vec<NamespacedName> = store.services().map(|(k, _)| k.clone()).collect();
         let mut planned: BTreeMap<NamespacedName, (Vec<ServicePort>, Objects)> =
             keys.iter().map(|key| (key.clone(), self.plan(key, store))).collect();
         let existing = self.runner.existing()?;
         let layouts = self.layouts();
-        let layout_script = transaction::full_sync_layout(&layouts);
-        self.runner.apply(&layout_script)?;
         let ops_for = |planned: &BTreeMap<NamespacedName, (Vec<ServicePort>, Objects)>, only: Option<&[NamespacedName]>| {
             let included = |key: &NamespacedName| only.is_none_or(|keys| keys.contains(key));
             let objects = planned.iter().filter(|(k, _)| included(k)).map(|(_, (_, o))| o);
-            transaction::full_sync_services(&layouts, objects, &existing)
+            transaction::full_sync(&layouts, objects, &existing)
         };
         let mut refused = Vec::new();
         let mut ops = ops_for(&planned, None);
@@ -153,8 +151,7 @@ impl<R: NftRunner> NftProxier<R> {
             }
             self.set_table(&key, ports);
         }
-        let ops = layout_script.lines().count() + ops.len();
-        Ok(SyncReport { full: true, services_changed: changed, ops, refused, ..SyncReport::default() })
+        Ok(SyncReport { full: true, services_changed: changed, ops: ops.len(), refused, ..SyncReport::default() })
     }
 
     /// Applies only the differences of the `changed` Services, as one transaction of ops.

@@ -1,8 +1,9 @@
-//! Typed form of the per-Service nftables objects: rules, map elements and affinity sets.
+//! Typed form of every nftables object roadkeeper writes: the fixed layout (table, base chains,
+//! shared sets and maps, their rules) and the per-Service rules, map elements and affinity sets.
 //!
-//! The planner builds these; they render to nft syntax (for `nft -f`, `roadkeeper rules` and
+//! The planners build these; they render to nft syntax (for `nft -f`, `roadkeeper rules` and
 //! logs) through `Display`, and to netlink messages through [`super::netlink`], which is how
-//! partial syncs reach the kernel without `nft` listing the whole ruleset first.
+//! every sync reaches the kernel without `nft` listing the whole ruleset first.
 
 use std::fmt;
 use std::net::IpAddr;
@@ -30,6 +31,27 @@ pub enum Match {
         /// The value compared with (always 0 here).
         value: u32,
     },
+    /// `ct state new`.
+    CtStateNew,
+    /// `ip daddr @<set>`: the destination is in a named set.
+    DaddrInSet(String),
+    /// `ip daddr != 127.0.0.0/8`: the destination is outside a prefix.
+    DaddrNotIn(IpNet),
+    /// `fib daddr type local`: the destination address is local to this host.
+    FibDaddrLocal,
+    /// `meta l4proto tcp`.
+    L4Proto(Protocol),
+    /// `meta mark & <bits> == 0`: none of the bits is set.
+    MarkUnset(u32),
+}
+
+/// What a verdict-map lookup is keyed by (matching the map's type).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum VmapKey {
+    /// `ip daddr . meta l4proto . th dport`.
+    DaddrProtoPort,
+    /// `meta l4proto . th dport`.
+    ProtoPort,
 }
 
 /// What a rule does when its conditions hold.
@@ -54,6 +76,23 @@ pub enum Action {
         /// Endpoint port.
         port: u16,
     },
+    /// `<key> vmap @<map>`: the verdict of the map's element matching the key.
+    Vmap {
+        /// The key expression.
+        key: VmapKey,
+        /// The map's name.
+        map: String,
+    },
+    /// `meta mark set meta mark | <bits>`.
+    MarkOr(u32),
+    /// `meta mark set meta mark ^ <bits>`.
+    MarkXor(u32),
+    /// `masquerade fully-random`.
+    MasqueradeFullyRandom,
+    /// `reject with tcp reset`.
+    RejectTcpReset,
+    /// `reject` (ICMP port unreachable).
+    Reject,
 }
 
 /// One rule of a per-Service chain, with its `namespace/name[:port]` comment.
@@ -65,7 +104,7 @@ pub struct Rule {
     pub matches: Vec<Match>,
     /// The statement.
     pub action: Action,
-    /// `namespace/name[:port]`.
+    /// `namespace/name[:port]`, or a note; empty for none.
     pub comment: String,
 }
 
@@ -93,6 +132,13 @@ impl fmt::Display for Rule {
                 Match::SaddrInSet(set) => write!(f, "{ip} saddr @{set} ")?,
                 Match::FibSaddrLocal => write!(f, "fib saddr type local ")?,
                 Match::Random { modulus, value } => write!(f, "numgen random mod {modulus} {value} ")?,
+                Match::CtStateNew => write!(f, "ct state new ")?,
+                Match::DaddrInSet(set) => write!(f, "{ip} daddr @{set} ")?,
+                Match::DaddrNotIn(net) if net.prefix_len() == net.max_prefix_len() => write!(f, "{ip} daddr != {} ", net.addr())?,
+                Match::DaddrNotIn(net) => write!(f, "{ip} daddr != {} ", net.trunc())?,
+                Match::FibDaddrLocal => write!(f, "fib daddr type local ")?,
+                Match::L4Proto(protocol) => write!(f, "meta l4proto {} ", protocol.as_str())?,
+                Match::MarkUnset(bits) => write!(f, "meta mark & {bits:#x} == 0 ")?,
             }
         }
         match &self.action {
@@ -107,8 +153,18 @@ impl fmt::Display for Rule {
             Action::Dnat { protocol, ip: IpAddr::V6(addr), port } => {
                 write!(f, "meta l4proto {} dnat to [{addr}]:{port}", protocol.as_str())?
             }
+            Action::Vmap { key: VmapKey::DaddrProtoPort, map } => write!(f, "{ip} daddr . meta l4proto . th dport vmap @{map}")?,
+            Action::Vmap { key: VmapKey::ProtoPort, map } => write!(f, "meta l4proto . th dport vmap @{map}")?,
+            Action::MarkOr(bits) => write!(f, "meta mark set meta mark | {bits:#x}")?,
+            Action::MarkXor(bits) => write!(f, "meta mark set meta mark ^ {bits:#x}")?,
+            Action::MasqueradeFullyRandom => write!(f, "masquerade fully-random")?,
+            Action::RejectTcpReset => write!(f, "reject with tcp reset")?,
+            Action::Reject => write!(f, "reject")?,
         }
-        write!(f, " comment \"{}\"", self.comment)
+        if !self.comment.is_empty() {
+            write!(f, " comment \"{}\"", self.comment)?;
+        }
+        Ok(())
     }
 }
 
@@ -119,8 +175,27 @@ pub enum ElementKey {
     AddrProtoPort(IpAddr, Protocol, u16),
     /// `l4proto . dport` (service-nodeports, no-endpoint-nodeports).
     ProtoPort(Protocol, u16),
-    /// An address (cluster-ips).
+    /// An address (cluster-ips, nodeport-ips).
     Addr(IpAddr),
+    /// An inclusive range of addresses, in an interval set (service-cidrs).
+    Range(IpAddr, IpAddr),
+}
+
+/// Whether `first..=last` is exactly one prefix; its length if so.
+pub fn range_prefix(first: IpAddr, last: IpAddr) -> Option<u8> {
+    let (first, last, bits) = match (first, last) {
+        (IpAddr::V4(a), IpAddr::V4(b)) => (u128::from(u32::from(a)), u128::from(u32::from(b)), 32),
+        (IpAddr::V6(a), IpAddr::V6(b)) => (u128::from(a), u128::from(b), 128),
+        _ => return None,
+    };
+    let size = last.checked_sub(first)?.checked_add(1);
+    let host_bits = match size {
+        None => 128, // the whole IPv6 space
+        Some(n) if n.is_power_of_two() => n.trailing_zeros(),
+        Some(_) => return None,
+    };
+    let mask = if host_bits == 128 { u128::MAX } else { (1u128 << host_bits) - 1 };
+    (first & mask == 0).then_some((bits - host_bits) as u8)
 }
 
 impl fmt::Display for ElementKey {
@@ -129,6 +204,10 @@ impl fmt::Display for ElementKey {
             ElementKey::AddrProtoPort(addr, proto, port) => write!(f, "{addr} . {} . {port}", proto.as_str()),
             ElementKey::ProtoPort(proto, port) => write!(f, "{} . {port}", proto.as_str()),
             ElementKey::Addr(addr) => write!(f, "{addr}"),
+            ElementKey::Range(first, last) => match range_prefix(*first, *last) {
+                Some(len) => write!(f, "{first}/{len}"),
+                None => write!(f, "{first}-{last}"),
+            },
         }
     }
 }
@@ -177,9 +256,90 @@ impl AffinitySet {
     }
 }
 
-/// One step of a partial-sync transaction on per-Service objects.
+/// The type of a base chain.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum ChainType {
+    /// `type filter`.
+    Filter,
+    /// `type nat`.
+    Nat,
+}
+
+/// A netfilter hook of the ip/ip6 families.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum HookPoint {
+    /// `hook prerouting`.
+    Prerouting,
+    /// `hook input`.
+    Input,
+    /// `hook forward`.
+    Forward,
+    /// `hook output`.
+    Output,
+    /// `hook postrouting`.
+    Postrouting,
+}
+
+/// Where a base chain hooks in: `type <type> hook <hook> priority <priority>`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct Hook {
+    /// The chain type.
+    pub chain_type: ChainType,
+    /// The hook.
+    pub point: HookPoint,
+    /// The priority.
+    pub priority: i32,
+}
+
+impl fmt::Display for Hook {
+    /// `type nat hook prerouting priority dstnat ;`, the names nft uses for standard priorities.
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let ty = match self.chain_type {
+            ChainType::Filter => "filter",
+            ChainType::Nat => "nat",
+        };
+        let hook = match self.point {
+            HookPoint::Prerouting => "prerouting",
+            HookPoint::Input => "input",
+            HookPoint::Forward => "forward",
+            HookPoint::Output => "output",
+            HookPoint::Postrouting => "postrouting",
+        };
+        write!(f, "type {ty} hook {hook} priority ")?;
+        match (self.chain_type, self.point, self.priority) {
+            (ChainType::Nat, HookPoint::Prerouting, -100) => write!(f, "dstnat")?,
+            (ChainType::Nat, HookPoint::Postrouting, 100) => write!(f, "srcnat")?,
+            (_, _, priority) => write!(f, "{priority}")?,
+        }
+        write!(f, " ;")
+    }
+}
+
+/// One step of a transaction: the layout's table, base chains and shared containers, and the
+/// chains, rules, sets and elements of Services.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Op {
+    /// `add table <family> roadkeeper { comment "rules for roadkeeper" ; }`.
+    AddTable {
+        /// Table family.
+        family: IpFamily,
+    },
+    /// `add chain <family> roadkeeper <name> { type ... hook ... priority ... ; }`.
+    AddBaseChain {
+        /// Table family.
+        family: IpFamily,
+        /// Chain name.
+        name: String,
+        /// Type, hook and priority.
+        hook: Hook,
+    },
+    /// `add map|set <family> roadkeeper <container> { <declaration> }`: a shared container.
+    AddContainer {
+        /// Table family.
+        family: IpFamily,
+        /// Which shared set or map.
+        container: super::objects::Container,
+    },
     /// `add set <family> roadkeeper <name> { <affinity declaration> }`.
     AddSet {
         /// Table family.
@@ -260,6 +420,11 @@ impl fmt::Display for Op {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         let t = |family: &IpFamily| format!("{} {}", family_keyword(*family), super::objects::TABLE);
         match self {
+            Op::AddTable { family } => write!(f, "add table {} {{ comment \"{}\" ; }}", t(family), super::objects::TABLE_COMMENT),
+            Op::AddBaseChain { family, name, hook } => write!(f, "add chain {} {name} {{ {hook} }}", t(family)),
+            Op::AddContainer { family, container } => {
+                write!(f, "add {} {} {} {{ {} }}", container.keyword(), t(family), container.name(), container.declaration(*family))
+            }
             Op::AddSet { family, name, set } => write!(f, "add set {} {name} {{ {} }}", t(family), set.declaration(*family)),
             Op::AddChain { family, name } => write!(f, "add chain {} {name}", t(family)),
             Op::FlushChain { family, name } => write!(f, "flush chain {} {name}", t(family)),
@@ -268,7 +433,10 @@ impl fmt::Display for Op {
                 write!(f, "delete element {} {} {{ {key} }}", t(family), container.name())
             }
             Op::AddElement { family, container, key, value, comment } => {
-                write!(f, "add element {} {} {{ {key} comment \"{comment}\"", t(family), container.name())?;
+                write!(f, "add element {} {} {{ {key}", t(family), container.name())?;
+                if !comment.is_empty() {
+                    write!(f, " comment \"{comment}\"")?;
+                }
                 if let Some(value) = value {
                     write!(f, " : {value}")?;
                 }

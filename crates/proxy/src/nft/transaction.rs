@@ -1,5 +1,6 @@
-//! Turns desired objects into `nft -f` scripts: a full sync that rewrites everything we own, and a
-//! partial sync that touches only what differs between two versions of some Services' objects.
+//! Turns desired objects into transactions (`Op` lists): a full sync that rewrites everything we
+//! own, and a partial sync that touches only what differs between two versions of some Services'
+//! objects. Both are sent as one netlink batch; [`script`] renders them for `nft -f`.
 
 use std::collections::BTreeSet;
 use std::fmt::Write;
@@ -18,17 +19,6 @@ pub struct Existing {
     pub sets: BTreeSet<(IpFamily, String)>,
 }
 
-/// Prefix of every command on one family's table (`ip roadkeeper`).
-fn table(family: IpFamily) -> String {
-    format!("{} {TABLE}", family_keyword(family))
-}
-
-fn add_rules(out: &mut String, family: IpFamily, chain: &str, rules: &[String]) {
-    for rule in rules {
-        let _ = writeln!(out, "add rule {} {chain} {rule}", table(family));
-    }
-}
-
 /// The op that adds one element.
 fn add_element(family: IpFamily, container: Container, key: &ElementKey, value: &ElementValue) -> Op {
     Op::AddElement { family, container, key: key.clone(), value: value.verdict.clone(), comment: value.comment.clone() }
@@ -44,59 +34,22 @@ pub fn script(ops: &[Op]) -> String {
     ops.iter().map(|op| format!("{op}\n")).collect()
 }
 
-/// The first step of a full sync, as an `nft -f` script: creates or refreshes the fixed layout
-/// of both tables (shared maps are declared, not flushed). Rewriting identical rules is atomic,
-/// so traffic never sees a half-built layout.
-pub fn full_sync_layout(layouts: &[Layout]) -> String {
-    let mut out = String::new();
-    for layout in layouts {
-        let fam = layout.family;
-        let t = table(fam);
-        let _ = writeln!(out, "add table {t} {{ comment \"rules for roadkeeper\" ; }}");
-        for container in Container::ALL {
-            let _ = writeln!(out, "add {} {t} {} {{ {} }}", container.keyword(), container.name(), container.declaration(fam));
-        }
-        for set in layout.node_sets() {
-            let _ = writeln!(out, "add set {t} {} {{ {} }}", set.name, set.declaration);
-            let _ = writeln!(out, "flush set {t} {}", set.name);
-            if !set.elements.is_empty() {
-                let _ = writeln!(out, "add element {t} {} {{ {} }}", set.name, set.elements.join(", "));
-            }
-        }
-        for chain in layout.helper_chains() {
-            let _ = writeln!(out, "add chain {t} {}", chain.name);
-            let _ = writeln!(out, "flush chain {t} {}", chain.name);
-        }
-        for chain in layout.helper_chains() {
-            add_rules(&mut out, fam, chain.name, &chain.rules);
-        }
-        for chain in layout.base_chains() {
-            let _ = writeln!(out, "add chain {t} {} {{ {} }}", chain.name, chain.hook);
-            let _ = writeln!(out, "flush chain {t} {}", chain.name);
-            add_rules(&mut out, fam, chain.name, &chain.rules);
-        }
-    }
-    out
+/// The fixed layout of both tables as ops (see [`Layout::ops`]): the first part of a full sync.
+pub fn layout_ops(layouts: &[Layout]) -> Vec<Op> {
+    layouts.iter().flat_map(Layout::ops).collect()
 }
 
-/// The second step of a full sync, as one netlink transaction: replaces every per-Service
-/// chain and every shared-map element, keeps affinity sets' contents, and deletes whatever stale
-/// chains and sets `existing` lists.
-pub fn full_sync_services<'a>(
-    layouts: &[Layout],
-    services: impl Iterator<Item = &'a Objects> + Clone,
-    existing: &Existing,
-) -> Vec<Op> {
-    let mut ops = Vec::new();
+/// A full sync as one transaction: the layout of both tables (shared maps emptied), every
+/// Service's chains, affinity sets (their contents kept) and map elements, and the deletion of
+/// whatever stale chains and sets `existing` lists. Applied atomically, traffic never sees a
+/// half-built table.
+pub fn full_sync<'a>(layouts: &[Layout], services: impl Iterator<Item = &'a Objects> + Clone, existing: &Existing) -> Vec<Op> {
+    let mut ops = layout_ops(layouts);
     let mut wanted_chains: BTreeSet<(IpFamily, String)> = BTreeSet::new();
     let mut wanted_sets: BTreeSet<(IpFamily, String)> = BTreeSet::new();
     for layout in layouts {
         let family = layout.family;
-        for container in Container::ALL {
-            ops.push(Op::FlushSet { family, container });
-            wanted_sets.insert((family, container.name().to_string()));
-        }
-        wanted_sets.extend(layout.node_sets().iter().map(|s| (family, s.name.to_string())));
+        wanted_sets.extend(Container::ALL.iter().map(|c| (family, c.name().to_string())));
         let layout_chains = layout.helper_chains().into_iter().map(|c| c.name).chain(layout.base_chains().into_iter().map(|c| c.name));
         wanted_chains.extend(layout_chains.map(|name| (family, name.to_string())));
     }
@@ -184,8 +137,9 @@ pub fn partial_sync(old: &Objects, new: &Objects) -> Vec<Op> {
 pub fn cleanup() -> String {
     let mut out = String::new();
     for fam in [IpFamily::V4, IpFamily::V6] {
-        let _ = writeln!(out, "add table {}", table(fam));
-        let _ = writeln!(out, "delete table {}", table(fam));
+        let table = format!("{} {TABLE}", family_keyword(fam));
+        let _ = writeln!(out, "add table {table}");
+        let _ = writeln!(out, "delete table {table}");
     }
     out
 }
@@ -267,7 +221,7 @@ mod tests {
             nodeport_all_local: false,
             service_cidrs: Vec::new(),
         }];
-        let script = script(&full_sync_services(&layouts, std::iter::once(&objects), &existing));
+        let script = script(&full_sync(&layouts, std::iter::once(&objects), &existing));
         assert!(script.contains("delete chain ip roadkeeper service-OLD-default/gone/tcp/"));
         assert!(script.contains("delete set ip roadkeeper affinity-OLD"));
         assert!(!script.contains("delete chain ip roadkeeper services"));

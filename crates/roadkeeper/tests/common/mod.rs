@@ -113,8 +113,44 @@ pub enum Proto {
     Udp,
 }
 
+/// The proxy backend a test runs against. Every behaviour case runs once per backend (see
+/// [`per_backend!`]): a case that passes on one and fails on the other is a bug.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Backend {
+    /// `--proxy-mode nftables`.
+    Nftables,
+    /// `--proxy-mode iptables`.
+    Iptables,
+}
+
+impl Backend {
+    /// The `--proxy-mode` value.
+    pub fn mode(self) -> &'static str {
+        match self {
+            Backend::Nftables => "nftables",
+            Backend::Iptables => "iptables",
+        }
+    }
+}
+
+/// Declares `#[test]`s running each listed case `fn case(backend: Backend)` once per backend, as
+/// `nftables::case` and `iptables::case`.
+#[macro_export]
+macro_rules! per_backend {
+    ($($case:ident),* $(,)?) => {
+        mod nftables {
+            $( #[test] fn $case() { super::$case(super::common::Backend::Nftables) } )*
+        }
+        mod iptables {
+            $( #[test] fn $case() { super::$case(super::common::Backend::Iptables) } )*
+        }
+    };
+}
+
 /// One lab cluster. Field order is drop order: proxy, pods, then the lab's namespaces.
 pub struct Cluster {
+    /// The backend every proxy run of this cluster uses.
+    pub backend: Backend,
     proxy: Option<Process>,
     pub pods: Vec<EchoPod>,
     pub client: Pod,
@@ -125,13 +161,13 @@ pub struct Cluster {
 }
 
 impl Cluster {
-    /// A lab with a client pod and no workload yet.
-    pub fn new(prefix: &str) -> Cluster {
+    /// A lab with a client pod and no workload yet, proxied by `backend`.
+    pub fn new(prefix: &str, backend: Backend) -> Cluster {
         let lab = Lab::new(prefix).expect("lab");
         let client = lab.add_pod("client").expect("client pod");
         let manifests = tempfile::tempdir().expect("tempdir");
         let scratch = tempfile::tempdir().expect("tempdir");
-        let cluster = Cluster { proxy: None, pods: Vec::new(), client, lab, manifests, scratch };
+        let cluster = Cluster { backend, proxy: None, pods: Vec::new(), client, lab, manifests, scratch };
         cluster.write("node.yaml", &manifests::node(NODE, "zone-a"));
         cluster
     }
@@ -197,6 +233,8 @@ impl Cluster {
             NODE.into(),
             "--cluster-cidr".into(),
             "10.244.0.0/16,fd00:244::/48".into(),
+            "--proxy-mode".into(),
+            self.backend.mode().into(),
         ];
         args.extend(extra.iter().map(|s| s.to_string()));
         args
@@ -231,7 +269,7 @@ impl Cluster {
         self.proxy = Some(process);
         let deadline = Instant::now() + Duration::from_secs(10);
         while Instant::now() < deadline {
-            if self.nft(&["list", "chain", "ip", "roadkeeper", "services"]).status.success() {
+            if self.programmed() {
                 return;
             }
             std::thread::sleep(Duration::from_millis(50));
@@ -242,11 +280,12 @@ impl Cluster {
     /// [`start_proxy`](Self::start_proxy) with a KubeProxyConfiguration file that makes it react
     /// fast: 100 ms minimum between syncs, table health checks every 2 s.
     pub fn start_fast_proxy(&mut self) {
-        let config = self.scratch_file(
-            "kube-proxy.yaml",
+        let yaml = format!(
             "apiVersion: kubeproxy.config.k8s.io/v1alpha1\nkind: KubeProxyConfiguration\n\
-             nftables: {syncPeriod: 2s, minSyncPeriod: 100ms}\n",
+             {}: {{syncPeriod: 2s, minSyncPeriod: 100ms}}\n",
+            self.backend.mode()
         );
+        let config = self.scratch_file("kube-proxy.yaml", &yaml);
         self.start_proxy(&["--config", &config]);
     }
 
@@ -273,6 +312,55 @@ impl Cluster {
     /// The node's whole nftables ruleset as text.
     pub fn ruleset(&self) -> String {
         String::from_utf8_lossy(&self.nft(&["list", "ruleset"]).stdout).into_owned()
+    }
+
+    /// Runs a command in the node and returns its stdout (panics if it cannot start).
+    pub fn node_output(&self, args: &[&str]) -> String {
+        let out = std::process::Command::new("ip")
+            .args(["netns", "exec", self.lab.node().name()])
+            .args(args)
+            .output()
+            .expect("run command in the node");
+        String::from_utf8_lossy(&out.stdout).into_owned()
+    }
+
+    /// What the backend installed, as its own listing: the nftables ruleset, or `iptables-save`
+    /// followed by `ip6tables-save`.
+    pub fn kernel_rules(&self) -> String {
+        match self.backend {
+            Backend::Nftables => self.ruleset(),
+            Backend::Iptables => self.node_output(&["iptables-save"]) + &self.node_output(&["ip6tables-save"]),
+        }
+    }
+
+    /// True once the backend's dispatch rules are in place.
+    pub fn programmed(&self) -> bool {
+        match self.backend {
+            Backend::Nftables => self.nft(&["list", "chain", "ip", "roadkeeper", "services"]).status.success(),
+            Backend::Iptables => self.node_output(&["iptables-save", "-t", "nat"]).contains(":KUBE-SERVICES"),
+        }
+    }
+
+    /// Plays someone else wiping our rules: deletes the nftables table, or flushes the iptables
+    /// tables and the canary chain.
+    pub fn wipe_rules(&self) {
+        let commands: &[&[&str]] = match self.backend {
+            Backend::Nftables => &[&["nft", "delete", "table", "ip", "roadkeeper"]],
+            Backend::Iptables => &[
+                &["iptables", "-t", "nat", "-F"],
+                &["iptables", "-t", "filter", "-F"],
+                &["iptables", "-t", "mangle", "-F"],
+                &["iptables", "-t", "mangle", "-X", "KUBE-PROXY-CANARY"],
+            ],
+        };
+        for args in commands {
+            let out = std::process::Command::new("ip")
+                .args(["netns", "exec", self.lab.node().name()])
+                .args(*args)
+                .output()
+                .expect("run command in the node");
+            assert!(out.status.success(), "{args:?}: {}", String::from_utf8_lossy(&out.stderr));
+        }
     }
 
     /// Pod `i`'s IP in `family`.

@@ -6,12 +6,19 @@ mod common;
 
 use common::*;
 
+per_backend!(
+    a_yaml_syntax_error_is_reported_with_its_file,
+    invalid_new_services_are_reported_with_object_and_field,
+    an_invalid_edit_keeps_the_last_good_rules,
+    a_bad_flag_value_fails_once_with_a_message_naming_the_flag_and_touches_nothing,
+);
+
 /// Service number of `web`: ClusterIPs 10.96.0.90 / fd00:96::90.
 const WEB: u8 = 90;
 
 /// A watching proxy serving Service `web` (pod `web-a`).
-fn serving_web(prefix: &str) -> Cluster {
-    let mut c = Cluster::new(prefix);
+fn serving_web(prefix: &str, backend: Backend) -> Cluster {
+    let mut c = Cluster::new(prefix, backend);
     c.add_pod("web-a", "app: web", NODE);
     c.write("web.yaml", &service_manifest("web", WEB, ""));
     c.start_fast_proxy();
@@ -43,16 +50,14 @@ fn assert_reported_and_unharmed(c: &mut Cluster, report: &[&str]) {
     }
 }
 
-#[test]
-fn a_yaml_syntax_error_is_reported_with_its_file() {
-    let mut c = serving_web("rk-esyn");
+fn a_yaml_syntax_error_is_reported_with_its_file(backend: Backend) {
+    let mut c = serving_web("rk-esyn", backend);
     c.write("broken.yaml", "apiVersion: v1\nkind: Service\nmetadata: {name: broken\nspec: [\n");
     assert_reported_and_unharmed(&mut c, &["broken.yaml: "]);
 }
 
-#[test]
-fn invalid_new_services_are_reported_with_object_and_field() {
-    let mut c = serving_web("rk-enew");
+fn invalid_new_services_are_reported_with_object_and_field(backend: Backend) {
+    let mut c = serving_web("rk-enew", backend);
     c.write(
         "bad-ip.yaml",
         "apiVersion: v1\nkind: Service\nmetadata: {name: bad-ip}\nspec: {clusterIP: 10.96.0.300, ports: [{port: 80}]}\n",
@@ -67,17 +72,15 @@ fn invalid_new_services_are_reported_with_object_and_field() {
     );
 }
 
-#[test]
-fn an_invalid_edit_keeps_the_last_good_rules() {
-    let mut c = serving_web("rk-eedit");
+fn an_invalid_edit_keeps_the_last_good_rules(backend: Backend) {
+    let mut c = serving_web("rk-eedit", backend);
     let broken = service_manifest("web", WEB, "").replace(&format!("port: {SERVICE_PORT},"), "port: 70000,");
     c.write("web.yaml", &broken);
     assert_reported_and_unharmed(&mut c, &["web.yaml: Service default/web: spec.ports[0].port: 70000"]);
 }
 
-#[test]
-fn a_bad_flag_value_fails_once_with_a_message_naming_the_flag_and_touches_nothing() {
-    let c = Cluster::new("rk-flag");
+fn a_bad_flag_value_fails_once_with_a_message_naming_the_flag_and_touches_nothing(backend: Backend) {
+    let c = Cluster::new("rk-flag", backend);
     let out = c.try_proxy_once(&["--nodeport-addresses", "10.0.0.300/8"]);
     assert!(!out.status.success());
     let stderr = String::from_utf8_lossy(&out.stderr);

@@ -5,12 +5,17 @@ mod common;
 
 use common::*;
 
+per_backend!(
+    client_ip_affinity_sticks_to_one_pod_and_plain_services_spread,
+    hairpin_traffic_reaches_the_pod_itself_masqueraded,
+    masquerade_all_masquerades_pod_traffic_to_cluster_ips,
+);
+
 /// Service number of the Services here: ClusterIPs 10.96.0.60 / fd00:96::60.
 const SVC: u8 = 60;
 
-#[test]
-fn client_ip_affinity_sticks_to_one_pod_and_plain_services_spread() {
-    let mut c = Cluster::new("rk-aff");
+fn client_ip_affinity_sticks_to_one_pod_and_plain_services_spread(backend: Backend) {
+    let mut c = Cluster::new("rk-aff", backend);
     for name in ["web-a", "web-b", "web-c"] {
         c.add_pod(name, "app: web", NODE);
     }
@@ -34,9 +39,8 @@ fn client_ip_affinity_sticks_to_one_pod_and_plain_services_spread() {
     }
 }
 
-#[test]
-fn hairpin_traffic_reaches_the_pod_itself_masqueraded() {
-    let mut c = Cluster::new("rk-hair");
+fn hairpin_traffic_reaches_the_pod_itself_masqueraded(backend: Backend) {
+    let mut c = Cluster::new("rk-hair", backend);
     let only = c.add_pod("web-a", "app: web", NODE);
     c.write("web.yaml", &service_manifest("web", SVC, ""));
     c.proxy_once(&[]);
@@ -50,9 +54,8 @@ fn hairpin_traffic_reaches_the_pod_itself_masqueraded() {
     }
 }
 
-#[test]
-fn masquerade_all_masquerades_pod_traffic_to_cluster_ips() {
-    let mut c = Cluster::new("rk-masq");
+fn masquerade_all_masquerades_pod_traffic_to_cluster_ips(backend: Backend) {
+    let mut c = Cluster::new("rk-masq", backend);
     c.add_pod("web-a", "app: web", NODE);
     c.write("web.yaml", &service_manifest("web", SVC, ""));
     c.proxy_once(&["--masquerade-all"]);

@@ -1,4 +1,4 @@
-//! ClusterIP Services through the nftables backend, with real packets.
+//! ClusterIP Services with real packets, per backend.
 
 mod common;
 
@@ -6,6 +6,13 @@ use std::collections::BTreeSet;
 use std::net::{IpAddr, SocketAddr};
 
 use common::*;
+
+per_backend!(
+    pod_to_cluster_ip_reaches_every_pod_unmasqueraded_in_both_families,
+    host_to_cluster_ip_is_masqueraded,
+    ipv4_only_and_ipv6_only_services_live_side_by_side,
+    sctp_service_ports_are_programmed,
+);
 
 /// A Service `default/hello` with three pods; ClusterIPs in both families.
 fn hello(c: &mut Cluster) {
@@ -18,9 +25,8 @@ fn hello(c: &mut Cluster) {
     );
 }
 
-#[test]
-fn pod_to_cluster_ip_reaches_every_pod_unmasqueraded_in_both_families() {
-    let mut c = Cluster::new("rk-cip");
+fn pod_to_cluster_ip_reaches_every_pod_unmasqueraded_in_both_families(backend: Backend) {
+    let mut c = Cluster::new("rk-cip", backend);
     hello(&mut c);
     c.proxy_once(&[]);
     for (vip, proto, port) in [
@@ -37,9 +43,8 @@ fn pod_to_cluster_ip_reaches_every_pod_unmasqueraded_in_both_families() {
     }
 }
 
-#[test]
-fn host_to_cluster_ip_is_masqueraded() {
-    let mut c = Cluster::new("rk-host");
+fn host_to_cluster_ip_is_masqueraded(backend: Backend) {
+    let mut c = Cluster::new("rk-host", backend);
     hello(&mut c);
     c.proxy_once(&[]);
     let (_, peer) = answers(c.lab.node(), Proto::Tcp, "10.96.0.10:80".parse().unwrap(), 3);
@@ -56,9 +61,8 @@ fn single_family(name: &str, ip: IpAddr) -> String {
     )
 }
 
-#[test]
-fn ipv4_only_and_ipv6_only_services_live_side_by_side() {
-    let mut c = Cluster::new("rk-1fam");
+fn ipv4_only_and_ipv6_only_services_live_side_by_side(backend: Backend) {
+    let mut c = Cluster::new("rk-1fam", backend);
     c.add_pod("hello-a", "app: hello", NODE);
     let (v4, v6) = (Family::V4.cluster_ip(30), Family::V6.cluster_ip(31));
     c.write("v4.yaml", &single_family("only-v4", v4));
@@ -67,15 +71,17 @@ fn ipv4_only_and_ipv6_only_services_live_side_by_side() {
     for vip in [v4, v6] {
         answers(&c.client.ns, Proto::Tcp, at(vip), 3);
     }
-    let table = |family: Family| String::from_utf8_lossy(&c.nft(&["list", "table", family.nft(), "roadkeeper"]).stdout).into_owned();
-    let (ip, ip6) = (table(Family::V4), table(Family::V6));
+    let rules = |family: Family| match backend {
+        Backend::Nftables => String::from_utf8_lossy(&c.nft(&["list", "table", family.nft(), "roadkeeper"]).stdout).into_owned(),
+        Backend::Iptables => c.node_output(&[if family == Family::V4 { "iptables-save" } else { "ip6tables-save" }]),
+    };
+    let (ip, ip6) = (rules(Family::V4), rules(Family::V6));
     assert!(ip.contains("default/only-v4") && !ip.contains("default/only-v6"), "{ip}");
     assert!(ip6.contains("default/only-v6") && !ip6.contains("default/only-v4"), "{ip6}");
 }
 
-#[test]
-fn sctp_service_ports_are_programmed() {
-    let mut c = Cluster::new("rk-sctp");
+fn sctp_service_ports_are_programmed(backend: Backend) {
+    let mut c = Cluster::new("rk-sctp", backend);
     c.add_pod("hello-a", "app: hello", NODE);
     c.write(
         "sctp.yaml",
@@ -83,17 +89,24 @@ fn sctp_service_ports_are_programmed() {
          ports: [{port: 9999, targetPort: 8080, protocol: SCTP}]}\n",
     );
     c.proxy_once(&[]);
-    let listing = String::from_utf8_lossy(&c.nft(&["list", "map", "ip", "roadkeeper", "service-ips"]).stdout).into_owned();
-    assert!(listing.contains("10.96.0.70 . sctp . 9999"), "no SCTP element in:\n{listing}");
-    // The lab has no SCTP sockets to probe with, so check the endpoint's DNAT rule instead.
-    let dnat = format!("meta l4proto sctp dnat to {}:8080", c.pod_ip(0, Family::V4));
-    let ruleset = c.ruleset();
-    assert!(ruleset.contains(&dnat), "no `{dnat}` in:\n{ruleset}");
+    // The lab has no SCTP sockets to probe with, so check the dispatch and DNAT rules instead.
+    let pod = c.pod_ip(0, Family::V4);
+    let (dispatch, dnat) = match backend {
+        Backend::Nftables => ("10.96.0.70 . sctp . 9999".to_string(), format!("meta l4proto sctp dnat to {pod}:8080")),
+        Backend::Iptables => (
+            "-d 10.96.0.70/32 -p sctp -m comment --comment \"default/assoc cluster IP\" -m sctp --dport 9999".to_string(),
+            format!("-p sctp -m comment --comment \"default/assoc\" -m sctp -j DNAT --to-destination {pod}:8080"),
+        ),
+    };
+    let rules = c.kernel_rules();
+    assert!(rules.contains(&dispatch), "no `{dispatch}` in:\n{rules}");
+    assert!(rules.contains(&dnat), "no `{dnat}` in:\n{rules}");
 }
 
+/// nftables only: `rules` prints an nft script there (for iptables, `iptables-restore` input).
 #[test]
 fn the_script_printed_by_rules_is_what_the_proxy_applies() {
-    let mut c = Cluster::new("rk-rules");
+    let mut c = Cluster::new("rk-rules", Backend::Nftables);
     hello(&mut c);
     let args = c.proxy_args_for("rules", &[]);
     let out = c.roadkeeper(&args.iter().map(String::as_str).collect::<Vec<_>>());

@@ -6,12 +6,22 @@ mod common;
 use common::*;
 use roadkeeper_netlab::ProbeResult;
 
+per_backend!(
+    a_new_pod_joins_the_rotation,
+    a_deleted_pod_leaves_the_rotation,
+    a_relabelled_pod_leaves_the_rotation,
+    a_pod_that_turns_not_ready_leaves_the_rotation,
+    a_deleted_service_stops_answering,
+    a_table_deleted_by_someone_else_is_restored,
+    sigterm_stops_the_proxy_cleanly_and_leaves_the_rules_in_place,
+);
+
 /// Service number of `web`: ClusterIPs 10.96.0.40 / fd00:96::40.
 const WEB: u8 = 40;
 
 /// A watching proxy with Service `web` over pods `web-a` and `web-b`.
-fn watched_web(prefix: &str) -> Cluster {
-    let mut c = Cluster::new(prefix);
+fn watched_web(prefix: &str, backend: Backend) -> Cluster {
+    let mut c = Cluster::new(prefix, backend);
     c.add_pod("web-a", "app: web", NODE);
     c.add_pod("web-b", "app: web", NODE);
     c.write("web.yaml", &service_manifest("web", WEB, ""));
@@ -33,37 +43,32 @@ fn settles_on(c: &Cluster, expected: &[&str]) {
     assert!(eventually(SETTLE, || serves(c, expected)), "web never served only {expected:?}; proxy log:\n{}", c.proxy_log());
 }
 
-#[test]
-fn a_new_pod_joins_the_rotation() {
-    let mut c = watched_web("rk-wup");
+fn a_new_pod_joins_the_rotation(backend: Backend) {
+    let mut c = watched_web("rk-wup", backend);
     c.add_pod("web-c", "app: web", NODE);
     settles_on(&c, &["web-a", "web-b", "web-c"]);
 }
 
-#[test]
-fn a_deleted_pod_leaves_the_rotation() {
-    let c = watched_web("rk-wdown");
+fn a_deleted_pod_leaves_the_rotation(backend: Backend) {
+    let c = watched_web("rk-wdown", backend);
     c.remove("pod-web-b.yaml");
     settles_on(&c, &["web-a"]);
 }
 
-#[test]
-fn a_relabelled_pod_leaves_the_rotation() {
-    let c = watched_web("rk-wlabel");
+fn a_relabelled_pod_leaves_the_rotation(backend: Backend) {
+    let c = watched_web("rk-wlabel", backend);
     c.update_pod(1, "app: removed", NODE, PodState::Ready);
     settles_on(&c, &["web-a"]);
 }
 
-#[test]
-fn a_pod_that_turns_not_ready_leaves_the_rotation() {
-    let c = watched_web("rk-wready");
+fn a_pod_that_turns_not_ready_leaves_the_rotation(backend: Backend) {
+    let c = watched_web("rk-wready", backend);
     c.update_pod(1, "app: web", NODE, PodState::NotReady);
     settles_on(&c, &["web-a"]);
 }
 
-#[test]
-fn a_deleted_service_stops_answering() {
-    let c = watched_web("rk-wsvc");
+fn a_deleted_service_stops_answering(backend: Backend) {
+    let c = watched_web("rk-wsvc", backend);
     c.write(
         "service-cidr.yaml",
         "apiVersion: networking.k8s.io/v1\nkind: ServiceCIDR\nmetadata: {name: kubernetes}\n\
@@ -77,20 +82,17 @@ fn a_deleted_service_stops_answering() {
     assert_outcome(&c.client.ns, &cases(&targets), &ProbeResult::Timeout);
 }
 
-#[test]
-fn a_table_deleted_by_someone_else_is_restored() {
-    let c = watched_web("rk-wrepair");
-    let out = c.nft(&["delete", "table", "ip", "roadkeeper"]);
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+fn a_table_deleted_by_someone_else_is_restored(backend: Backend) {
+    let c = watched_web("rk-wrepair", backend);
+    c.wipe_rules();
     let target = at(Family::V4.cluster_ip(WEB));
     let back = eventually(SETTLE, || matches!(probe(&c.client.ns, Proto::Tcp, target), ProbeResult::Reply(_)));
     assert!(back, "table not restored; proxy log:\n{}", c.proxy_log());
     assert!(serves(&c, &["web-a", "web-b"]));
 }
 
-#[test]
-fn sigterm_stops_the_proxy_cleanly_and_leaves_the_rules_in_place() {
-    let c = watched_web("rk-term");
+fn sigterm_stops_the_proxy_cleanly_and_leaves_the_rules_in_place(backend: Backend) {
+    let c = watched_web("rk-term", backend);
     let status = c.proxy().terminate(std::time::Duration::from_secs(5)).expect("proxy stops on SIGTERM");
     assert!(status.success(), "exit status {status:?}; log:\n{}", c.proxy_log());
     assert!(serves(&c, &["web-a", "web-b"]), "the rules outlive the proxy");

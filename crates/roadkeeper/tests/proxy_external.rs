@@ -10,6 +10,17 @@ use std::net::SocketAddr;
 use common::*;
 use roadkeeper_netlab::ProbeResult;
 
+per_backend!(
+    node_port_from_outside_reaches_every_pod_masqueraded,
+    external_and_load_balancer_ips_from_outside_reach_the_service_masqueraded,
+    external_traffic_to_a_local_policy_service_reaches_only_local_endpoints_and_keeps_the_client_ip,
+    pod_traffic_to_external_frontends_of_a_local_policy_service_reaches_every_endpoint,
+    external_traffic_to_a_local_policy_service_without_local_endpoints_is_dropped_but_pods_and_host_are_served,
+    load_balancer_source_ranges_drop_other_sources_but_not_the_node_port,
+    load_balancer_source_ranges_admit_listed_sources,
+    node_ports_listen_on_the_modes_default_addresses_and_on_every_address_with_0_0_0_0_slash_0,
+);
+
 /// Service number of `web`: ClusterIPs 10.96.0.80 / fd00:96::80, nodePort 30080.
 const WEB: u8 = 80;
 /// Host number of `web`'s externalIPs (203.0.113.7 / 2001:db8::7).
@@ -52,9 +63,8 @@ fn local_and_remote_pods(c: &mut Cluster) {
     c.add_pod("web-remote", "app: web", "node-b");
 }
 
-#[test]
-fn node_port_from_outside_reaches_every_pod_masqueraded() {
-    let mut c = Cluster::new("rk-np");
+fn node_port_from_outside_reaches_every_pod_masqueraded(backend: Backend) {
+    let mut c = Cluster::new("rk-np", backend);
     c.add_pod("web-a", "app: web", NODE);
     c.add_pod("web-b", "app: web", NODE);
     c.write("web.yaml", &service_manifest("web", WEB, "type: NodePort"));
@@ -69,9 +79,8 @@ fn node_port_from_outside_reaches_every_pod_masqueraded() {
     }
 }
 
-#[test]
-fn external_and_load_balancer_ips_from_outside_reach_the_service_masqueraded() {
-    let mut c = Cluster::new("rk-eip");
+fn external_and_load_balancer_ips_from_outside_reach_the_service_masqueraded(backend: Backend) {
+    let mut c = Cluster::new("rk-eip", backend);
     c.add_pod("web-a", "app: web", NODE);
     c.write("web.yaml", &load_balancer(""));
     c.proxy_once(&[]);
@@ -85,9 +94,8 @@ fn external_and_load_balancer_ips_from_outside_reach_the_service_masqueraded() {
     }
 }
 
-#[test]
-fn external_traffic_to_a_local_policy_service_reaches_only_local_endpoints_and_keeps_the_client_ip() {
-    let mut c = Cluster::new("rk-etpl");
+fn external_traffic_to_a_local_policy_service_reaches_only_local_endpoints_and_keeps_the_client_ip(backend: Backend) {
+    let mut c = Cluster::new("rk-etpl", backend);
     local_and_remote_pods(&mut c);
     c.write("web.yaml", &load_balancer("externalTrafficPolicy: Local"));
     c.proxy_once(&[]);
@@ -102,9 +110,8 @@ fn external_traffic_to_a_local_policy_service_reaches_only_local_endpoints_and_k
     }
 }
 
-#[test]
-fn pod_traffic_to_external_frontends_of_a_local_policy_service_reaches_every_endpoint() {
-    let mut c = Cluster::new("rk-etps");
+fn pod_traffic_to_external_frontends_of_a_local_policy_service_reaches_every_endpoint(backend: Backend) {
+    let mut c = Cluster::new("rk-etps", backend);
     local_and_remote_pods(&mut c);
     c.write("web.yaml", &load_balancer("externalTrafficPolicy: Local"));
     c.proxy_once(&[]);
@@ -118,9 +125,8 @@ fn pod_traffic_to_external_frontends_of_a_local_policy_service_reaches_every_end
     }
 }
 
-#[test]
-fn external_traffic_to_a_local_policy_service_without_local_endpoints_is_dropped_but_pods_and_host_are_served() {
-    let mut c = Cluster::new("rk-etpd");
+fn external_traffic_to_a_local_policy_service_without_local_endpoints_is_dropped_but_pods_and_host_are_served(backend: Backend) {
+    let mut c = Cluster::new("rk-etpd", backend);
     c.add_pod("web-remote", "app: web", "node-b");
     c.write("web.yaml", &load_balancer("externalTrafficPolicy: Local"));
     c.proxy_once(&[]);
@@ -139,9 +145,8 @@ fn external_traffic_to_a_local_policy_service_without_local_endpoints_is_dropped
     }
 }
 
-#[test]
-fn load_balancer_source_ranges_drop_other_sources_but_not_the_node_port() {
-    let mut c = Cluster::new("rk-lbsr");
+fn load_balancer_source_ranges_drop_other_sources_but_not_the_node_port(backend: Backend) {
+    let mut c = Cluster::new("rk-lbsr", backend);
     c.add_pod("web-a", "app: web", NODE);
     c.write("web.yaml", &load_balancer("loadBalancerSourceRanges: [198.51.100.0/24, \"2001:db8:1::/64\"]"));
     c.proxy_once(&[]);
@@ -155,9 +160,8 @@ fn load_balancer_source_ranges_drop_other_sources_but_not_the_node_port() {
     }
 }
 
-#[test]
-fn load_balancer_source_ranges_admit_listed_sources() {
-    let mut c = Cluster::new("rk-lbok");
+fn load_balancer_source_ranges_admit_listed_sources(backend: Backend) {
+    let mut c = Cluster::new("rk-lbok", backend);
     c.add_pod("web-a", "app: web", NODE);
     c.write("web.yaml", &load_balancer("loadBalancerSourceRanges: [192.168.77.0/24, \"fd00:77::/64\"]"));
     c.proxy_once(&[]);
@@ -178,18 +182,24 @@ fn second_node_address(family: Family) -> SocketAddr {
     SocketAddr::new(ip, node_port(WEB))
 }
 
-#[test]
-fn node_ports_listen_on_the_primary_ip_by_default_and_on_every_address_with_0_0_0_0_slash_0() {
-    let mut c = Cluster::new("rk-npa");
+fn node_ports_listen_on_the_modes_default_addresses_and_on_every_address_with_0_0_0_0_slash_0(backend: Backend) {
+    let mut c = Cluster::new("rk-npa", backend);
     c.lab.add_node_address("192.168.77.3/24".parse().unwrap()).unwrap();
     c.lab.add_node_address("fd00:77::3/64".parse().unwrap()).unwrap();
     c.add_pod("web-a", "app: web", NODE);
     c.write("web.yaml", &service_manifest("web", WEB, "type: NodePort"));
     c.proxy_once(&[]);
+    // As kube-proxy: nftables mode defaults to the primary IPs, iptables mode to every address.
+    let second_by_default = backend == Backend::Iptables;
     for family in FAMILIES {
         assert!(matches!(probe(c.lab.external(), Proto::Tcp, node_port_address(family)), ProbeResult::Reply(_)));
         let other = probe(c.lab.external(), Proto::Tcp, second_node_address(family));
-        assert!(!matches!(other, ProbeResult::Reply(_)), "{family:?}: only the primary IP by default, got {other:?}");
+        assert_eq!(matches!(other, ProbeResult::Reply(_)), second_by_default, "{family:?}: second node address answered {other:?}");
+    }
+    c.proxy_once(&["--nodeport-addresses", "primary"]);
+    for family in FAMILIES {
+        let other = probe(c.lab.external(), Proto::Tcp, second_node_address(family));
+        assert!(!matches!(other, ProbeResult::Reply(_)), "{family:?}: `primary` excludes the second address, got {other:?}");
     }
     c.proxy_once(&["--nodeport-addresses", "0.0.0.0/0,::/0"]);
     for family in FAMILIES {

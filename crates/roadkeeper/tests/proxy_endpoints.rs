@@ -9,6 +9,16 @@ use std::net::SocketAddr;
 use common::*;
 use roadkeeper_netlab::ProbeResult;
 
+per_backend!(
+    internal_traffic_policy_local_reaches_only_local_endpoints,
+    internal_traffic_policy_local_without_local_endpoints_drops,
+    service_without_endpoints_rejects_pods_host_and_outside,
+    unused_port_of_a_cluster_ip_is_rejected,
+    terminating_pods_serve_only_when_no_pod_is_ready,
+    hand_written_slice_with_serving_terminating_endpoints_is_used,
+    topology_hints_for_this_zone_restrict_the_endpoints,
+);
+
 /// Service number of `web`: ClusterIPs 10.96.0.50 / fd00:96::50.
 const WEB: u8 = 50;
 
@@ -38,9 +48,8 @@ fn assert_cluster_ip_reaches(c: &Cluster, expected: &[&str]) {
     }
 }
 
-#[test]
-fn internal_traffic_policy_local_reaches_only_local_endpoints() {
-    let mut c = Cluster::new("rk-itpl");
+fn internal_traffic_policy_local_reaches_only_local_endpoints(backend: Backend) {
+    let mut c = Cluster::new("rk-itpl", backend);
     c.add_pod("web-local", "app: web", NODE);
     c.add_pod("web-remote", "app: web", "node-b");
     c.write("web.yaml", &service_manifest("web", WEB, "internalTrafficPolicy: Local"));
@@ -48,9 +57,8 @@ fn internal_traffic_policy_local_reaches_only_local_endpoints() {
     assert_cluster_ip_reaches(&c, &["web-local"]);
 }
 
-#[test]
-fn internal_traffic_policy_local_without_local_endpoints_drops() {
-    let mut c = Cluster::new("rk-itpd");
+fn internal_traffic_policy_local_without_local_endpoints_drops(backend: Backend) {
+    let mut c = Cluster::new("rk-itpd", backend);
     c.add_pod("web-remote", "app: web", "node-b");
     c.write("web.yaml", &service_manifest("web", WEB, "internalTrafficPolicy: Local"));
     c.proxy_once(&[]);
@@ -59,9 +67,8 @@ fn internal_traffic_policy_local_without_local_endpoints_drops() {
     }
 }
 
-#[test]
-fn service_without_endpoints_rejects_pods_host_and_outside() {
-    let mut c = Cluster::new("rk-noep");
+fn service_without_endpoints_rejects_pods_host_and_outside(backend: Backend) {
+    let mut c = Cluster::new("rk-noep", backend);
     c.add_pod("other", "app: other", NODE);
     c.write("web.yaml", &service_manifest("web", WEB, "type: NodePort"));
     c.proxy_once(&[]);
@@ -75,9 +82,8 @@ fn service_without_endpoints_rejects_pods_host_and_outside() {
     }
 }
 
-#[test]
-fn unused_port_of_a_cluster_ip_is_rejected() {
-    let mut c = Cluster::new("rk-port");
+fn unused_port_of_a_cluster_ip_is_rejected(backend: Backend) {
+    let mut c = Cluster::new("rk-port", backend);
     c.add_pod("web-a", "app: web", NODE);
     c.write("web.yaml", &service_manifest("web", WEB, ""));
     c.proxy_once(&[]);
@@ -87,9 +93,8 @@ fn unused_port_of_a_cluster_ip_is_rejected() {
     }
 }
 
-#[test]
-fn terminating_pods_serve_only_when_no_pod_is_ready() {
-    let mut c = Cluster::new("rk-term");
+fn terminating_pods_serve_only_when_no_pod_is_ready(backend: Backend) {
+    let mut c = Cluster::new("rk-term", backend);
     let ready = c.add_pod("web-a", "app: web", NODE);
     let terminating = c.add_pod("web-b", "app: web", NODE);
     c.update_pod(terminating, "app: web", NODE, PodState::Terminating);
@@ -102,9 +107,8 @@ fn terminating_pods_serve_only_when_no_pod_is_ready() {
     assert_cluster_ip_reaches(&c, &["web-a", "web-b"]);
 }
 
-#[test]
-fn hand_written_slice_with_serving_terminating_endpoints_is_used() {
-    let mut c = Cluster::new("rk-slterm");
+fn hand_written_slice_with_serving_terminating_endpoints_is_used(backend: Backend) {
+    let mut c = Cluster::new("rk-slterm", backend);
     c.add_pod("web-a", "app: none", NODE);
     c.add_pod("web-b", "app: none", NODE);
     hand_written_web(&c, |_| "conditions: {ready: false, serving: true, terminating: true}");
@@ -112,9 +116,8 @@ fn hand_written_slice_with_serving_terminating_endpoints_is_used() {
     assert_cluster_ip_reaches(&c, &["web-a", "web-b"]);
 }
 
-#[test]
-fn topology_hints_for_this_zone_restrict_the_endpoints() {
-    let mut c = Cluster::new("rk-hints");
+fn topology_hints_for_this_zone_restrict_the_endpoints(backend: Backend) {
+    let mut c = Cluster::new("rk-hints", backend);
     for name in ["web-a", "web-b", "web-c"] {
         c.add_pod(name, "app: none", NODE);
     }

@@ -1,0 +1,488 @@
+//! The thin effectful layer of the iptables backend: `iptables-restore --noflush` (one call per
+//! family, each table one transaction), `iptables-save` listings, `iptables -C` for the jumps
+//! from the builtin chains, the `route_localnet` sysctl and the mangle canary check.
+//!
+//! Like kube-proxy's iptables-wrapper, the runner first works out whether the host uses the
+//! legacy or the nft flavour of iptables, then uses only that flavour's binaries.
+
+use std::collections::BTreeSet;
+use std::io::Write;
+use std::path::Path;
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+use super::plan::{Jump, KUBE_PROXY_CANARY, is_service_chain};
+use crate::Error;
+use crate::table::IpFamily;
+
+/// Which iptables implementation the host uses.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Flavour {
+    /// `iptables-nft`: the nf_tables kernel API with iptables syntax.
+    Nft,
+    /// `iptables-legacy`: the x_tables kernel API.
+    Legacy,
+}
+
+impl Flavour {
+    fn suffix(self) -> &'static str {
+        match self {
+            Flavour::Nft => "nft",
+            Flavour::Legacy => "legacy",
+        }
+    }
+}
+
+/// The binaries of one flavour and family.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Tools {
+    /// `iptables-nft`, `ip6tables-legacy`, ...
+    pub iptables: String,
+    /// `...-save`.
+    pub save: String,
+    /// `...-restore`.
+    pub restore: String,
+}
+
+impl Tools {
+    /// The binaries of `flavour` for `family`; the unflavoured names when the flavoured ones are
+    /// not installed.
+    pub fn of(flavour: Flavour, family: IpFamily) -> Tools {
+        let base = match family {
+            IpFamily::V4 => "iptables",
+            IpFamily::V6 => "ip6tables",
+        };
+        let flavoured = format!("{base}-{}", flavour.suffix());
+        let name = if in_path(&flavoured) { flavoured } else { base.to_string() };
+        Tools { save: format!("{name}-save"), restore: format!("{name}-restore"), iptables: name }
+    }
+}
+
+/// True if an executable `name` is on `$PATH`.
+fn in_path(name: &str) -> bool {
+    std::env::var_os("PATH")
+        .map(|paths| std::env::split_paths(&paths).any(|dir| dir.join(name).is_file()))
+        .unwrap_or(false)
+}
+
+/// Runs a tool, feeding `stdin`; its stdout, or its stderr as the error.
+fn run(program: &str, args: &[&str], stdin: Option<&str>) -> Result<String, Error> {
+    let mut child = Command::new(program)
+        .args(args)
+        .stdin(if stdin.is_some() { Stdio::piped() } else { Stdio::null() })
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .map_err(|e| Error::Iptables(format!("cannot run {program}: {e}")))?;
+    if let Some(input) = stdin {
+        let mut pipe = child.stdin.take().expect("stdin is piped");
+        pipe.write_all(input.as_bytes()).map_err(|e| Error::Iptables(format!("writing to {program}: {e}")))?;
+    }
+    let output = child.wait_with_output().map_err(|e| Error::Iptables(format!("waiting for {program}: {e}")))?;
+    if output.status.success() {
+        Ok(String::from_utf8_lossy(&output.stdout).into_owned())
+    } else {
+        let stderr = String::from_utf8_lossy(&output.stderr).trim().to_string();
+        Err(Error::Iptables(format!("{program} {}: {stderr}", args.join(" "))))
+    }
+}
+
+/// What a flavour's listing holds, for [`choose_flavour`].
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct FlavourEvidence {
+    /// kubelet's / kube-proxy's hint or canary chains are there.
+    pub hint: bool,
+    /// Rules mentioning `KUBE-`.
+    pub kube_rules: usize,
+    /// Rules at all.
+    pub rules: usize,
+}
+
+impl FlavourEvidence {
+    /// Reads an `iptables-save` listing.
+    pub fn of(listing: &str) -> FlavourEvidence {
+        let mut e = FlavourEvidence::default();
+        for line in listing.lines() {
+            if line.starts_with(":KUBE-IPTABLES-HINT ") || line.starts_with(":KUBE-KUBELET-CANARY ") || line.starts_with(":KUBE-PROXY-CANARY ") {
+                e.hint = true;
+            }
+            if line.starts_with('-') {
+                e.rules += 1;
+                if line.contains("KUBE-") {
+                    e.kube_rules += 1;
+                }
+            }
+        }
+        e
+    }
+}
+
+/// iptables-wrapper's choice: the flavour with kube hint chains, else with more KUBE- rules,
+/// else with more rules; nft when in doubt.
+pub fn choose_flavour(legacy: FlavourEvidence, nft: FlavourEvidence) -> Flavour {
+    if nft.hint {
+        return Flavour::Nft;
+    }
+    if legacy.hint {
+        return Flavour::Legacy;
+    }
+    if legacy.kube_rules != nft.kube_rules {
+        return if legacy.kube_rules > nft.kube_rules { Flavour::Legacy } else { Flavour::Nft };
+    }
+    if legacy.rules > nft.rules { Flavour::Legacy } else { Flavour::Nft }
+}
+
+/// The listing of one flavour, both families (missing tools or tables list as nothing).
+fn flavour_listing(flavour: Flavour) -> String {
+    let mut text = String::new();
+    for family in [IpFamily::V4, IpFamily::V6] {
+        let base = match family {
+            IpFamily::V4 => "iptables",
+            IpFamily::V6 => "ip6tables",
+        };
+        let save = format!("{base}-{}-save", flavour.suffix());
+        if in_path(&save) {
+            text.push_str(&run(&save, &[], None).unwrap_or_default());
+        }
+    }
+    text
+}
+
+/// Detects the host's flavour, as kube-proxy's iptables-wrapper does.
+pub fn detect_flavour() -> Flavour {
+    let legacy = FlavourEvidence::of(&flavour_listing(Flavour::Legacy));
+    let nft = FlavourEvidence::of(&flavour_listing(Flavour::Nft));
+    choose_flavour(legacy, nft)
+}
+
+/// True if this host (network namespace) has IPv6.
+pub fn ipv6_available() -> bool {
+    Path::new("/proc/sys/net/ipv6").exists()
+}
+
+/// Something that can program iptables: the real tools, or a recorder in tests.
+pub trait IptablesRunner: Send {
+    /// Applies one family's restore input with `iptables-restore --noflush`.
+    fn restore(&mut self, family: IpFamily, input: &str) -> Result<(), Error>;
+    /// Checks a restore input without committing it (`--test`).
+    fn check(&mut self, family: IpFamily, input: &str) -> Result<(), Error>;
+    /// True when [`check`](Self::check) judges an input against the kernel's current tables.
+    /// The nft flavour's `--test` does not: it rejects references to chains that exist only in
+    /// the kernel and accepts what the kernel refuses at commit.
+    fn check_is_reliable(&mut self) -> bool {
+        true
+    }
+    /// The per-Service chains (`KUBE-SVC-`, `KUBE-SEP-`, ...) now in the nat table.
+    fn service_chains(&mut self, family: IpFamily) -> Result<BTreeSet<String>, Error>;
+    /// The jumps from builtin chains that are not in place (`iptables -C`); the full sync inserts
+    /// them in the same restore that creates their target chains.
+    fn missing_jumps(&mut self, family: IpFamily, jumps: &[Jump]) -> Result<Vec<Jump>, Error>;
+    /// Sets `net.ipv4.conf.all.route_localnet=1` (localhost NodePorts).
+    fn enable_route_localnet(&mut self) -> Result<(), Error>;
+    /// True while the mangle canary chains exist (nobody flushed the tables).
+    fn healthy(&mut self) -> Result<bool, Error>;
+    /// The families to program.
+    fn families(&self) -> Vec<IpFamily> {
+        vec![IpFamily::V4, IpFamily::V6]
+    }
+}
+
+/// The host's iptables tools, of the detected flavour.
+#[derive(Debug, Default)]
+pub struct IptablesBinary {
+    flavour: Option<Flavour>,
+}
+
+impl IptablesBinary {
+    /// A runner that detects the flavour on first use.
+    pub fn new() -> Self {
+        IptablesBinary { flavour: None }
+    }
+
+    /// A runner for a known flavour.
+    pub fn with_flavour(flavour: Flavour) -> Self {
+        IptablesBinary { flavour: Some(flavour) }
+    }
+
+    /// The flavour in use (detected on first call).
+    pub fn flavour(&mut self) -> Flavour {
+        *self.flavour.get_or_insert_with(|| {
+            let flavour = detect_flavour();
+            tracing::info!(?flavour, "iptables flavour");
+            flavour
+        })
+    }
+
+    fn tools(&mut self, family: IpFamily) -> Tools {
+        Tools::of(self.flavour(), family)
+    }
+}
+
+impl IptablesRunner for IptablesBinary {
+    fn restore(&mut self, family: IpFamily, input: &str) -> Result<(), Error> {
+        let tools = self.tools(family);
+        run(&tools.restore, &["-w", "5", "--noflush"], Some(input)).map(|_| ())
+    }
+
+    fn check(&mut self, family: IpFamily, input: &str) -> Result<(), Error> {
+        let tools = self.tools(family);
+        run(&tools.restore, &["-w", "5", "--noflush", "--test"], Some(input)).map(|_| ())
+    }
+
+    fn check_is_reliable(&mut self) -> bool {
+        self.flavour() == Flavour::Legacy
+    }
+
+    fn service_chains(&mut self, family: IpFamily) -> Result<BTreeSet<String>, Error> {
+        let tools = self.tools(family);
+        let listing = run(&tools.save, &["-t", "nat"], None)?;
+        Ok(listing
+            .lines()
+            .filter_map(|l| l.strip_prefix(':')?.split_whitespace().next())
+            .filter(|c| is_service_chain(c))
+            .map(String::from)
+            .collect())
+    }
+
+    fn missing_jumps(&mut self, family: IpFamily, jumps: &[Jump]) -> Result<Vec<Jump>, Error> {
+        let tools = self.tools(family);
+        Ok(jumps
+            .iter()
+            .filter(|jump| {
+                let mut check = vec!["-w", "5", "-t", jump.table, "-C", jump.chain];
+                check.extend(jump.args.iter().map(String::as_str));
+                run(&tools.iptables, &check, None).is_err()
+            })
+            .cloned()
+            .collect())
+    }
+
+    fn enable_route_localnet(&mut self) -> Result<(), Error> {
+        let path = "/proc/sys/net/ipv4/conf/all/route_localnet";
+        if std::fs::read_to_string(path).is_ok_and(|v| v.trim() == "1") {
+            return Ok(());
+        }
+        std::fs::write(path, "1").map_err(|e| Error::Iptables(format!("setting {path}: {e}")))
+    }
+
+    fn healthy(&mut self) -> Result<bool, Error> {
+        for family in self.families() {
+            let tools = self.tools(family);
+            if run(&tools.iptables, &["-w", "5", "-t", "mangle", "-S", KUBE_PROXY_CANARY], None).is_err() {
+                return Ok(false);
+            }
+        }
+        Ok(true)
+    }
+
+    /// IPv6 first: IPv4's nat `KUBE-SERVICES` (what tools and people look at) appears last.
+    fn families(&self) -> Vec<IpFamily> {
+        if ipv6_available() { vec![IpFamily::V6, IpFamily::V4] } else { vec![IpFamily::V4] }
+    }
+}
+
+/// A runner that applies nothing and remembers the restore inputs: for `roadkeeper rules` and
+/// tests.
+#[derive(Debug, Default)]
+pub struct Recorder {
+    /// Every restore input, in order, with its family.
+    pub inputs: Vec<(IpFamily, String)>,
+    /// The jumps asked about at the last full sync (all reported missing).
+    pub jumps: Vec<(IpFamily, Jump)>,
+}
+
+impl Recorder {
+    /// Every recorded input, each under a comment naming the command it is for: what
+    /// `roadkeeper rules` prints.
+    pub fn script(&self) -> String {
+        self.inputs
+            .iter()
+            .map(|(family, input)| {
+                let tool = if *family == IpFamily::V4 { "iptables-restore" } else { "ip6tables-restore" };
+                format!("# {tool} --noflush\n{input}")
+            })
+            .collect()
+    }
+}
+
+impl IptablesRunner for Recorder {
+    fn restore(&mut self, family: IpFamily, input: &str) -> Result<(), Error> {
+        self.inputs.push((family, input.to_string()));
+        Ok(())
+    }
+
+    fn check(&mut self, _family: IpFamily, _input: &str) -> Result<(), Error> {
+        Ok(())
+    }
+
+    fn service_chains(&mut self, _family: IpFamily) -> Result<BTreeSet<String>, Error> {
+        Ok(BTreeSet::new())
+    }
+
+    fn missing_jumps(&mut self, family: IpFamily, jumps: &[Jump]) -> Result<Vec<Jump>, Error> {
+        self.jumps.retain(|(f, _)| *f != family);
+        self.jumps.extend(jumps.iter().map(|j| (family, j.clone())));
+        Ok(jumps.to_vec())
+    }
+
+    fn enable_route_localnet(&mut self) -> Result<(), Error> {
+        Ok(())
+    }
+
+    fn healthy(&mut self) -> Result<bool, Error> {
+        Ok(true)
+    }
+}
+
+/// Wraps a runner and adds up the wall time spent in it (the kernel's share of a sync).
+#[derive(Debug, Default)]
+pub struct Timed<R> {
+    /// The wrapped runner.
+    pub inner: R,
+    /// Time spent in `inner` since the last reset.
+    pub spent: Duration,
+}
+
+impl<R: IptablesRunner> Timed<R> {
+    fn time<T>(&mut self, f: impl FnOnce(&mut R) -> T) -> T {
+        let start = Instant::now();
+        let out = f(&mut self.inner);
+        self.spent += start.elapsed();
+        out
+    }
+}
+
+impl<R: IptablesRunner> IptablesRunner for Timed<R> {
+    fn restore(&mut self, family: IpFamily, input: &str) -> Result<(), Error> {
+        self.time(|r| r.restore(family, input))
+    }
+    fn check(&mut self, family: IpFamily, input: &str) -> Result<(), Error> {
+        self.time(|r| r.check(family, input))
+    }
+    fn check_is_reliable(&mut self) -> bool {
+        self.inner.check_is_reliable()
+    }
+    fn service_chains(&mut self, family: IpFamily) -> Result<BTreeSet<String>, Error> {
+        self.time(|r| r.service_chains(family))
+    }
+    fn missing_jumps(&mut self, family: IpFamily, jumps: &[Jump]) -> Result<Vec<Jump>, Error> {
+        self.time(|r| r.missing_jumps(family, jumps))
+    }
+    fn enable_route_localnet(&mut self) -> Result<(), Error> {
+        self.time(|r| r.enable_route_localnet())
+    }
+    fn healthy(&mut self) -> Result<bool, Error> {
+        self.time(|r| r.healthy())
+    }
+    fn families(&self) -> Vec<IpFamily> {
+        self.inner.families()
+    }
+}
+
+/// The restore input that removes every `KUBE-*` chain of an `iptables-save` listing and every
+/// rule of another chain jumping to one; empty when there is nothing of ours.
+pub fn cleanup_input(listing: &str) -> String {
+    let mut out = String::new();
+    let mut table: Option<&str> = None;
+    let mut chains: Vec<&str> = Vec::new();
+    let mut deletes: Vec<String> = Vec::new();
+    for line in listing.lines() {
+        if let Some(name) = line.strip_prefix('*') {
+            table = Some(name.trim());
+            chains.clear();
+            deletes.clear();
+        } else if let Some(decl) = line.strip_prefix(':') {
+            if let Some(chain) = decl.split_whitespace().next().filter(|c| c.starts_with("KUBE-")) {
+                chains.push(chain);
+            }
+        } else if let Some(rule) = line.strip_prefix("-A ") {
+            let chain = rule.split_whitespace().next().unwrap_or("");
+            let jumps_to_ours = rule
+                .split_whitespace()
+                .collect::<Vec<_>>()
+                .windows(2)
+                .any(|w| matches!(w[0], "-j" | "-g") && w[1].starts_with("KUBE-"));
+            if !chain.starts_with("KUBE-") && jumps_to_ours {
+                deletes.push(format!("-D {rule}"));
+            }
+        } else if line.trim() == "COMMIT"
+            && let Some(name) = table.take()
+            && !(chains.is_empty() && deletes.is_empty())
+        {
+            out.push_str(&format!("*{name}\n"));
+            for chain in &chains {
+                out.push_str(&format!(":{chain} - [0:0]\n"));
+            }
+            for rule in &deletes {
+                out.push_str(rule);
+                out.push('\n');
+            }
+            for chain in &chains {
+                out.push_str(&format!("-X {chain}\n"));
+            }
+            out.push_str("COMMIT\n");
+        }
+    }
+    out
+}
+
+/// `roadkeeper cleanup` for iptables: removes every `KUBE-*` chain and the jumps to them, from
+/// both flavours and both families. Tools or tables that are missing are skipped.
+pub fn cleanup() -> Result<(), Error> {
+    let mut errors = Vec::new();
+    for flavour in [Flavour::Legacy, Flavour::Nft] {
+        for family in [IpFamily::V4, IpFamily::V6] {
+            let base = match family {
+                IpFamily::V4 => "iptables",
+                IpFamily::V6 => "ip6tables",
+            };
+            let name = format!("{base}-{}", flavour.suffix());
+            if !in_path(&format!("{name}-save")) {
+                continue;
+            }
+            let Ok(listing) = run(&format!("{name}-save"), &[], None) else { continue };
+            let input = cleanup_input(&listing);
+            if input.is_empty() {
+                continue;
+            }
+            if let Err(err) = run(&format!("{name}-restore"), &["-w", "5", "--noflush"], Some(&input)) {
+                errors.push(err.to_string());
+            }
+        }
+    }
+    if errors.is_empty() { Ok(()) } else { Err(Error::Iptables(errors.join("; "))) }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn flavour_follows_hints_then_kube_rules_then_rule_counts() {
+        let none = FlavourEvidence::default();
+        assert_eq!(choose_flavour(none, none), Flavour::Nft);
+        let hinted = FlavourEvidence { hint: true, ..none };
+        assert_eq!(choose_flavour(hinted, none), Flavour::Legacy);
+        let kube = FlavourEvidence { kube_rules: 3, rules: 3, hint: false };
+        let busy = FlavourEvidence { kube_rules: 0, rules: 40, hint: false };
+        assert_eq!(choose_flavour(kube, busy), Flavour::Legacy);
+        assert_eq!(choose_flavour(busy, none), Flavour::Legacy);
+        assert_eq!(choose_flavour(none, busy), Flavour::Nft);
+        let listing = "*mangle\n:KUBE-IPTABLES-HINT - [0:0]\nCOMMIT\n*nat\n-A PREROUTING -j KUBE-SERVICES\n-A X -j Y\nCOMMIT\n";
+        assert_eq!(FlavourEvidence::of(listing), FlavourEvidence { hint: true, kube_rules: 1, rules: 2 });
+    }
+
+    #[test]
+    fn cleanup_removes_our_chains_and_jumps_only() {
+        let listing = "# Generated\n*nat\n:PREROUTING ACCEPT [0:0]\n:KUBE-SERVICES - [0:0]\n:KUBE-SVC-X - [0:0]\n:OTHER - [0:0]\n\
+            -A PREROUTING -m comment --comment \"kubernetes service portals\" -j KUBE-SERVICES\n\
+            -A PREROUTING -j OTHER\n-A KUBE-SERVICES -j KUBE-SVC-X\nCOMMIT\n*filter\n:INPUT ACCEPT [0:0]\n-A INPUT -j ACCEPT\nCOMMIT\n";
+        assert_eq!(
+            cleanup_input(listing),
+            "*nat\n:KUBE-SERVICES - [0:0]\n:KUBE-SVC-X - [0:0]\n\
+             -D PREROUTING -m comment --comment \"kubernetes service portals\" -j KUBE-SERVICES\n\
+             -X KUBE-SERVICES\n-X KUBE-SVC-X\nCOMMIT\n"
+        );
+        assert_eq!(cleanup_input("*filter\n:INPUT ACCEPT [0:0]\nCOMMIT\n"), "");
+    }
+}
