@@ -24,39 +24,30 @@
 //! `netlink-packet-core`, `zerocopy` and `derive_more` 0.99 (syn 1) into a crate that has no
 //! netlink dependency today; the `conntrack` crate (0.1) has no license. What is needed here is
 //! one dump request, one delete request and a tuple parser: about 250 lines with no new
-//! dependency. The module is self-contained on purpose (the nf_tables netlink code in
-//! `nft::netlink` has its own helpers). Numbers are copied from `linux/netlink.h`,
+//! dependency. The socket and the message framing are shared with the nf_tables netlink code
+//! ([`crate::netlink_socket`]). Numbers are copied from `linux/netlink.h`,
 //! `linux/netfilter/nfnetlink.h` and `linux/netfilter/nfnetlink_conntrack.h` under their C names.
 
 use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
 use std::io;
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
-use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
 use std::sync::atomic::{AtomicU32, Ordering};
 
 use roadkeeper_cluster::NamespacedName;
 
 use crate::Error;
+use crate::netlink_socket::{
+    self as nl, NLA_HDRLEN, NLM_F_ACK, NLM_F_DUMP, NLM_F_REQUEST, NLMSG_DONE, NLMSG_ERROR, NLMSG_HDRLEN, NetfilterSocket,
+    attr,
+};
 use crate::table::{IpFamily, Protocol, ServicePort};
 
 // linux/netlink.h
-const NETLINK_NETFILTER: i32 = 12;
-const NLMSG_ERROR: u16 = 2;
-const NLMSG_DONE: u16 = 3;
-const NLM_F_REQUEST: u16 = 1;
-const NLM_F_ACK: u16 = 4;
 const NLM_F_DUMP_INTR: u16 = 0x10;
-const NLM_F_ROOT: u16 = 0x100;
-const NLM_F_MATCH: u16 = 0x200;
-const NLM_F_DUMP: u16 = NLM_F_ROOT | NLM_F_MATCH;
-const NLA_F_NESTED: u16 = 0x8000;
 const NLA_TYPE_MASK: u16 = 0x3fff;
-const NLMSG_HDRLEN: usize = 16;
-const NLA_HDRLEN: usize = 4;
 
 // linux/netfilter/nfnetlink.h
 const NFNL_SUBSYS_CTNETLINK: u16 = 1;
-const NFNETLINK_V0: u8 = 0;
 const NFGENMSG_LEN: usize = 4;
 
 // linux/netfilter/nfnetlink_conntrack.h: enum cntl_msg_types
@@ -94,7 +85,7 @@ pub const IPPROTO_UDP: u8 = 17;
 pub const IPPROTO_SCTP: u8 = 132;
 
 /// How long one netlink receive may block before the exchange is abandoned.
-const RECV_TIMEOUT_SECS: libc::time_t = 10;
+const RECV_TIMEOUT_MS: i32 = 10_000;
 /// Receive buffer: larger than any single dump skb the kernel builds (≤ 32 KiB + overhead).
 const RECV_BUF_LEN: usize = 256 * 1024;
 
@@ -258,35 +249,19 @@ fn ct_msg_type(msg: u16) -> u16 {
 /// Starts a netlink message (header + nfgenmsg); [`finish`] fills in its length.
 fn begin(ty: u16, flags: u16, seq: u32, family: u8) -> Vec<u8> {
     let mut b = Vec::with_capacity(128);
-    b.extend_from_slice(&0u32.to_ne_bytes()); // nlmsg_len, patched by finish
-    b.extend_from_slice(&ty.to_ne_bytes());
-    b.extend_from_slice(&flags.to_ne_bytes());
-    b.extend_from_slice(&seq.to_ne_bytes());
-    b.extend_from_slice(&0u32.to_ne_bytes()); // nlmsg_pid: the kernel
-    b.extend_from_slice(&[family, NFNETLINK_V0, 0, 0]); // nfgenmsg, res_id 0
+    nl::begin_msg(&mut b, ty, flags, seq, family, 0);
     b
 }
 
 fn finish(mut b: Vec<u8>) -> Vec<u8> {
-    let len = b.len() as u32;
-    b[0..4].copy_from_slice(&len.to_ne_bytes());
+    nl::end_msg(&mut b, 0);
     b
 }
 
-fn attr(b: &mut Vec<u8>, ty: u16, payload: &[u8]) {
-    b.extend_from_slice(&((NLA_HDRLEN + payload.len()) as u16).to_ne_bytes());
-    b.extend_from_slice(&ty.to_ne_bytes());
-    b.extend_from_slice(payload);
-    b.resize(b.len().next_multiple_of(4), 0);
-}
-
 fn nest(b: &mut Vec<u8>, ty: u16, f: impl FnOnce(&mut Vec<u8>)) {
-    let start = b.len();
-    b.extend_from_slice(&[0, 0]);
-    b.extend_from_slice(&(ty | NLA_F_NESTED).to_ne_bytes());
+    let start = nl::begin_nest(b, ty);
     f(b);
-    let len = (b.len() - start) as u16;
-    b[start..start + 2].copy_from_slice(&len.to_ne_bytes());
+    nl::end_nest(b, start);
 }
 
 fn encode_tuple(b: &mut Vec<u8>, t: &Tuple) {
@@ -454,83 +429,23 @@ fn next_seq() -> u32 {
 }
 
 /// A `NETLINK_NETFILTER` socket in the calling thread's network namespace.
-struct Socket(OwnedFd);
+struct Socket(NetfilterSocket);
 
 impl Socket {
     fn open() -> Result<Socket, Error> {
-        // SAFETY: plain socket(2) call; the result is checked before use.
-        let fd = unsafe { libc::socket(libc::AF_NETLINK, libc::SOCK_RAW | libc::SOCK_CLOEXEC, NETLINK_NETFILTER) };
-        if fd < 0 {
-            return Err(error("socket", io::Error::last_os_error()));
-        }
-        // SAFETY: fd is a freshly created descriptor that nothing else owns.
-        let socket = Socket(unsafe { OwnedFd::from_raw_fd(fd) });
-        let timeout = libc::timeval { tv_sec: RECV_TIMEOUT_SECS, tv_usec: 0 };
-        // SAFETY: valid fd, pointer and length of a timeval.
-        unsafe {
-            libc::setsockopt(
-                fd,
-                libc::SOL_SOCKET,
-                libc::SO_RCVTIMEO,
-                (&timeout as *const libc::timeval).cast(),
-                std::mem::size_of::<libc::timeval>() as libc::socklen_t,
-            );
-        }
-        let mut addr: libc::sockaddr_nl = unsafe { std::mem::zeroed() };
-        addr.nl_family = libc::AF_NETLINK as libc::sa_family_t;
-        // SAFETY: valid fd and sockaddr_nl.
-        let rc = unsafe {
-            libc::bind(fd, (&addr as *const libc::sockaddr_nl).cast(), std::mem::size_of::<libc::sockaddr_nl>() as u32)
-        };
-        if rc < 0 {
-            return Err(error("bind", io::Error::last_os_error()));
-        }
-        Ok(socket)
+        NetfilterSocket::open().map(Socket).map_err(|e| Error::Conntrack(e.to_string()))
     }
 
     fn send(&self, data: &[u8]) -> Result<(), Error> {
-        let mut addr: libc::sockaddr_nl = unsafe { std::mem::zeroed() };
-        addr.nl_family = libc::AF_NETLINK as libc::sa_family_t;
-        loop {
-            // SAFETY: valid fd, buffer and sockaddr_nl.
-            let n = unsafe {
-                libc::sendto(
-                    self.0.as_raw_fd(),
-                    data.as_ptr().cast(),
-                    data.len(),
-                    0,
-                    (&addr as *const libc::sockaddr_nl).cast(),
-                    std::mem::size_of::<libc::sockaddr_nl>() as u32,
-                )
-            };
-            if n >= 0 {
-                return Ok(());
-            }
-            let err = io::Error::last_os_error();
-            if err.kind() != io::ErrorKind::Interrupted {
-                return Err(error("send", err));
-            }
-        }
+        self.0.send(data).map_err(|e| Error::Conntrack(e.to_string()))
     }
 
     /// One datagram into `buf`; its length.
     fn recv(&self, buf: &mut [u8]) -> Result<usize, Error> {
-        loop {
-            // SAFETY: valid fd and buffer. MSG_TRUNC makes the result the real datagram length.
-            let n = unsafe { libc::recv(self.0.as_raw_fd(), buf.as_mut_ptr().cast(), buf.len(), libc::MSG_TRUNC) };
-            if n >= 0 {
-                let n = n as usize;
-                if n > buf.len() {
-                    return Err(error("recv", format!("datagram of {n} bytes truncated")));
-                }
-                return Ok(n);
-            }
-            let err = io::Error::last_os_error();
-            match err.kind() {
-                io::ErrorKind::Interrupted => continue,
-                io::ErrorKind::WouldBlock => return Err(error("recv", "no answer from the kernel")),
-                _ => return Err(error("recv", err)),
-            }
+        match self.0.recv(buf, RECV_TIMEOUT_MS).map_err(|e| Error::Conntrack(e.to_string()))? {
+            Some(n) if n > buf.len() => Err(error("recv", format!("datagram of {n} bytes truncated"))),
+            Some(n) => Ok(n),
+            None => Err(error("recv", "no answer from the kernel")),
         }
     }
 
@@ -601,7 +516,7 @@ impl Socket {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::table::{Endpoint, ServicePortName};
+    use crate::table::Endpoint;
 
     fn ip(s: &str) -> IpAddr {
         s.parse().unwrap()
@@ -612,26 +527,7 @@ mod tests {
     }
 
     fn svc_port(name: &str, protocol: Protocol, cluster_ip: &str, port: u16, endpoints: Vec<Endpoint>) -> ServicePort {
-        ServicePort {
-            name: ServicePortName {
-                service: NamespacedName { namespace: "ns".into(), name: name.into() },
-                port: String::new(),
-                protocol,
-            },
-            family: IpFamily::of(&ip(cluster_ip)),
-            port,
-            cluster_ip: Some(ip(cluster_ip)),
-            node_port: None,
-            external_ips: Vec::new(),
-            load_balancer_ips: Vec::new(),
-            source_ranges: Vec::new(),
-            affinity_timeout: None,
-            external_policy_local: false,
-            internal_policy_local: false,
-            health_check_node_port: None,
-            cluster_endpoints: endpoints,
-            local_endpoints: Vec::new(),
-        }
+        ServicePort::for_test(NamespacedName::new("ns", name), protocol, ip(cluster_ip), port, endpoints)
     }
 
     fn table(ports: Vec<ServicePort>) -> BTreeMap<NamespacedName, Vec<ServicePort>> {
@@ -821,7 +717,7 @@ mod kernel_tests {
     use roadkeeper_netlab::{Netns, echo, probe};
 
     use super::*;
-    use crate::table::{Endpoint, ServicePortName};
+    use crate::table::Endpoint;
 
     fn is_root() -> bool {
         // SAFETY: geteuid has no preconditions.
@@ -942,28 +838,14 @@ mod kernel_tests {
     }
 
     fn service_table(n: &Net, endpoint: IpAddr) -> BTreeMap<NamespacedName, Vec<ServicePort>> {
-        let port = |protocol: Protocol, node_port| ServicePort {
-            name: ServicePortName {
-                service: NamespacedName { namespace: "kube-system".into(), name: "dns".into() },
-                port: protocol.as_str().into(),
-                protocol,
-            },
-            family: n.family,
-            port: SVC_PORT,
-            cluster_ip: Some(n.svc),
-            node_port,
-            external_ips: Vec::new(),
-            load_balancer_ips: Vec::new(),
-            source_ranges: Vec::new(),
-            affinity_timeout: None,
-            external_policy_local: false,
-            internal_policy_local: false,
-            health_check_node_port: None,
-            cluster_endpoints: vec![Endpoint { ip: endpoint, port: TARGET_PORT, is_local: true }],
-            local_endpoints: Vec::new(),
-        };
         let key = NamespacedName { namespace: "kube-system".into(), name: "dns".into() };
-        BTreeMap::from([(key, vec![port(Protocol::Udp, Some(NODE_PORT)), port(Protocol::Tcp, None)])])
+        let port = |protocol: Protocol, node_port| {
+            let endpoints = vec![Endpoint { ip: endpoint, port: TARGET_PORT, is_local: true }];
+            let mut sp = ServicePort::for_test(key.clone(), protocol, n.svc, SVC_PORT, endpoints);
+            sp.name.port = protocol.as_str().into();
+            ServicePort { node_port, ..sp }
+        };
+        BTreeMap::from([(key.clone(), vec![port(Protocol::Udp, Some(NODE_PORT)), port(Protocol::Tcp, None)])])
     }
 
     fn scenario(family: IpFamily) {

@@ -9,10 +9,12 @@ pub mod config;
 pub mod conntrack;
 pub mod hash;
 pub mod iptables;
+mod netlink_socket;
 pub mod nft;
 pub mod node;
 pub mod proxier;
 pub mod table;
+mod tool;
 
 /// Errors of the proxy crate.
 #[derive(Debug, thiserror::Error)]

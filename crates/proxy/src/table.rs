@@ -201,6 +201,37 @@ impl ServicePort {
     }
 }
 
+#[cfg(test)]
+impl ServicePort {
+    /// A test fixture: the unnamed `protocol` port `port` of `service` on `cluster_ip` (whose
+    /// family it takes), sending to `endpoints`, with no other frontends, Cluster traffic
+    /// policies and no affinity. Tests change the fields they need.
+    pub(crate) fn for_test(
+        service: NamespacedName,
+        protocol: Protocol,
+        cluster_ip: IpAddr,
+        port: u16,
+        endpoints: Vec<Endpoint>,
+    ) -> ServicePort {
+        ServicePort {
+            name: ServicePortName { service, port: String::new(), protocol },
+            family: IpFamily::of(&cluster_ip),
+            port,
+            cluster_ip: Some(cluster_ip),
+            node_port: None,
+            external_ips: Vec::new(),
+            load_balancer_ips: Vec::new(),
+            source_ranges: Vec::new(),
+            affinity_timeout: None,
+            external_policy_local: false,
+            internal_policy_local: false,
+            health_check_node_port: None,
+            cluster_endpoints: endpoints,
+            local_endpoints: Vec::new(),
+        }
+    }
+}
+
 /// Why a Service produced no service ports.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Skip {

@@ -1,9 +1,10 @@
-//! `roadkeeper bench`: measures full-sync and one-endpoint-change times of the nftables backend
-//! at several cluster sizes, in one run, in a scratch network namespace.
+//! `roadkeeper bench`: measures full-sync and one-endpoint-change times of each backend at several
+//! cluster sizes, side by side in one run, each in scratch network namespaces.
 
 use std::collections::BTreeSet;
 use std::fmt::Write as _;
 use std::net::Ipv4Addr;
+use std::path::Path;
 use std::time::{Duration, Instant};
 
 use anyhow::Context;
@@ -11,14 +12,11 @@ use roadkeeper_cluster::k8s_openapi::api::core::v1::Service;
 use roadkeeper_cluster::k8s_openapi::api::discovery::v1::EndpointSlice;
 use roadkeeper_cluster::{NamespacedName, Object, Store};
 use roadkeeper_netlab::Netns;
-use roadkeeper_proxy::config::ProxyConfig;
-use roadkeeper_proxy::nft::apply::{NftBinary, NftRunner};
-use roadkeeper_proxy::nft::transaction;
-use roadkeeper_proxy::nft::proxier::NftProxier;
-use roadkeeper_proxy::proxier::Proxier;
+use roadkeeper_proxy::config::{ProxyConfig, ProxyMode};
 use roadkeeper_proxy::table::NodeInfo;
 
 use crate::cli::BenchArgs;
+use crate::proxy_cmd::kernel_proxier;
 
 /// The i-th synthetic Service: ClusterIP 10.96.x.y port 80, selector-less.
 fn service(i: usize) -> Service {
@@ -65,10 +63,83 @@ fn us(d: Duration) -> String {
     format!("{:.0} µs", d.as_secs_f64() * 1e6)
 }
 
-/// Peak RSS of a real `roadkeeper proxy --once` over the same cluster written as manifests, in
-/// its own scratch namespace: the figure an operator sees (YAML parsing included).
-fn proxy_peak_rss_mib(services: usize, endpoints: usize) -> anyhow::Result<f64> {
-    let dir = tempfile::tempdir()?;
+/// Peak RSS of a real `roadkeeper proxy --once --proxy-mode <mode>` over the cluster written as
+/// manifests in `dir`, in its own scratch namespace: the figure an operator sees (YAML parsing
+/// included).
+fn proxy_peak_rss_mib(dir: &Path, backend: Backend) -> anyhow::Result<f64> {
+    let ns = backend.scratch_namespace()?;
+    let mut child = std::process::Command::new("ip")
+        .args(["netns", "exec", ns.name()])
+        .arg(std::env::current_exe()?)
+        .args(["proxy", "--once", "--hostname-override", "node-0", "--proxy-mode", backend.mode_flag(), "--manifests"])
+        .arg(dir)
+        .stderr(std::process::Stdio::piped())
+        .spawn()?;
+    let mut errors = String::new();
+    if let Some(mut stderr) = child.stderr.take() {
+        std::io::Read::read_to_string(&mut stderr, &mut errors)?;
+    }
+    // wait4 rather than Child::wait: it reports this child's own peak RSS.
+    let mut status = 0;
+    // SAFETY: a zeroed rusage is valid; wait4 waits for our own child and writes both outputs.
+    let mut usage: libc::rusage = unsafe { std::mem::zeroed() };
+    let pid = unsafe { libc::wait4(child.id() as i32, &mut status, 0, &mut usage) };
+    let ok = pid > 0 && libc::WIFEXITED(status) && libc::WEXITSTATUS(status) == 0;
+    anyhow::ensure!(ok, "roadkeeper proxy --once ({}) failed: {errors}", backend.name());
+    Ok(usage.ru_maxrss as f64 / 1024.0)
+}
+
+/// A backend as the bench runs it: iptables either with the flavour a fresh host gets (nft on
+/// Debian) or with the legacy flavour, chosen the way kube-proxy's detection sees a legacy host
+/// (a `KUBE-IPTABLES-HINT` chain made with `iptables-legacy`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Backend {
+    Nftables,
+    Iptables,
+    IptablesLegacy,
+}
+
+impl std::str::FromStr for Backend {
+    type Err = anyhow::Error;
+    fn from_str(s: &str) -> anyhow::Result<Backend> {
+        match s {
+            "nftables" => Ok(Backend::Nftables),
+            "iptables" => Ok(Backend::Iptables),
+            "iptables-legacy" => Ok(Backend::IptablesLegacy),
+            other => anyhow::bail!("--proxy-mode: unknown backend {other:?} (nftables, iptables, iptables-legacy)"),
+        }
+    }
+}
+
+impl Backend {
+    fn name(self) -> &'static str {
+        match self {
+            Backend::Nftables => "nftables",
+            Backend::Iptables => "iptables",
+            Backend::IptablesLegacy => "iptables-legacy",
+        }
+    }
+
+    fn mode(self) -> ProxyMode {
+        if self == Backend::Nftables { ProxyMode::Nftables } else { ProxyMode::Iptables }
+    }
+
+    fn mode_flag(self) -> &'static str {
+        if self == Backend::Nftables { "nftables" } else { "iptables" }
+    }
+
+    /// A fresh scratch namespace that looks like a host of this backend.
+    fn scratch_namespace(self) -> anyhow::Result<Netns> {
+        let ns = Netns::new("rk-bench").context("creating a scratch network namespace")?;
+        if self == Backend::IptablesLegacy {
+            ns.exec(["iptables-legacy", "-t", "mangle", "-N", "KUBE-IPTABLES-HINT"])?;
+        }
+        Ok(ns)
+    }
+}
+
+/// The manifests of a synthetic cluster, for the RSS measurement.
+fn write_manifests(dir: &Path, services: usize, endpoints: usize) -> anyhow::Result<()> {
     let mut yaml = String::new();
     for i in 0..services {
         yaml.push_str(&serde_saphyr::to_string(&service(i))?);
@@ -76,73 +147,76 @@ fn proxy_peak_rss_mib(services: usize, endpoints: usize) -> anyhow::Result<f64> 
         yaml.push_str(&serde_saphyr::to_string(&slice(i, endpoints, 0))?);
         yaml.push_str("---\n");
     }
-    std::fs::write(dir.path().join("cluster.yaml"), yaml)?;
-    let ns = Netns::new("rk-bench-rss")?;
-    let exe = std::env::current_exe()?;
-    let out = std::process::Command::new("ip")
-        .args(["netns", "exec", ns.name()])
-        .arg(&exe)
-        .args(["proxy", "--once", "--hostname-override", "node-0", "--manifests"])
-        .arg(dir.path())
-        .output()?;
-    anyhow::ensure!(out.status.success(), "roadkeeper proxy --once failed: {}", String::from_utf8_lossy(&out.stderr));
-    // The largest waited-for child so far: sizes are measured in increasing order.
-    // SAFETY: getrusage only writes into the struct we pass, which is valid when zeroed.
-    let usage = unsafe {
-        let mut usage: libc::rusage = std::mem::zeroed();
-        libc::getrusage(libc::RUSAGE_CHILDREN, &mut usage);
-        usage
+    std::fs::write(dir.join("cluster.yaml"), yaml)?;
+    Ok(())
+}
+
+/// Timings of one backend at one size.
+struct Row {
+    full: Duration,
+    partial: Duration,
+    own: Duration,
+}
+
+/// Full syncs, each into a fresh namespace, then partial syncs of one changed endpoint.
+fn measure(backend: Backend, services: usize, endpoints: usize, runs: usize) -> anyhow::Result<Row> {
+    let cfg = ProxyConfig {
+        hostname: "node-0".into(),
+        cluster_cidrs: vec!["10.128.0.0/9".parse()?],
+        mode: backend.mode(),
+        ..ProxyConfig::default()
     };
-    Ok(usage.ru_maxrss as f64 / 1024.0)
+    let node = NodeInfo { name: "node-0".into(), primary_ips: vec!["192.168.0.2".parse()?], ..NodeInfo::default() };
+    let base = store(services, endpoints, None);
+    let mut full = Vec::new();
+    let mut last = None;
+    for _ in 0..runs {
+        let ns = backend.scratch_namespace()?;
+        let (elapsed, proxier) = ns.run(|| -> anyhow::Result<_> {
+            let mut proxier = kernel_proxier(&cfg, node.clone(), &base);
+            let start = Instant::now();
+            proxier.sync(&base, &BTreeSet::new())?;
+            Ok((start.elapsed(), proxier))
+        })?;
+        full.push(elapsed);
+        last = Some((ns, proxier));
+    }
+    let (ns, mut proxier) = last.expect("runs >= 1");
+    let changed = BTreeSet::from([NamespacedName::new("bench", format!("svc-{}", services / 2))]);
+    let (mut partial, mut own) = (Vec::new(), Vec::new());
+    for generation in 1..=runs as u32 {
+        let next = store(services, endpoints, Some((services / 2, generation)));
+        let report = ns.run(|| proxier.sync(&next, &changed))?;
+        anyhow::ensure!(!report.full && report.services_changed == 1, "expected a partial sync of one Service");
+        partial.push(report.duration);
+        own.push(report.duration.saturating_sub(report.kernel));
+    }
+    Ok(Row { full: median(full), partial: median(partial), own: median(own) })
 }
 
-/// One size: full syncs into an empty namespace, then partial syncs of one changed endpoint.
-fn measure(services: usize, endpoints: usize, runs: usize) -> anyhow::Result<String> {
-    let ns = Netns::new("rk-bench").context("creating a scratch network namespace")?;
-    ns.run(|| -> anyhow::Result<String> {
-        let cfg = ProxyConfig { hostname: "node-0".into(), cluster_cidrs: vec!["10.128.0.0/9".parse()?], ..ProxyConfig::default() };
-        let node = NodeInfo { name: "node-0".into(), primary_ips: vec!["192.168.0.2".parse()?], ..NodeInfo::default() };
-        let base = store(services, endpoints, None);
-        let mut full = Vec::new();
-        let mut proxier = None;
-        for _ in 0..runs {
-            NftBinary.apply(&transaction::cleanup())?;
-            let mut p = NftProxier::new(cfg.clone(), node.clone(), NftBinary);
-            let start = Instant::now();
-            p.sync(&base, &BTreeSet::new())?;
-            full.push(start.elapsed());
-            proxier = Some(p);
-        }
-        let mut proxier = proxier.expect("runs >= 1");
-        let key = NamespacedName::new("bench", format!("svc-{}", services / 2));
-        let changed = BTreeSet::from([key]);
-        let mut partial = Vec::new();
-        let mut own = Vec::new();
-        for generation in 1..=runs as u32 {
-            let next = store(services, endpoints, Some((services / 2, generation)));
-            let start = Instant::now();
-            let report = proxier.sync(&next, &changed)?;
-            partial.push(start.elapsed());
-            own.push(report.duration.saturating_sub(report.kernel));
-            anyhow::ensure!(!report.full && report.services_changed == 1, "expected a partial sync of one Service");
-        }
-        Ok(format!(
-            "| {services} | {endpoints} | {} | {} | {} | {:.0} MiB |",
-            ms(median(full)),
-            ms(median(partial)),
-            us(median(own)),
-            proxy_peak_rss_mib(services, endpoints)?
-        ))
-    })
-}
-
-/// Runs the benchmark for every requested size and prints a Markdown table.
+/// Runs the benchmark for every requested backend and size and prints a Markdown table.
 pub fn run(args: BenchArgs) -> anyhow::Result<()> {
-    println!("nftables backend, median of {} runs each, one run of `roadkeeper bench`", args.runs);
-    println!("| services | endpoints each | full sync | one endpoint change | of which roadkeeper (rest: kernel) | proxy --once peak RSS |");
+    let backends: Vec<Backend> = args.proxy_mode.iter().map(|m| m.parse()).collect::<Result<_, _>>()?;
+    println!(
+        "median of {} runs each, {} endpoints per Service, measured in one run of `roadkeeper bench`",
+        args.runs, args.endpoints
+    );
+    println!("| Services | backend | full sync | one endpoint change | of which roadkeeper (rest: kernel) | proxy --once peak RSS |");
     println!("|---|---|---|---|---|---|");
     for services in &args.services {
-        println!("{}", measure(*services, args.endpoints, args.runs)?);
+        let manifests = tempfile::tempdir()?;
+        write_manifests(manifests.path(), *services, args.endpoints)?;
+        for backend in &backends {
+            let row = measure(*backend, *services, args.endpoints, args.runs)?;
+            let rss = proxy_peak_rss_mib(manifests.path(), *backend)?;
+            println!(
+                "| {services} | {} | {} | {} | {} | {rss:.0} MiB |",
+                backend.name(),
+                ms(row.full),
+                ms(row.partial),
+                us(row.own)
+            );
+        }
     }
     Ok(())
 }

@@ -29,8 +29,8 @@ pub enum Command {
     /// Run the lab echo server: answers TCP and UDP with the address it was reached at and the
     /// peer address it saw.
     Echo(EchoArgs),
-    /// Measure full-sync and one-endpoint-change times at several cluster sizes (needs root;
-    /// works in a scratch network namespace).
+    /// Measure full-sync and one-endpoint-change times of each backend at several cluster sizes,
+    /// side by side (needs root; works in scratch network namespaces).
     Bench(BenchArgs),
     /// Build the hello example in network namespaces (a node, three echo pods, a client), run
     /// the proxy there and show which pod answers the Service (needs root).
@@ -105,6 +105,10 @@ pub struct BenchArgs {
     /// Runs per measurement (the median is reported).
     #[arg(long, default_value_t = 5)]
     pub runs: usize,
+    /// Backends to measure side by side, comma-separated: nftables, iptables (the flavour this
+    /// host would get), iptables-legacy (the legacy flavour, as on a host whose kubelet uses it).
+    #[arg(long, value_delimiter = ',', default_value = "nftables,iptables,iptables-legacy")]
+    pub proxy_mode: Vec<String>,
 }
 
 /// Flags of `lab`.

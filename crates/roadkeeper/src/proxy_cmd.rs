@@ -97,7 +97,7 @@ fn load(args: &ProxyArgs) -> anyhow::Result<(ManifestSource, ProxyConfig, NodeIn
 }
 
 /// The proxier of the configured backend, programming the kernel.
-fn kernel_proxier(cfg: &ProxyConfig, node: NodeInfo, store: &Store) -> Box<dyn Proxier> {
+pub(crate) fn kernel_proxier(cfg: &ProxyConfig, node: NodeInfo, store: &Store) -> Box<dyn Proxier> {
     let mut proxier: Box<dyn Proxier> = match cfg.mode {
         ProxyMode::Nftables => Box::new(NftProxier::new(cfg.clone(), node, NftBinary)),
         ProxyMode::Iptables => Box::new(IptablesProxier::new(cfg.clone(), node, IptablesBinary::new())),

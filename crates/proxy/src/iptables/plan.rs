@@ -580,22 +580,8 @@ mod tests {
 
     /// `default/hello`: one unnamed TCP port 80 on ClusterIP 10.96.0.10, `n` ready endpoints.
     fn hello(n: u8) -> ServicePort {
-        ServicePort {
-            name: ServicePortName { service: NamespacedName::new("default", "hello"), port: String::new(), protocol: Protocol::Tcp },
-            family: IpFamily::V4,
-            port: 80,
-            cluster_ip: Some("10.96.0.10".parse().unwrap()),
-            node_port: None,
-            external_ips: Vec::new(),
-            load_balancer_ips: Vec::new(),
-            source_ranges: Vec::new(),
-            affinity_timeout: None,
-            external_policy_local: false,
-            internal_policy_local: false,
-            health_check_node_port: None,
-            cluster_endpoints: (1..=n).map(|i| ep(i, false)).collect(),
-            local_endpoints: Vec::new(),
-        }
+        let endpoints = (1..=n).map(|i| ep(i, false)).collect();
+        ServicePort::for_test(NamespacedName::new("default", "hello"), Protocol::Tcp, "10.96.0.10".parse().unwrap(), 80, endpoints)
     }
 
     fn ctx() -> PlanContext {

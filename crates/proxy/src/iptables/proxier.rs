@@ -5,17 +5,15 @@
 //! Services, which keep their last good rules.
 
 use std::collections::{BTreeMap, BTreeSet};
-use std::time::{Duration, Instant};
 
-use ipnet::IpNet;
 use roadkeeper_cluster::{NamespacedName, Store};
 
 use super::plan::{FamilyPlan, Jump, NodePortDestinations, PlanContext, RestoreInput, jumps, plan_ports, restore_input};
-use super::restore::{IptablesRunner, Timed};
+use super::restore::IptablesRunner;
 use crate::Error;
 use crate::config::{NodePortAddresses, ProxyConfig, ProxyMode};
-use crate::proxier::{Proxier, SyncReport, bisect};
-use crate::table::{IpFamily, NodeInfo, ServicePort, Skip, service_ports};
+use crate::proxier::{Backend, Stopwatch, SyncReport, SyncState, bisect};
+use crate::table::{IpFamily, NodeInfo, ServicePort};
 
 /// One Service's rules in both families.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -44,16 +42,10 @@ impl ServicePlan {
 /// Plans and programs one node's iptables rules.
 pub struct IptablesProxier<R: IptablesRunner> {
     cfg: ProxyConfig,
-    node: NodeInfo,
-    service_cidrs: Vec<IpNet>,
-    runner: Timed<R>,
+    state: SyncState,
+    runner: R,
     /// Rules in the kernel, per Service.
     applied: BTreeMap<NamespacedName, ServicePlan>,
-    /// Services the kernel refused at the last sync: retried with every later sync.
-    refused: BTreeSet<NamespacedName>,
-    /// The service table, per Service.
-    table: BTreeMap<NamespacedName, Vec<ServicePort>>,
-    needs_full: bool,
 }
 
 /// Plans keyed by Service, with the Services to consider for one restore.
@@ -64,21 +56,12 @@ impl<R: IptablesRunner> IptablesProxier<R> {
     /// NodePort-address defaults apply).
     pub fn new(mut cfg: ProxyConfig, node: NodeInfo, runner: R) -> Self {
         cfg.mode = ProxyMode::Iptables;
-        IptablesProxier {
-            cfg,
-            node,
-            service_cidrs: Vec::new(),
-            runner: Timed { inner: runner, spent: Duration::ZERO },
-            applied: BTreeMap::new(),
-            refused: BTreeSet::new(),
-            table: BTreeMap::new(),
-            needs_full: true,
-        }
+        IptablesProxier { cfg, state: SyncState::new(node), runner, applied: BTreeMap::new() }
     }
 
     /// The runner.
     pub fn runner(&mut self) -> &mut R {
-        &mut self.runner.inner
+        &mut self.runner
     }
 
     /// The planning context of one family.
@@ -90,199 +73,25 @@ impl<R: IptablesRunner> IptablesProxier<R> {
             cluster_cidr: self.cfg.cluster_cidrs.iter().find(|c| IpFamily::of(&c.addr()) == family).copied(),
             masquerade_all: self.cfg.masquerade_all,
             masquerade_mark: self.cfg.masquerade_mark(),
-            node_ips: self.node.primary_ips.iter().filter(|ip| IpFamily::of(ip) == family).copied().collect(),
+            node_ips: self.state.node.primary_ips.iter().filter(|ip| IpFamily::of(ip) == family).copied().collect(),
             nodeports: if all_local {
                 NodePortDestinations::AllLocal
             } else {
-                NodePortDestinations::Ips(self.node.nodeport_ips(family, &self.cfg))
+                NodePortDestinations::Ips(self.state.node.nodeport_ips(family, &self.cfg))
             },
             localhost_nodeports: self.cfg.localhost_nodeports,
-            service_cidrs: self.service_cidrs.iter().filter(|c| IpFamily::of(&c.addr()) == family).copied().collect(),
+            service_cidrs: self.state.service_cidrs.iter().filter(|c| IpFamily::of(&c.addr()) == family).copied().collect(),
         }
     }
 
     /// Plans one Service; absent or skipped Services plan to nothing.
     fn plan(&self, key: &NamespacedName, store: &Store) -> (Vec<ServicePort>, ServicePlan) {
-        let Some(svc) = store.service(key) else { return (Vec::new(), ServicePlan::default()) };
-        let slices = store.slices_for(key);
-        let ports = match service_ports(key, svc, &slices, &self.node, &self.cfg) {
-            Ok(ports) => ports,
-            Err(Skip::Headless | Skip::ExternalName | Skip::OtherProxy) => Vec::new(),
-        };
+        let ports = self.state.service_ports(key, store, &self.cfg);
         let plan = ServicePlan {
             v4: plan_ports(&ports, &self.context(IpFamily::V4)),
             v6: plan_ports(&ports, &self.context(IpFamily::V6)),
         };
         (ports, plan)
-    }
-
-    /// Rewrites everything we own.
-    fn full_sync(&mut self, store: &Store) -> Result<SyncReport, Error> {
-        let keys: Vec<NamespacedName> = store.services().map(|(k, _)| k.clone()).collect();
-        let mut planned: Plans = keys.iter().map(|key| (key.clone(), self.plan(key, store))).collect();
-        let families = self.runner.families();
-        let contexts: Vec<PlanContext> = families.iter().map(|f| self.context(*f)).collect();
-        if self.context(IpFamily::V4).localhost_nodeports_active()
-            && let Err(err) = self.runner.enable_route_localnet()
-        {
-            tracing::warn!(error = %err, "cannot enable route_localnet; NodePorts on 127.0.0.1 will not work");
-        }
-        let mut existing = BTreeMap::new();
-        for &family in &families {
-            existing.insert(family, self.runner.service_chains(family)?);
-        }
-        let mut refused = Vec::new();
-        let mut missing = BTreeMap::new();
-        for ctx in &contexts {
-            missing.insert(ctx.family, self.runner.missing_jumps(ctx.family, &jumps(ctx))?);
-        }
-        let mut inputs = full_inputs(&contexts, &planned, None, &existing, &missing);
-        if let Err(err) = apply_all(&mut self.runner, &inputs) {
-            tracing::warn!(error = %err, "full sync refused by the kernel; looking for the offending Services");
-            let runner = &mut self.runner;
-            // Without jumps: a subset applied for real must not insert them (the final input does).
-            let no_jumps = BTreeMap::new();
-            let inputs_for = |subset: &[NamespacedName]| full_inputs(&contexts, &planned, Some(subset), &existing, &no_jumps);
-            if runner.check_is_reliable() {
-                refused = bisect_errors(&keys, &mut |subset| check_all(runner, &inputs_for(subset)));
-            }
-            if refused.is_empty() {
-                // Each subset's input is a whole, consistent ruleset: applying it is safe, and the
-                // final input below rewrites everything anyway.
-                refused = bisect_errors(&keys, &mut |subset| apply_all(runner, &inputs_for(subset)));
-            }
-            if refused.is_empty() {
-                return Err(err);
-            }
-            for (key, why) in &mut refused {
-                if why.is_empty() {
-                    *why = err.to_string();
-                }
-                tracing::error!(service = %key, error = %why, "kernel refused the rules of this Service; keeping its last good rules");
-                let last_good = self.applied.get(key).cloned().unwrap_or_default();
-                planned.insert(key.clone(), (Vec::new(), last_good));
-            }
-            inputs = full_inputs(&contexts, &planned, None, &existing, &missing);
-            apply_all(&mut self.runner, &inputs)?;
-        }
-        self.needs_full = false;
-        self.applied.clear();
-        self.table.clear();
-        let changed = planned.len();
-        let refused_keys: BTreeSet<&NamespacedName> = refused.iter().map(|(k, _)| k).collect();
-        for (key, (ports, plan)) in planned {
-            if !plan.is_empty() {
-                self.applied.insert(key.clone(), plan);
-            }
-            if !refused_keys.contains(&key) {
-                self.set_table(&key, ports);
-            }
-        }
-        let ops = inputs.iter().map(|(_, i)| i.lines().count()).sum();
-        Ok(SyncReport { full: true, services_changed: changed, ops, refused, ..SyncReport::default() })
-    }
-
-    /// Rewrites the top-level chains and the chains of the `changed` Services whose rules differ
-    /// from what is applied.
-    fn partial_sync(&mut self, store: &Store, changed: &BTreeSet<NamespacedName>) -> Result<SyncReport, Error> {
-        let mut candidates: Plans = BTreeMap::new();
-        for key in changed {
-            let (ports, plan) = self.plan(key, store);
-            let empty = ServicePlan::default();
-            if self.applied.get(key).unwrap_or(&empty) == &plan {
-                self.set_table(key, ports);
-                continue;
-            }
-            candidates.insert(key.clone(), (ports, plan));
-        }
-        if candidates.is_empty() {
-            return Ok(SyncReport::default());
-        }
-        let families = self.runner.families();
-        let contexts: Vec<PlanContext> = families.iter().map(|f| self.context(*f)).collect();
-        let keys: Vec<NamespacedName> = candidates.keys().cloned().collect();
-        let inputs: Vec<(IpFamily, String)> = contexts
-            .iter()
-            .map(|ctx| (ctx.family, partial_input(ctx, &self.applied, &candidates, &keys)))
-            .collect();
-        let mut ops: usize = inputs.iter().map(|(_, i)| i.lines().count()).sum();
-        let mut refused = Vec::new();
-        // Families are restored one after the other: the ones before a failure hold all candidates.
-        let mut failed = None;
-        for (i, (family, input)) in inputs.iter().enumerate() {
-            if let Err(err) = self.runner.restore(*family, input) {
-                failed = Some((i, err.to_string()));
-                break;
-            }
-        }
-        if let Some((failed_at, err)) = failed {
-            tracing::warn!(error = %err, "partial sync refused by the kernel; looking for the offending Services");
-            // What each family's kernel tables hold, updated with every successful restore, so
-            // that every input below is consistent with the kernel.
-            let mut bases: Vec<BTreeMap<NamespacedName, ServicePlan>> = contexts.iter().map(|_| self.applied.clone()).collect();
-            for base in &mut bases[..failed_at] {
-                for (key, (_, plan)) in &candidates {
-                    base.insert(key.clone(), plan.clone());
-                }
-            }
-            let runner = &mut self.runner;
-            if runner.check_is_reliable() {
-                refused = bisect_errors(&keys, &mut |subset| {
-                    for (ctx, base) in contexts.iter().zip(&bases) {
-                        runner.check(ctx.family, &partial_input(ctx, base, &candidates, subset))?;
-                    }
-                    Ok(())
-                });
-            }
-            let mut apply_subset = |subset: &[NamespacedName]| -> Result<(), Error> {
-                for (ctx, base) in contexts.iter().zip(bases.iter_mut()) {
-                    runner.restore(ctx.family, &partial_input(ctx, base, &candidates, subset))?;
-                    for key in subset {
-                        base.insert(key.clone(), candidates[key].1.clone());
-                    }
-                }
-                Ok(())
-            };
-            if refused.is_empty() {
-                refused = bisect_errors(&keys, &mut apply_subset);
-            }
-            if refused.is_empty() {
-                self.needs_full = true;
-                return Err(Error::Iptables(err));
-            }
-            for (key, why) in &mut refused {
-                if why.is_empty() {
-                    *why = err.clone();
-                }
-                tracing::error!(service = %key, error = %why, "kernel refused the rules of this Service; keeping its last good rules");
-            }
-            let good: Vec<NamespacedName> = keys.iter().filter(|k| !refused.iter().any(|(b, _)| b == *k)).cloned().collect();
-            if let Err(err) = apply_subset(&good) {
-                self.needs_full = true;
-                return Err(err);
-            }
-            ops += good.len();
-        }
-        let refused_keys: BTreeSet<NamespacedName> = refused.iter().map(|(k, _)| k.clone()).collect();
-        let mut services_changed = 0;
-        for (key, (ports, plan)) in candidates {
-            if refused_keys.contains(&key) {
-                continue;
-            }
-            services_changed += 1;
-            if plan.is_empty() { self.applied.remove(&key) } else { self.applied.insert(key.clone(), plan) };
-            self.set_table(&key, ports);
-        }
-        Ok(SyncReport { full: false, services_changed, ops, refused, ..SyncReport::default() })
-    }
-
-    /// Records the service table entries of one Service.
-    fn set_table(&mut self, key: &NamespacedName, ports: Vec<ServicePort>) {
-        if ports.is_empty() {
-            self.table.remove(key);
-        } else {
-            self.table.insert(key.clone(), ports);
-        }
     }
 }
 
@@ -338,9 +147,10 @@ fn partial_input(
     restore_input(ctx, &input)
 }
 
-fn apply_all<R: IptablesRunner>(runner: &mut Timed<R>, inputs: &[(IpFamily, String)]) -> Result<(), Error> {
+/// Restores every family's input, in order, timing the runner with `kernel`.
+fn apply_all<R: IptablesRunner>(runner: &mut R, kernel: &mut Stopwatch, inputs: &[(IpFamily, String)]) -> Result<(), Error> {
     for (family, input) in inputs {
-        runner.restore(*family, input)?;
+        kernel.time(|| runner.restore(*family, input))?;
     }
     Ok(())
 }
@@ -366,88 +176,194 @@ fn bisect_errors(
     }).collect()
 }
 
-fn check_all<R: IptablesRunner>(runner: &mut Timed<R>, inputs: &[(IpFamily, String)]) -> Result<(), Error> {
+/// Checks every family's input (`--test`), timing the runner with `kernel`.
+fn check_all<R: IptablesRunner>(runner: &mut R, kernel: &mut Stopwatch, inputs: &[(IpFamily, String)]) -> Result<(), Error> {
     for (family, input) in inputs {
-        runner.check(*family, input)?;
+        kernel.time(|| runner.check(*family, input))?;
     }
     Ok(())
 }
 
-impl<R: IptablesRunner> Proxier for IptablesProxier<R> {
-    fn set_node(&mut self, node: NodeInfo) {
-        if node != self.node {
-            self.node = node;
-            self.needs_full = true;
+impl<R: IptablesRunner> Backend for IptablesProxier<R> {
+    fn state(&self) -> &SyncState {
+        &self.state
+    }
+
+    fn state_mut(&mut self) -> &mut SyncState {
+        &mut self.state
+    }
+
+    /// Rewrites everything we own.
+    fn full_sync(&mut self, store: &Store) -> Result<SyncReport, Error> {
+        let keys: Vec<NamespacedName> = store.services().map(|(k, _)| k.clone()).collect();
+        let mut planned: Plans = keys.iter().map(|key| (key.clone(), self.plan(key, store))).collect();
+        let families = self.runner.families();
+        let contexts: Vec<PlanContext> = families.iter().map(|f| self.context(*f)).collect();
+        if self.context(IpFamily::V4).localhost_nodeports_active()
+            && let Err(err) = self.state.kernel.time(|| self.runner.enable_route_localnet())
+        {
+            tracing::warn!(error = %err, "cannot enable route_localnet; NodePorts on 127.0.0.1 will not work");
         }
-    }
-
-    /// Updates the service CIDRs (unallocated addresses in them are dropped); a change forces a
-    /// full sync.
-    fn set_service_cidrs(&mut self, cidrs: Vec<IpNet>) {
-        if cidrs != self.service_cidrs {
-            self.service_cidrs = cidrs;
-            self.needs_full = true;
+        let mut existing = BTreeMap::new();
+        for &family in &families {
+            existing.insert(family, self.state.kernel.time(|| self.runner.service_chains(family))?);
         }
+        let mut refused = Vec::new();
+        let mut missing = BTreeMap::new();
+        for ctx in &contexts {
+            let wanted = jumps(ctx);
+            missing.insert(ctx.family, self.state.kernel.time(|| self.runner.missing_jumps(ctx.family, &wanted))?);
+        }
+        let mut inputs = full_inputs(&contexts, &planned, None, &existing, &missing);
+        if let Err(err) = apply_all(&mut self.runner, &mut self.state.kernel, &inputs) {
+            tracing::warn!(error = %err, "full sync refused by the kernel; looking for the offending Services");
+            let (runner, kernel) = (&mut self.runner, &mut self.state.kernel);
+            // Without jumps: a subset applied for real must not insert them (the final input does).
+            let no_jumps = BTreeMap::new();
+            let inputs_for = |subset: &[NamespacedName]| full_inputs(&contexts, &planned, Some(subset), &existing, &no_jumps);
+            if runner.check_is_reliable() {
+                refused = bisect_errors(&keys, &mut |subset| check_all(runner, kernel, &inputs_for(subset)));
+            }
+            if refused.is_empty() {
+                // Each subset's input is a whole, consistent ruleset: applying it is safe, and the
+                // final input below rewrites everything anyway.
+                refused = bisect_errors(&keys, &mut |subset| apply_all(runner, kernel, &inputs_for(subset)));
+            }
+            if refused.is_empty() {
+                return Err(err);
+            }
+            for (key, why) in &mut refused {
+                if why.is_empty() {
+                    *why = err.to_string();
+                }
+                tracing::error!(service = %key, error = %why, "kernel refused the rules of this Service; keeping its last good rules");
+                let last_good = self.applied.get(key).cloned().unwrap_or_default();
+                planned.insert(key.clone(), (Vec::new(), last_good));
+            }
+            inputs = full_inputs(&contexts, &planned, None, &existing, &missing);
+            apply_all(&mut self.runner, &mut self.state.kernel, &inputs)?;
+        }
+        self.state.needs_full = false;
+        self.applied.clear();
+        self.state.table.clear();
+        let changed = planned.len();
+        let refused_keys: BTreeSet<&NamespacedName> = refused.iter().map(|(k, _)| k).collect();
+        for (key, (ports, plan)) in planned {
+            if !plan.is_empty() {
+                self.applied.insert(key.clone(), plan);
+            }
+            if !refused_keys.contains(&key) {
+                self.state.set_table(&key, ports);
+            }
+        }
+        let ops = inputs.iter().map(|(_, i)| i.lines().count()).sum();
+        Ok(SyncReport { full: true, services_changed: changed, ops, refused, ..SyncReport::default() })
     }
 
-    fn force_full_sync(&mut self) {
-        self.needs_full = true;
+    /// Rewrites the top-level chains and the chains of the `changed` Services whose rules differ
+    /// from what is applied.
+    fn partial_sync(&mut self, store: &Store, changed: &BTreeSet<NamespacedName>) -> Result<SyncReport, Error> {
+        let mut candidates: Plans = BTreeMap::new();
+        for key in changed {
+            let (ports, plan) = self.plan(key, store);
+            let empty = ServicePlan::default();
+            if self.applied.get(key).unwrap_or(&empty) == &plan {
+                self.state.set_table(key, ports);
+                continue;
+            }
+            candidates.insert(key.clone(), (ports, plan));
+        }
+        if candidates.is_empty() {
+            return Ok(SyncReport::default());
+        }
+        let families = self.runner.families();
+        let contexts: Vec<PlanContext> = families.iter().map(|f| self.context(*f)).collect();
+        let keys: Vec<NamespacedName> = candidates.keys().cloned().collect();
+        let inputs: Vec<(IpFamily, String)> = contexts
+            .iter()
+            .map(|ctx| (ctx.family, partial_input(ctx, &self.applied, &candidates, &keys)))
+            .collect();
+        let mut ops: usize = inputs.iter().map(|(_, i)| i.lines().count()).sum();
+        let mut refused = Vec::new();
+        // Families are restored one after the other: the ones before a failure hold all candidates.
+        let mut failed = None;
+        for (i, (family, input)) in inputs.iter().enumerate() {
+            if let Err(err) = self.state.kernel.time(|| self.runner.restore(*family, input)) {
+                failed = Some((i, err.to_string()));
+                break;
+            }
+        }
+        if let Some((failed_at, err)) = failed {
+            tracing::warn!(error = %err, "partial sync refused by the kernel; looking for the offending Services");
+            // What each family's kernel tables hold, updated with every successful restore, so
+            // that every input below is consistent with the kernel.
+            let mut bases: Vec<BTreeMap<NamespacedName, ServicePlan>> = contexts.iter().map(|_| self.applied.clone()).collect();
+            for base in &mut bases[..failed_at] {
+                for (key, (_, plan)) in &candidates {
+                    base.insert(key.clone(), plan.clone());
+                }
+            }
+            let (runner, kernel) = (&mut self.runner, &mut self.state.kernel);
+            if runner.check_is_reliable() {
+                refused = bisect_errors(&keys, &mut |subset| {
+                    for (ctx, base) in contexts.iter().zip(&bases) {
+                        let input = partial_input(ctx, base, &candidates, subset);
+                        kernel.time(|| runner.check(ctx.family, &input))?;
+                    }
+                    Ok(())
+                });
+            }
+            let mut apply_subset = |subset: &[NamespacedName]| -> Result<(), Error> {
+                for (ctx, base) in contexts.iter().zip(bases.iter_mut()) {
+                    let input = partial_input(ctx, base, &candidates, subset);
+                    kernel.time(|| runner.restore(ctx.family, &input))?;
+                    for key in subset {
+                        base.insert(key.clone(), candidates[key].1.clone());
+                    }
+                }
+                Ok(())
+            };
+            if refused.is_empty() {
+                refused = bisect_errors(&keys, &mut apply_subset);
+            }
+            if refused.is_empty() {
+                return Err(Error::Iptables(err));
+            }
+            for (key, why) in &mut refused {
+                if why.is_empty() {
+                    *why = err.clone();
+                }
+                tracing::error!(service = %key, error = %why, "kernel refused the rules of this Service; keeping its last good rules");
+            }
+            let good: Vec<NamespacedName> = keys.iter().filter(|k| !refused.iter().any(|(b, _)| b == *k)).cloned().collect();
+            apply_subset(&good)?;
+            ops += good.len();
+        }
+        let refused_keys: BTreeSet<NamespacedName> = refused.iter().map(|(k, _)| k.clone()).collect();
+        let mut services_changed = 0;
+        for (key, (ports, plan)) in candidates {
+            if refused_keys.contains(&key) {
+                continue;
+            }
+            services_changed += 1;
+            if plan.is_empty() { self.applied.remove(&key) } else { self.applied.insert(key.clone(), plan) };
+            self.state.set_table(&key, ports);
+        }
+        Ok(SyncReport { full: false, services_changed, ops, refused, ..SyncReport::default() })
     }
 
-    fn sync(&mut self, store: &Store, changed: &BTreeSet<NamespacedName>) -> Result<SyncReport, Error> {
-        let start = Instant::now();
-        self.runner.spent = Duration::ZERO;
-        let result = if self.needs_full {
-            self.full_sync(store)
-        } else {
-            let retried: BTreeSet<NamespacedName> = changed.union(&self.refused).cloned().collect();
-            self.partial_sync(store, &retried)
-        };
-        let mut report = result.inspect_err(|_| self.needs_full = true)?;
-        self.refused = report.refused.iter().map(|(key, _)| key.clone()).collect();
-        report.duration = start.elapsed();
-        report.kernel = self.runner.spent;
-        Ok(report)
-    }
-
-    fn has_refused(&self) -> bool {
-        !self.refused.is_empty()
-    }
-
-    fn healthy(&mut self) -> bool {
-        self.runner.inner.healthy().unwrap_or(false)
-    }
-
-    fn table(&self) -> &BTreeMap<NamespacedName, Vec<ServicePort>> {
-        &self.table
+    /// The mangle canary chains exist (not timed: not part of a sync).
+    fn rules_in_place(&mut self) -> bool {
+        self.runner.healthy().unwrap_or(false)
     }
 }
 
 #[cfg(test)]
 mod tests {
-    use roadkeeper_cluster::Object;
-
     use super::*;
     use crate::iptables::restore::Recorder;
-
-    /// Service `name` (ClusterIP 10.96.0.<n>) with endpoints 10.244.<n>.<1..=eps>, the first one
-    /// shifted by `generation`.
-    fn service(name: &str, n: u8, eps: u8, generation: u8) -> [Object; 2] {
-        let svc = format!("metadata: {{name: {name}, namespace: default}}\nspec: {{clusterIP: 10.96.0.{n}, ports: [{{port: 80}}]}}\n");
-        let mut slice = format!(
-            "metadata: {{name: {name}-1, namespace: default, labels: {{kubernetes.io/service-name: {name}}}}}\n\
-             addressType: IPv4\nports: [{{port: 8080}}]\nendpoints:\n"
-        );
-        for e in 1..=eps {
-            let host = if e == 1 { e + generation * 10 } else { e };
-            slice.push_str(&format!("- {{addresses: [10.244.{n}.{host}]}}\n"));
-        }
-        [Object::Service(serde_saphyr::from_str(&svc).unwrap()), Object::EndpointSlice(serde_saphyr::from_str(&slice).unwrap())]
-    }
-
-    fn cluster(size: u8, changed_generation: u8) -> Store {
-        Store::from_objects((1..=size).flat_map(|n| service(&format!("svc-{n}"), n, 3, if n == 1 { changed_generation } else { 0 })))
-    }
+    use crate::proxier::Proxier;
+    use crate::proxier::testing::cluster;
 
     fn proxier() -> IptablesProxier<Recorder> {
         let cfg = ProxyConfig { cluster_cidrs: vec!["10.244.0.0/16".parse().unwrap()], ..ProxyConfig::default() };
@@ -499,7 +415,7 @@ mod tests {
         let mut p = proxier();
         assert_eq!(p.context(IpFamily::V4).nodeports, NodePortDestinations::AllLocal);
         p.cfg.nodeport_addresses = NodePortAddresses::Primary;
-        p.node.primary_ips = vec!["192.168.77.2".parse().unwrap()];
+        p.state.node.primary_ips = vec!["192.168.77.2".parse().unwrap()];
         assert_eq!(p.context(IpFamily::V4).nodeports, NodePortDestinations::Ips(vec!["192.168.77.2".parse().unwrap()]));
         p.cfg.nodeport_addresses = NodePortAddresses::Cidrs(vec!["0.0.0.0/0".parse().unwrap()]);
         assert_eq!(p.context(IpFamily::V4).nodeports, NodePortDestinations::AllLocal);

@@ -6,14 +6,12 @@
 //! legacy or the nft flavour of iptables, then uses only that flavour's binaries.
 
 use std::collections::BTreeSet;
-use std::io::Write;
 use std::path::Path;
-use std::process::{Command, Stdio};
-use std::time::{Duration, Instant};
 
 use super::plan::{Jump, KUBE_PROXY_CANARY, is_service_chain};
 use crate::Error;
 use crate::table::IpFamily;
+use crate::tool::ToolError;
 
 /// Which iptables implementation the host uses.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -67,24 +65,10 @@ fn in_path(name: &str) -> bool {
 
 /// Runs a tool, feeding `stdin`; its stdout, or its stderr as the error.
 fn run(program: &str, args: &[&str], stdin: Option<&str>) -> Result<String, Error> {
-    let mut child = Command::new(program)
-        .args(args)
-        .stdin(if stdin.is_some() { Stdio::piped() } else { Stdio::null() })
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .map_err(|e| Error::Iptables(format!("cannot run {program}: {e}")))?;
-    if let Some(input) = stdin {
-        let mut pipe = child.stdin.take().expect("stdin is piped");
-        pipe.write_all(input.as_bytes()).map_err(|e| Error::Iptables(format!("writing to {program}: {e}")))?;
-    }
-    let output = child.wait_with_output().map_err(|e| Error::Iptables(format!("waiting for {program}: {e}")))?;
-    if output.status.success() {
-        Ok(String::from_utf8_lossy(&output.stdout).into_owned())
-    } else {
-        let stderr = String::from_utf8_lossy(&output.stderr).trim().to_string();
-        Err(Error::Iptables(format!("{program} {}: {stderr}", args.join(" "))))
-    }
+    crate::tool::run(program, args, stdin).map_err(|e| match e {
+        ToolError::Io(step, e) => Error::Iptables(format!("{step} {program}: {e}")),
+        ToolError::Failed(stderr) => Error::Iptables(format!("{program} {}: {stderr}", args.join(" "))),
+    })
 }
 
 /// What a flavour's listing holds, for [`choose_flavour`].
@@ -331,51 +315,6 @@ impl IptablesRunner for Recorder {
 
     fn healthy(&mut self) -> Result<bool, Error> {
         Ok(true)
-    }
-}
-
-/// Wraps a runner and adds up the wall time spent in it (the kernel's share of a sync).
-#[derive(Debug, Default)]
-pub struct Timed<R> {
-    /// The wrapped runner.
-    pub inner: R,
-    /// Time spent in `inner` since the last reset.
-    pub spent: Duration,
-}
-
-impl<R: IptablesRunner> Timed<R> {
-    fn time<T>(&mut self, f: impl FnOnce(&mut R) -> T) -> T {
-        let start = Instant::now();
-        let out = f(&mut self.inner);
-        self.spent += start.elapsed();
-        out
-    }
-}
-
-impl<R: IptablesRunner> IptablesRunner for Timed<R> {
-    fn restore(&mut self, family: IpFamily, input: &str) -> Result<(), Error> {
-        self.time(|r| r.restore(family, input))
-    }
-    fn check(&mut self, family: IpFamily, input: &str) -> Result<(), Error> {
-        self.time(|r| r.check(family, input))
-    }
-    fn check_is_reliable(&mut self) -> bool {
-        self.inner.check_is_reliable()
-    }
-    fn service_chains(&mut self, family: IpFamily) -> Result<BTreeSet<String>, Error> {
-        self.time(|r| r.service_chains(family))
-    }
-    fn missing_jumps(&mut self, family: IpFamily, jumps: &[Jump]) -> Result<Vec<Jump>, Error> {
-        self.time(|r| r.missing_jumps(family, jumps))
-    }
-    fn enable_route_localnet(&mut self) -> Result<(), Error> {
-        self.time(|r| r.enable_route_localnet())
-    }
-    fn healthy(&mut self) -> Result<bool, Error> {
-        self.time(|r| r.healthy())
-    }
-    fn families(&self) -> Vec<IpFamily> {
-        self.inner.families()
     }
 }
 

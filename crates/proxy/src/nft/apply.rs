@@ -6,15 +6,13 @@
 //! `roadkeeper cleanup` hands a script to `nft -f`. The `nft` syntax of the same ops stays the
 //! reference a reader can replay by hand (`roadkeeper rules`).
 
-use std::io::Write;
-use std::process::{Command, Stdio};
-
 use super::objects::Container;
 use super::rule::Op;
 use super::transaction::script;
 use super::transaction::Existing;
 use crate::Error;
 use crate::table::IpFamily;
+use crate::tool::ToolError;
 
 /// Something that can run nft transactions: the real binary, or a recorder in tests.
 pub trait NftRunner: Send {
@@ -37,23 +35,10 @@ pub trait NftRunner: Send {
 pub struct NftBinary;
 
 fn nft(args: &[&str], stdin: Option<&str>) -> Result<String, Error> {
-    let mut child = Command::new("nft")
-        .args(args)
-        .stdin(if stdin.is_some() { Stdio::piped() } else { Stdio::null() })
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .map_err(|e| Error::Nft(format!("cannot run nft: {e}")))?;
-    if let Some(input) = stdin {
-        let mut pipe = child.stdin.take().expect("stdin is piped");
-        pipe.write_all(input.as_bytes()).map_err(|e| Error::Nft(format!("writing to nft: {e}")))?;
-    }
-    let output = child.wait_with_output().map_err(|e| Error::Nft(format!("waiting for nft: {e}")))?;
-    if output.status.success() {
-        Ok(String::from_utf8_lossy(&output.stdout).into_owned())
-    } else {
-        Err(Error::Nft(String::from_utf8_lossy(&output.stderr).trim().to_string()))
-    }
+    crate::tool::run("nft", args, stdin).map_err(|e| match e {
+        ToolError::Io(step, e) => Error::Nft(format!("{step} nft: {e}")),
+        ToolError::Failed(stderr) => Error::Nft(stderr),
+    })
 }
 
 impl NftRunner for NftBinary {
@@ -124,49 +109,5 @@ impl NftRunner for Recorder {
 
     fn healthy(&mut self) -> Result<bool, Error> {
         Ok(true)
-    }
-}
-
-/// Wraps a runner and adds up the wall time spent in it (the kernel's share of a sync).
-#[derive(Debug, Default)]
-pub struct Timed<R> {
-    /// The wrapped runner.
-    pub inner: R,
-    /// Time spent in `inner` since the last reset.
-    pub spent: std::time::Duration,
-}
-
-impl<R: NftRunner> Timed<R> {
-    fn time<T>(&mut self, f: impl FnOnce(&mut R) -> T) -> T {
-        let start = std::time::Instant::now();
-        let out = f(&mut self.inner);
-        self.spent += start.elapsed();
-        out
-    }
-}
-
-impl<R: NftRunner> NftRunner for Timed<R> {
-    fn apply(&mut self, script: &str) -> Result<(), Error> {
-        self.time(|r| r.apply(script))
-    }
-
-    fn check(&mut self, script: &str) -> Result<(), Error> {
-        self.time(|r| r.check(script))
-    }
-
-    fn apply_ops(&mut self, ops: &[Op]) -> Result<(), Error> {
-        self.time(|r| r.apply_ops(ops))
-    }
-
-    fn check_ops(&mut self, ops: &[Op]) -> Result<(), Error> {
-        self.time(|r| r.check_ops(ops))
-    }
-
-    fn existing(&mut self) -> Result<Existing, Error> {
-        self.time(|r| r.existing())
-    }
-
-    fn healthy(&mut self) -> Result<bool, Error> {
-        self.time(|r| r.healthy())
     }
 }

@@ -24,37 +24,31 @@
 
 use std::io;
 use std::net::IpAddr;
-use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
 
 use ipnet::IpNet;
 
 use super::objects::{Container, TABLE, TABLE_COMMENT};
 use super::rule::{Action, AffinitySet, ChainType, ElementKey, HookPoint, Match, Op, Rule, Verdict, VmapKey};
 use crate::Error;
+use crate::netlink_socket::{
+    self as nl, NLA_F_NESTED, NLM_F_ACK, NLM_F_DUMP, NLM_F_REQUEST, NLMSG_DONE, NLMSG_ERROR, NLMSG_HDRLEN, NetfilterSocket,
+    SocketError,
+};
 use crate::table::{IpFamily, Protocol};
 
 // linux/netlink.h
-const NETLINK_NETFILTER: i32 = 12;
 const NETLINK_CAP_ACK: i32 = 10;
 const NETLINK_EXT_ACK: i32 = 11;
-const NLMSG_ERROR: u16 = 2;
-const NLMSG_DONE: u16 = 3;
-const NLM_F_DUMP: u16 = 0x300;
-const NLM_F_REQUEST: u16 = 1;
-const NLM_F_ACK: u16 = 4;
 const NLM_F_CREATE: u16 = 0x400;
 const NLM_F_APPEND: u16 = 0x800;
 const NLM_F_CAPPED: u16 = 0x100;
 const NLM_F_ACK_TLVS: u16 = 0x200;
-const NLA_F_NESTED: u16 = 0x8000;
 const NLMSGERR_ATTR_MSG: u16 = 1;
-const NLMSG_HDRLEN: usize = 16;
 
 // linux/netfilter/nfnetlink.h
 const NFNL_MSG_BATCH_BEGIN: u16 = 16;
 const NFNL_MSG_BATCH_END: u16 = 17;
 const NFNL_SUBSYS_NFTABLES: u16 = 10;
-const NFNETLINK_V0: u8 = 0;
 
 // linux/netfilter.h
 const NFPROTO_UNSPEC: u8 = 0;
@@ -319,13 +313,13 @@ fn dump(family: IpFamily, msg: u16, attrs: impl FnOnce(&mut Buf)) -> Result<Vec<
     let m = b.begin_msg(nft_type(msg), NLM_F_REQUEST | NLM_F_DUMP, seq, nfproto(family), 0);
     attrs(&mut b);
     b.end_msg(m);
-    let sock = Socket::open(b.data.len())?;
-    sock.send(&b.data)?;
+    let sock = open_socket(b.data.len())?;
+    sock.send(&b.data).map_err(socket_error)?;
     let mut replies = Vec::new();
     let mut buf = vec![0u8; 256 * 1024];
     loop {
         // The kernel fills the next part of a dump when we read the previous one.
-        let Some(n) = sock.recv(&mut buf, 10_000)? else {
+        let Some(n) = recv(&sock, &mut buf, 10_000)? else {
             return Err(Error::Nft("netlink dump: no answer from the kernel".into()));
         };
         let mut at = 0;
@@ -382,38 +376,17 @@ struct Buf {
 }
 
 impl Buf {
-    fn pad(&mut self) {
-        while !self.data.len().is_multiple_of(4) {
-            self.data.push(0);
-        }
-    }
-
     /// Starts a message with its nlmsghdr and nfgenmsg; returns its offset for [`Buf::end_msg`].
     fn begin_msg(&mut self, ty: u16, flags: u16, seq: u32, family: u8, res_id: u16) -> usize {
-        let start = self.data.len();
-        self.data.extend_from_slice(&0u32.to_ne_bytes()); // nlmsg_len, patched
-        self.data.extend_from_slice(&ty.to_ne_bytes());
-        self.data.extend_from_slice(&flags.to_ne_bytes());
-        self.data.extend_from_slice(&seq.to_ne_bytes());
-        self.data.extend_from_slice(&0u32.to_ne_bytes()); // nlmsg_pid
-        self.data.push(family);
-        self.data.push(NFNETLINK_V0);
-        self.data.extend_from_slice(&res_id.to_be_bytes());
-        start
+        nl::begin_msg(&mut self.data, ty, flags, seq, family, res_id)
     }
 
     fn end_msg(&mut self, start: usize) {
-        self.pad();
-        let len = (self.data.len() - start) as u32;
-        self.data[start..start + 4].copy_from_slice(&len.to_ne_bytes());
+        nl::end_msg(&mut self.data, start);
     }
 
     fn attr(&mut self, ty: u16, payload: &[u8]) {
-        let len = (4 + payload.len()) as u16;
-        self.data.extend_from_slice(&len.to_ne_bytes());
-        self.data.extend_from_slice(&ty.to_ne_bytes());
-        self.data.extend_from_slice(payload);
-        self.pad();
+        nl::attr(&mut self.data, ty, payload);
     }
 
     fn str(&mut self, ty: u16, s: &str) {
@@ -432,12 +405,9 @@ impl Buf {
     }
 
     fn nest(&mut self, ty: u16, f: impl FnOnce(&mut Buf)) {
-        let start = self.data.len();
-        self.data.extend_from_slice(&[0, 0]);
-        self.data.extend_from_slice(&(ty | NLA_F_NESTED).to_ne_bytes());
+        let start = nl::begin_nest(&mut self.data, ty);
         f(self);
-        let len = (self.data.len() - start) as u16;
-        self.data[start..start + 2].copy_from_slice(&len.to_ne_bytes());
+        nl::end_nest(&mut self.data, start);
     }
 
     /// `{NFTA_DATA_VALUE: bytes}` nested under `ty`.
@@ -994,10 +964,40 @@ fn encode_rule(b: &mut Buf, rule: &Rule) {
 // ---------------------------------------------------------------------------------------------
 // Socket
 
-struct Socket(OwnedFd);
+/// A socket for one batch or dump: acks without the echoed request, extended acks (error
+/// strings) when available, and buffers that fit a batch of `batch_len` bytes in one send.
+fn open_socket(batch_len: usize) -> Result<NetfilterSocket, Error> {
+    let sock = NetfilterSocket::open().map_err(socket_error)?;
+    sock.set_int_opt(libc::SOL_NETLINK, NETLINK_CAP_ACK, 1);
+    sock.set_int_opt(libc::SOL_NETLINK, NETLINK_EXT_ACK, 1);
+    // The whole batch must fit one send. *FORCE needs CAP_NET_ADMIN, which
+    // nf_tables requires anyway; fall back to the capped variant.
+    let sndbuf = (batch_len + 64 * 1024).min(i32::MAX as usize) as i32;
+    if !sock.set_int_opt(libc::SOL_SOCKET, libc::SO_SNDBUFFORCE, sndbuf) {
+        sock.set_int_opt(libc::SOL_SOCKET, libc::SO_SNDBUF, sndbuf);
+    }
+    // Errors come only for refused messages (at most a few per batch in practice).
+    let rcvbuf = 4 * 1024 * 1024;
+    if !sock.set_int_opt(libc::SOL_SOCKET, libc::SO_RCVBUFFORCE, rcvbuf) {
+        sock.set_int_opt(libc::SOL_SOCKET, libc::SO_RCVBUF, rcvbuf);
+    }
+    Ok(sock)
+}
 
-fn os_error(what: &str) -> Error {
-    Error::Nft(format!("netlink {what}: {}", io::Error::last_os_error()))
+/// Receives one datagram, waiting at most `timeout_ms`; `None` when nothing came. A datagram
+/// larger than `buf` is read as far as it fits.
+fn recv(sock: &NetfilterSocket, buf: &mut [u8], timeout_ms: i32) -> Result<Option<usize>, Error> {
+    Ok(sock.recv(buf, timeout_ms).map_err(socket_error)?.map(|n| n.min(buf.len())))
+}
+
+fn socket_error(e: SocketError) -> Error {
+    match e.call {
+        "recv" => Error::Nft(format!(
+            "netlink receive: {} (acknowledgements were lost; the batch outcome is unknown)",
+            e.err
+        )),
+        _ => Error::Nft(format!("netlink {e}")),
+    }
 }
 
 /// The errno's text without std's " (os error N)" suffix.
@@ -1006,116 +1006,6 @@ fn errno_text(errno: i32) -> String {
     match text.rfind(" (os error ") {
         Some(i) => text[..i].to_string(),
         None => text,
-    }
-}
-
-fn set_int_opt(fd: i32, level: i32, name: i32, value: i32) -> bool {
-    // SAFETY: `value` outlives the call and the length matches its type.
-    unsafe {
-        libc::setsockopt(
-            fd,
-            level,
-            name,
-            (&value as *const i32).cast(),
-            std::mem::size_of::<i32>() as libc::socklen_t,
-        ) == 0
-    }
-}
-
-impl Socket {
-    fn open(batch_len: usize) -> Result<Socket, Error> {
-        // SAFETY: plain socket(2) call; the fd is owned right away.
-        let fd = unsafe { libc::socket(libc::AF_NETLINK, libc::SOCK_RAW | libc::SOCK_CLOEXEC, NETLINK_NETFILTER) };
-        if fd < 0 {
-            return Err(os_error("socket"));
-        }
-        // SAFETY: fd is a fresh descriptor nobody else owns.
-        let sock = Socket(unsafe { OwnedFd::from_raw_fd(fd) });
-        // Acks without the echoed request, and extended acks (error strings) when available.
-        set_int_opt(fd, libc::SOL_NETLINK, NETLINK_CAP_ACK, 1);
-        set_int_opt(fd, libc::SOL_NETLINK, NETLINK_EXT_ACK, 1);
-        // The whole batch must fit one send. *FORCE needs CAP_NET_ADMIN, which
-        // nf_tables requires anyway; fall back to the capped variant.
-        let sndbuf = (batch_len + 64 * 1024).min(i32::MAX as usize) as i32;
-        if !set_int_opt(fd, libc::SOL_SOCKET, libc::SO_SNDBUFFORCE, sndbuf) {
-            set_int_opt(fd, libc::SOL_SOCKET, libc::SO_SNDBUF, sndbuf);
-        }
-        // Errors come only for refused messages (at most a few per batch in practice).
-        let rcvbuf = 4 * 1024 * 1024;
-        if !set_int_opt(fd, libc::SOL_SOCKET, libc::SO_RCVBUFFORCE, rcvbuf) {
-            set_int_opt(fd, libc::SOL_SOCKET, libc::SO_RCVBUF, rcvbuf);
-        }
-        // SAFETY: a zeroed sockaddr_nl is valid; pid 0 lets the kernel pick our port id.
-        let mut addr: libc::sockaddr_nl = unsafe { std::mem::zeroed() };
-        addr.nl_family = libc::AF_NETLINK as libc::sa_family_t;
-        // SAFETY: addr is a valid sockaddr_nl of the given length.
-        let rc = unsafe {
-            libc::bind(fd, (&addr as *const libc::sockaddr_nl).cast(), std::mem::size_of::<libc::sockaddr_nl>() as u32)
-        };
-        if rc < 0 {
-            return Err(os_error("bind"));
-        }
-        Ok(sock)
-    }
-
-    fn send(&self, data: &[u8]) -> Result<(), Error> {
-        // SAFETY: a zeroed sockaddr_nl addresses the kernel.
-        let mut addr: libc::sockaddr_nl = unsafe { std::mem::zeroed() };
-        addr.nl_family = libc::AF_NETLINK as libc::sa_family_t;
-        loop {
-            // SAFETY: data and addr are valid for the given lengths.
-            let n = unsafe {
-                libc::sendto(
-                    self.0.as_raw_fd(),
-                    data.as_ptr().cast(),
-                    data.len(),
-                    0,
-                    (&addr as *const libc::sockaddr_nl).cast(),
-                    std::mem::size_of::<libc::sockaddr_nl>() as u32,
-                )
-            };
-            if n >= 0 {
-                if n as usize != data.len() {
-                    return Err(Error::Nft(format!("netlink send: short write ({n} of {} bytes)", data.len())));
-                }
-                return Ok(());
-            }
-            if io::Error::last_os_error().kind() != io::ErrorKind::Interrupted {
-                return Err(os_error("send"));
-            }
-        }
-    }
-
-    /// Receives one datagram, waiting at most `timeout_ms`; `None` when nothing came.
-    fn recv(&self, buf: &mut [u8], timeout_ms: i32) -> Result<Option<usize>, Error> {
-        let mut pfd = libc::pollfd { fd: self.0.as_raw_fd(), events: libc::POLLIN, revents: 0 };
-        loop {
-            // SAFETY: pfd is one valid pollfd.
-            let rc = unsafe { libc::poll(&mut pfd, 1, timeout_ms) };
-            if rc < 0 {
-                if io::Error::last_os_error().kind() == io::ErrorKind::Interrupted {
-                    continue;
-                }
-                return Err(os_error("poll"));
-            }
-            if rc == 0 {
-                return Ok(None);
-            }
-            // SAFETY: buf is valid for writes of its length.
-            let n = unsafe { libc::recv(self.0.as_raw_fd(), buf.as_mut_ptr().cast(), buf.len(), libc::MSG_DONTWAIT) };
-            if n >= 0 {
-                return Ok(Some(n as usize));
-            }
-            let err = io::Error::last_os_error();
-            match err.kind() {
-                io::ErrorKind::Interrupted | io::ErrorKind::WouldBlock => continue,
-                _ => {
-                    return Err(Error::Nft(format!(
-                        "netlink receive: {err} (acknowledgements were lost; the batch outcome is unknown)"
-                    )));
-                }
-            }
-        }
     }
 }
 
@@ -1189,8 +1079,8 @@ fn transact(ops: &[Op], commit: bool) -> Result<(), Error> {
     if commit {
         batch_marker(&mut b, NFNL_MSG_BATCH_END, end_seq);
     }
-    let sock = Socket::open(b.data.len())?;
-    sock.send(&b.data)?;
+    let sock = open_socket(b.data.len())?;
+    sock.send(&b.data).map_err(socket_error)?;
 
     // nfnetlink processes the whole batch inside sendmsg(2), so every answer is already queued:
     // an error for each refused op, then the END's ack (recent kernels) or its error.
@@ -1201,7 +1091,7 @@ fn transact(ops: &[Op], commit: bool) -> Result<(), Error> {
     let mut errors: Vec<Answer> = Vec::new();
     let mut buf = vec![0u8; 64 * 1024];
     let mut answers = Vec::new();
-    while let Some(n) = sock.recv(&mut buf, 0)? {
+    while let Some(n) = recv(&sock, &mut buf, 0)? {
         answers.clear();
         parse_answers(&buf[..n], &mut answers);
         errors.extend(answers.drain(..).filter(|a| a.errno != 0 && (op_index(a.seq).is_some() || a.seq == end_seq)));

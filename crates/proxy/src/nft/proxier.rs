@@ -4,55 +4,39 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::net::IpAddr;
-use std::time::{Duration, Instant};
 
 use ipnet::IpNet;
 use roadkeeper_cluster::{NamespacedName, Store};
 
 use crate::Error;
 use crate::config::ProxyConfig;
-use crate::nft::apply::{NftRunner, Timed};
+use crate::nft::apply::NftRunner;
 use crate::nft::layout::Layout;
 use crate::nft::objects::Objects;
 use crate::nft::rule::Op;
 use crate::nft::service::{PlanContext, plan_service};
 use crate::nft::transaction;
-use crate::proxier::{Proxier, SyncReport, bisect};
-use crate::table::{IpFamily, NodeInfo, ServicePort, Skip, service_ports};
+use crate::proxier::{Backend, SyncReport, SyncState, bisect};
+use crate::table::{IpFamily, NodeInfo, ServicePort};
 
 /// Plans and programs one node's nftables rules.
 pub struct NftProxier<R: NftRunner> {
     cfg: ProxyConfig,
-    node: NodeInfo,
-    service_cidrs: Vec<IpNet>,
-    runner: Timed<R>,
+    state: SyncState,
+    runner: R,
     /// Objects in the kernel, per Service.
     applied: BTreeMap<NamespacedName, Objects>,
-    /// Services the kernel refused at the last sync: retried with every later sync.
-    refused: BTreeSet<NamespacedName>,
-    /// The service table, per Service (for display and health checks).
-    table: BTreeMap<NamespacedName, Vec<ServicePort>>,
-    needs_full: bool,
 }
 
 impl<R: NftRunner> NftProxier<R> {
     /// A proxier that will start with a full sync.
     pub fn new(cfg: ProxyConfig, node: NodeInfo, runner: R) -> Self {
-        NftProxier {
-            cfg,
-            node,
-            service_cidrs: Vec::new(),
-            runner: Timed { inner: runner, spent: Duration::ZERO },
-            applied: BTreeMap::new(),
-            table: BTreeMap::new(),
-            refused: BTreeSet::new(),
-            needs_full: true,
-        }
+        NftProxier { cfg, state: SyncState::new(node), runner, applied: BTreeMap::new() }
     }
 
     /// The runner (for health checks of the kernel state).
     pub fn runner(&mut self) -> &mut R {
-        &mut self.runner.inner
+        &mut self.runner
     }
 
     /// The fixed layout of each family's table.
@@ -63,9 +47,10 @@ impl<R: NftRunner> NftProxier<R> {
                 family,
                 cluster_cidrs: self.family_cidrs(family),
                 masquerade_mark: self.cfg.masquerade_mark(),
-                nodeport_ips: self.node.nodeport_ips(family, &self.cfg),
+                nodeport_ips: self.state.node.nodeport_ips(family, &self.cfg),
                 nodeport_all_local: self.cfg.nodeport_addresses.covers_all(family),
                 service_cidrs: self
+                    .state
                     .service_cidrs
                     .iter()
                     .filter(|c| IpFamily::of(&c.addr()) == family)
@@ -83,19 +68,14 @@ impl<R: NftRunner> NftProxier<R> {
         PlanContext {
             cluster_cidrs: self.family_cidrs(family),
             masquerade_all: self.cfg.masquerade_all,
-            node_ips: self.node.primary_ips.iter().filter(|ip| IpFamily::of(ip) == family).copied().collect::<Vec<IpAddr>>(),
+            node_ips: self.state.node.primary_ips.iter().filter(|ip| IpFamily::of(ip) == family).copied().collect::<Vec<IpAddr>>(),
         }
     }
 
     /// Plans one Service (its table entries and nft objects); absent or skipped Services plan
     /// to nothing.
     fn plan(&self, key: &NamespacedName, store: &Store) -> (Vec<ServicePort>, Objects) {
-        let Some(svc) = store.service(key) else { return (Vec::new(), Objects::default()) };
-        let slices = store.slices_for(key);
-        let ports = match service_ports(key, svc, &slices, &self.node, &self.cfg) {
-            Ok(ports) => ports,
-            Err(Skip::Headless | Skip::ExternalName | Skip::OtherProxy) => Vec::new(),
-        };
+        let ports = self.state.service_ports(key, store, &self.cfg);
         let mut objects = Objects::default();
         for family in [IpFamily::V4, IpFamily::V6] {
             let of_family: Vec<ServicePort> = ports.iter().filter(|p| p.family == family).cloned().collect();
@@ -106,6 +86,16 @@ impl<R: NftRunner> NftProxier<R> {
         }
         (ports, objects)
     }
+}
+
+impl<R: NftRunner> Backend for NftProxier<R> {
+    fn state(&self) -> &SyncState {
+        &self.state
+    }
+
+    fn state_mut(&mut self) -> &mut SyncState {
+        &mut self.state
+    }
 
     /// Rewrites everything we own, the layout and every Service's objects, in one netlink
     /// transaction.
@@ -113,7 +103,7 @@ impl<R: NftRunner> NftProxier<R> {
         let keys: Vec<NamespacedName> = store.services().map(|(k, _)| k.clone()).collect();
         let mut planned: BTreeMap<NamespacedName, (Vec<ServicePort>, Objects)> =
             keys.iter().map(|key| (key.clone(), self.plan(key, store))).collect();
-        let existing = self.runner.existing()?;
+        let existing = self.state.kernel.time(|| self.runner.existing())?;
         let layouts = self.layouts();
         let ops_for = |planned: &BTreeMap<NamespacedName, (Vec<ServicePort>, Objects)>, only: Option<&[NamespacedName]>| {
             let included = |key: &NamespacedName| only.is_none_or(|keys| keys.contains(key));
@@ -122,15 +112,19 @@ impl<R: NftRunner> NftProxier<R> {
         };
         let mut refused = Vec::new();
         let mut ops = ops_for(&planned, None);
-        if let Err(err) = self.runner.apply_ops(&ops) {
+        if let Err(err) = self.state.kernel.time(|| self.runner.apply_ops(&ops)) {
             tracing::warn!(error = %err, "full sync refused by the kernel; looking for the offending Services");
-            let runner = &mut self.runner;
-            let bad = bisect(&keys, &mut |subset| runner.check_ops(&ops_for(&planned, Some(subset))).is_ok());
+            let (runner, kernel) = (&mut self.runner, &mut self.state.kernel);
+            let bad = bisect(&keys, &mut |subset| {
+                let ops = ops_for(&planned, Some(subset));
+                kernel.time(|| runner.check_ops(&ops)).is_ok()
+            });
             if bad.is_empty() {
                 return Err(err);
             }
             for key in &bad {
-                let why = self.runner.check_ops(&ops_for(&planned, Some(std::slice::from_ref(key)))).err();
+                let ops = ops_for(&planned, Some(std::slice::from_ref(key)));
+                let why = self.state.kernel.time(|| self.runner.check_ops(&ops)).err();
                 let why = why.map(|e| e.to_string()).unwrap_or_else(|| err.to_string());
                 tracing::error!(service = %key, error = %why, "kernel refused the rules of this Service; keeping its last good rules");
                 // Keep the last good objects of a refused Service, if it had any.
@@ -139,17 +133,17 @@ impl<R: NftRunner> NftProxier<R> {
                 refused.push((key.clone(), why));
             }
             ops = ops_for(&planned, None);
-            self.runner.apply_ops(&ops)?;
+            self.state.kernel.time(|| self.runner.apply_ops(&ops))?;
         }
-        self.needs_full = false;
+        self.state.needs_full = false;
         self.applied.clear();
-        self.table.clear();
+        self.state.table.clear();
         let changed = planned.len();
         for (key, (ports, objects)) in planned {
             if !objects.is_empty() {
                 self.applied.insert(key.clone(), objects);
             }
-            self.set_table(&key, ports);
+            self.state.set_table(&key, ports);
         }
         Ok(SyncReport { full: true, services_changed: changed, ops: ops.len(), refused, ..SyncReport::default() })
     }
@@ -162,7 +156,7 @@ impl<R: NftRunner> NftProxier<R> {
             let empty = Objects::default();
             let ops = transaction::partial_sync(self.applied.get(key).unwrap_or(&empty), &objects);
             if ops.is_empty() {
-                self.set_table(key, ports);
+                self.state.set_table(key, ports);
                 continue;
             }
             plans.insert(key.clone(), (ports, objects, ops));
@@ -172,24 +166,27 @@ impl<R: NftRunner> NftProxier<R> {
         let mut ops = join(&keys);
         let mut refused = Vec::new();
         if !ops.is_empty()
-            && let Err(err) = self.runner.apply_ops(&ops)
+            && let Err(err) = self.state.kernel.time(|| self.runner.apply_ops(&ops))
         {
             tracing::warn!(error = %err, "partial sync refused by the kernel; looking for the offending Services");
-            let runner = &mut self.runner;
-            let bad = bisect(&keys, &mut |subset| runner.check_ops(&join(subset)).is_ok());
+            let (runner, kernel) = (&mut self.runner, &mut self.state.kernel);
+            let bad = bisect(&keys, &mut |subset| {
+                let ops = join(subset);
+                kernel.time(|| runner.check_ops(&ops)).is_ok()
+            });
             if bad.is_empty() {
-                self.needs_full = true;
                 return Err(err);
             }
             for key in &bad {
-                let why = self.runner.check_ops(&plans[*key].2).err().map(|e| e.to_string()).unwrap_or_else(|| err.to_string());
+                let why = self.state.kernel.time(|| self.runner.check_ops(&plans[*key].2)).err();
+                let why = why.map(|e| e.to_string()).unwrap_or_else(|| err.to_string());
                 tracing::error!(service = %key, error = %why, "kernel refused the rules of this Service; keeping its last good rules");
                 refused.push(((*key).clone(), why));
             }
             let good: Vec<&NamespacedName> = keys.iter().filter(|k| !bad.contains(k)).copied().collect();
             ops = join(&good);
             if !ops.is_empty() {
-                self.runner.apply_ops(&ops).inspect_err(|_| self.needs_full = true)?;
+                self.state.kernel.time(|| self.runner.apply_ops(&ops))?;
             }
         }
         let refused_keys: BTreeSet<NamespacedName> = refused.iter().map(|(k, _)| k.clone()).collect();
@@ -200,101 +197,24 @@ impl<R: NftRunner> NftProxier<R> {
             }
             services_changed += 1;
             if objects.is_empty() { self.applied.remove(&key) } else { self.applied.insert(key.clone(), objects) };
-            self.set_table(&key, ports);
+            self.state.set_table(&key, ports);
         }
         Ok(SyncReport { full: false, services_changed, ops: ops.len(), refused, ..SyncReport::default() })
     }
 
-    /// Records the service table entries of one Service.
-    fn set_table(&mut self, key: &NamespacedName, ports: Vec<ServicePort>) {
-        if ports.is_empty() {
-            self.table.remove(key);
-        } else {
-            self.table.insert(key.clone(), ports);
-        }
-    }
-}
-
-impl<R: NftRunner> Proxier for NftProxier<R> {
-    /// Updates what the node knows about itself; a change forces a full sync.
-    fn set_node(&mut self, node: NodeInfo) {
-        if node != self.node {
-            self.node = node;
-            self.needs_full = true;
-        }
-    }
-
-    /// Updates the service CIDRs; a change forces a full sync.
-    fn set_service_cidrs(&mut self, cidrs: Vec<IpNet>) {
-        if cidrs != self.service_cidrs {
-            self.service_cidrs = cidrs;
-            self.needs_full = true;
-        }
-    }
-
-    /// Asks for a full sync at the next [`sync`](Self::sync) (after a failure, or when someone
-    /// removed our table).
-    fn force_full_sync(&mut self) {
-        self.needs_full = true;
-    }
-
-    /// Brings the kernel up to date: a full sync when needed, else a partial sync of `changed`.
-    fn sync(&mut self, store: &Store, changed: &BTreeSet<NamespacedName>) -> Result<SyncReport, Error> {
-        let start = Instant::now();
-        self.runner.spent = Duration::ZERO;
-        let mut report = if self.needs_full {
-            self.full_sync(store)?
-        } else {
-            let retried: BTreeSet<NamespacedName> = changed.union(&self.refused).cloned().collect();
-            self.partial_sync(store, &retried)?
-        };
-        self.refused = report.refused.iter().map(|(key, _)| key.clone()).collect();
-        report.duration = start.elapsed();
-        report.kernel = self.runner.spent;
-        Ok(report)
-    }
-
-    /// True when the kernel refused some Service at the last sync (a retry is worth scheduling).
-    fn has_refused(&self) -> bool {
-        !self.refused.is_empty()
-    }
-
-    /// The current service table.
-    fn table(&self) -> &BTreeMap<NamespacedName, Vec<ServicePort>> {
-        &self.table
-    }
-
-    fn healthy(&mut self) -> bool {
-        self.runner.inner.healthy().unwrap_or(false)
+    /// Our tables exist and the dispatch rule is in place (not timed: not part of a sync).
+    fn rules_in_place(&mut self) -> bool {
+        self.runner.healthy().unwrap_or(false)
     }
 }
 
 #[cfg(test)]
 mod tests {
-    use roadkeeper_cluster::Object;
-
     use super::*;
     use crate::nft::apply::Recorder;
     use crate::nft::transaction::{Existing, script};
-
-    /// Service `name` (ClusterIP 10.96.0.<n>) and its slice with endpoints 10.244.<n>.<1..=eps>
-    /// (the first one shifted by `generation`).
-    fn service(name: &str, n: u8, eps: u8, generation: u8) -> [Object; 2] {
-        let svc = format!("metadata: {{name: {name}, namespace: default}}\nspec: {{clusterIP: 10.96.0.{n}, ports: [{{port: 80}}]}}\n");
-        let mut slice = format!(
-            "metadata: {{name: {name}-1, namespace: default, labels: {{kubernetes.io/service-name: {name}}}}}\n\
-             addressType: IPv4\nports: [{{port: 8080}}]\nendpoints:\n"
-        );
-        for e in 1..=eps {
-            let host = if e == 1 { e + generation * 10 } else { e };
-            slice.push_str(&format!("- {{addresses: [10.244.{n}.{host}]}}\n"));
-        }
-        [Object::Service(serde_saphyr::from_str(&svc).unwrap()), Object::EndpointSlice(serde_saphyr::from_str(&slice).unwrap())]
-    }
-
-    fn cluster(size: u8, changed_generation: u8) -> Store {
-        Store::from_objects((1..=size).flat_map(|n| service(&format!("svc-{n}"), n, 3, if n == 1 { changed_generation } else { 0 })))
-    }
+    use crate::proxier::Proxier;
+    use crate::proxier::testing::{cluster, service};
 
     fn proxier<R: NftRunner>(runner: R) -> NftProxier<R> {
         NftProxier::new(ProxyConfig::default(), NodeInfo::default(), runner)

@@ -215,26 +215,17 @@ mod tests {
     use roadkeeper_cluster::NamespacedName;
 
     use super::*;
-    use crate::table::{IpFamily, Protocol, ServicePortName};
+    use crate::table::{IpFamily, Protocol};
 
     /// An `externalTrafficPolicy: Local` port with an externalIP and a NodePort, whose endpoints
     /// (if any) run on other nodes.
     fn local_policy_port(endpoints: Vec<Endpoint>) -> ServicePort {
+        let web = NamespacedName::new("default", "web");
         ServicePort {
-            name: ServicePortName { service: NamespacedName::new("default", "web"), port: String::new(), protocol: Protocol::Tcp },
-            family: IpFamily::V4,
-            port: 80,
-            cluster_ip: Some("10.96.0.80".parse().unwrap()),
             node_port: Some(30080),
             external_ips: vec!["203.0.113.7".parse().unwrap()],
-            load_balancer_ips: Vec::new(),
-            source_ranges: Vec::new(),
-            affinity_timeout: None,
             external_policy_local: true,
-            internal_policy_local: false,
-            health_check_node_port: None,
-            cluster_endpoints: endpoints,
-            local_endpoints: Vec::new(),
+            ..ServicePort::for_test(web, Protocol::Tcp, "10.96.0.80".parse().unwrap(), 80, endpoints)
         }
     }
 

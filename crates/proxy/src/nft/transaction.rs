@@ -150,28 +150,13 @@ mod tests {
 
     use super::*;
     use crate::nft::service::{PlanContext, plan_service};
-    use crate::table::{Endpoint, Protocol, ServicePort, ServicePortName};
+    use crate::table::{Endpoint, Protocol, ServicePort};
 
     fn port(name: &str, ip: &str, endpoints: &[&str]) -> ServicePort {
-        ServicePort {
-            name: ServicePortName { service: NamespacedName::new("default", name), port: "http".into(), protocol: Protocol::Tcp },
-            family: IpFamily::V4,
-            port: 80,
-            cluster_ip: Some(ip.parse().unwrap()),
-            node_port: None,
-            external_ips: Vec::new(),
-            load_balancer_ips: Vec::new(),
-            source_ranges: Vec::new(),
-            affinity_timeout: None,
-            external_policy_local: false,
-            internal_policy_local: false,
-            health_check_node_port: None,
-            cluster_endpoints: endpoints
-                .iter()
-                .map(|e| Endpoint { ip: e.parse().unwrap(), port: 8080, is_local: true })
-                .collect(),
-            local_endpoints: Vec::new(),
-        }
+        let endpoints = endpoints.iter().map(|e| Endpoint { ip: e.parse().unwrap(), port: 8080, is_local: true }).collect();
+        let mut sp = ServicePort::for_test(NamespacedName::new("default", name), Protocol::Tcp, ip.parse().unwrap(), 80, endpoints);
+        sp.name.port = "http".into();
+        sp
     }
 
     fn plan(sp: ServicePort) -> Objects {

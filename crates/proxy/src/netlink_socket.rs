@@ -1,0 +1,201 @@
+//! The raw `NETLINK_NETFILTER` socket of the two netfilter clients, nf_tables
+//! ([`crate::nft::netlink`]) and ctnetlink ([`crate::conntrack`]), and the message framing they
+//! share: nlmsghdr + nfgenmsg headers and TLV attributes. Each protocol's messages, and how it
+//! reads the answers, stay in its own module.
+//!
+//! Numbers are copied from `linux/netlink.h` and `linux/netfilter/nfnetlink.h` under their C names.
+
+use std::fmt;
+use std::io;
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
+
+const NETLINK_NETFILTER: i32 = 12;
+pub(crate) const NLMSG_ERROR: u16 = 2;
+pub(crate) const NLMSG_DONE: u16 = 3;
+pub(crate) const NLM_F_REQUEST: u16 = 1;
+pub(crate) const NLM_F_ACK: u16 = 4;
+pub(crate) const NLM_F_DUMP: u16 = 0x300;
+pub(crate) const NLA_F_NESTED: u16 = 0x8000;
+pub(crate) const NLMSG_HDRLEN: usize = 16;
+pub(crate) const NLA_HDRLEN: usize = 4;
+const NFNETLINK_V0: u8 = 0;
+
+// ---- framing (pure) -------------------------------------------------------------------------
+
+/// Starts a message with its nlmsghdr and nfgenmsg; returns its offset for [`end_msg`].
+pub(crate) fn begin_msg(b: &mut Vec<u8>, ty: u16, flags: u16, seq: u32, family: u8, res_id: u16) -> usize {
+    let start = b.len();
+    b.extend_from_slice(&0u32.to_ne_bytes()); // nlmsg_len, patched by end_msg
+    b.extend_from_slice(&ty.to_ne_bytes());
+    b.extend_from_slice(&flags.to_ne_bytes());
+    b.extend_from_slice(&seq.to_ne_bytes());
+    b.extend_from_slice(&0u32.to_ne_bytes()); // nlmsg_pid: the kernel
+    b.push(family);
+    b.push(NFNETLINK_V0);
+    b.extend_from_slice(&res_id.to_be_bytes());
+    start
+}
+
+/// Pads the message begun at `start` to 4 bytes and fills in its length.
+pub(crate) fn end_msg(b: &mut Vec<u8>, start: usize) {
+    pad(b);
+    let len = (b.len() - start) as u32;
+    b[start..start + 4].copy_from_slice(&len.to_ne_bytes());
+}
+
+/// Appends one attribute (header, payload, padding to 4 bytes).
+pub(crate) fn attr(b: &mut Vec<u8>, ty: u16, payload: &[u8]) {
+    b.extend_from_slice(&((NLA_HDRLEN + payload.len()) as u16).to_ne_bytes());
+    b.extend_from_slice(&ty.to_ne_bytes());
+    b.extend_from_slice(payload);
+    pad(b);
+}
+
+/// Starts a nested attribute `ty`; returns its offset for [`end_nest`].
+pub(crate) fn begin_nest(b: &mut Vec<u8>, ty: u16) -> usize {
+    let start = b.len();
+    b.extend_from_slice(&[0, 0]);
+    b.extend_from_slice(&(ty | NLA_F_NESTED).to_ne_bytes());
+    start
+}
+
+/// Fills in the length of the nested attribute begun at `start`.
+pub(crate) fn end_nest(b: &mut [u8], start: usize) {
+    let len = (b.len() - start) as u16;
+    b[start..start + 2].copy_from_slice(&len.to_ne_bytes());
+}
+
+fn pad(b: &mut Vec<u8>) {
+    b.resize(b.len().next_multiple_of(4), 0);
+}
+
+// ---- the socket (thin) ----------------------------------------------------------------------
+
+/// A failed socket call: which one (`socket`, `bind`, `send`, `poll`, `recv`) and why.
+#[derive(Debug)]
+pub(crate) struct SocketError {
+    /// The call that failed.
+    pub call: &'static str,
+    /// The OS error (or what was wrong with the result).
+    pub err: io::Error,
+}
+
+impl SocketError {
+    fn last(call: &'static str) -> SocketError {
+        SocketError { call, err: io::Error::last_os_error() }
+    }
+}
+
+impl fmt::Display for SocketError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}: {}", self.call, self.err)
+    }
+}
+
+/// A `NETLINK_NETFILTER` socket in the calling thread's network namespace, bound to a port id the
+/// kernel picks, talking to the kernel.
+pub(crate) struct NetfilterSocket(OwnedFd);
+
+impl NetfilterSocket {
+    /// Opens and binds the socket.
+    pub(crate) fn open() -> Result<NetfilterSocket, SocketError> {
+        // SAFETY: plain socket(2) call; the result is checked before use.
+        let fd = unsafe { libc::socket(libc::AF_NETLINK, libc::SOCK_RAW | libc::SOCK_CLOEXEC, NETLINK_NETFILTER) };
+        if fd < 0 {
+            return Err(SocketError::last("socket"));
+        }
+        // SAFETY: fd is a freshly created descriptor that nothing else owns.
+        let socket = NetfilterSocket(unsafe { OwnedFd::from_raw_fd(fd) });
+        let addr = kernel_addr();
+        // SAFETY: valid fd and sockaddr_nl of the given length.
+        let rc = unsafe {
+            libc::bind(fd, (&addr as *const libc::sockaddr_nl).cast(), std::mem::size_of::<libc::sockaddr_nl>() as u32)
+        };
+        if rc < 0 {
+            return Err(SocketError::last("bind"));
+        }
+        Ok(socket)
+    }
+
+    /// Sets an integer socket option; false when the kernel refused it.
+    pub(crate) fn set_int_opt(&self, level: i32, name: i32, value: i32) -> bool {
+        // SAFETY: `value` outlives the call and the length matches its type.
+        unsafe {
+            libc::setsockopt(
+                self.0.as_raw_fd(),
+                level,
+                name,
+                (&value as *const i32).cast(),
+                std::mem::size_of::<i32>() as libc::socklen_t,
+            ) == 0
+        }
+    }
+
+    /// Sends one datagram to the kernel (retrying on EINTR); a short write is an error.
+    pub(crate) fn send(&self, data: &[u8]) -> Result<(), SocketError> {
+        let addr = kernel_addr();
+        loop {
+            // SAFETY: data and addr are valid for the given lengths.
+            let n = unsafe {
+                libc::sendto(
+                    self.0.as_raw_fd(),
+                    data.as_ptr().cast(),
+                    data.len(),
+                    0,
+                    (&addr as *const libc::sockaddr_nl).cast(),
+                    std::mem::size_of::<libc::sockaddr_nl>() as u32,
+                )
+            };
+            if n >= 0 {
+                if n as usize != data.len() {
+                    let err = io::Error::other(format!("short write ({n} of {} bytes)", data.len()));
+                    return Err(SocketError { call: "send", err });
+                }
+                return Ok(());
+            }
+            if io::Error::last_os_error().kind() != io::ErrorKind::Interrupted {
+                return Err(SocketError::last("send"));
+            }
+        }
+    }
+
+    /// Receives one datagram into `buf`, waiting at most `timeout_ms`; `None` when nothing came.
+    /// The length returned is the datagram's own (`MSG_TRUNC`): more than `buf.len()` when it did
+    /// not fit.
+    pub(crate) fn recv(&self, buf: &mut [u8], timeout_ms: i32) -> Result<Option<usize>, SocketError> {
+        let mut pfd = libc::pollfd { fd: self.0.as_raw_fd(), events: libc::POLLIN, revents: 0 };
+        loop {
+            // SAFETY: pfd is one valid pollfd.
+            let rc = unsafe { libc::poll(&mut pfd, 1, timeout_ms) };
+            if rc < 0 {
+                if io::Error::last_os_error().kind() == io::ErrorKind::Interrupted {
+                    continue;
+                }
+                return Err(SocketError::last("poll"));
+            }
+            if rc == 0 {
+                return Ok(None);
+            }
+            // SAFETY: buf is valid for writes of its length.
+            let n = unsafe {
+                libc::recv(self.0.as_raw_fd(), buf.as_mut_ptr().cast(), buf.len(), libc::MSG_DONTWAIT | libc::MSG_TRUNC)
+            };
+            if n >= 0 {
+                return Ok(Some(n as usize));
+            }
+            let err = io::Error::last_os_error();
+            match err.kind() {
+                io::ErrorKind::Interrupted | io::ErrorKind::WouldBlock => continue,
+                _ => return Err(SocketError { call: "recv", err }),
+            }
+        }
+    }
+}
+
+/// The kernel's address (port id 0); bound, it lets the kernel pick ours.
+fn kernel_addr() -> libc::sockaddr_nl {
+    // SAFETY: a zeroed sockaddr_nl is valid.
+    let mut addr: libc::sockaddr_nl = unsafe { std::mem::zeroed() };
+    addr.nl_family = libc::AF_NETLINK as libc::sa_family_t;
+    addr
+}
