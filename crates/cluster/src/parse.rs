@@ -32,31 +32,45 @@ fn yaml_options() -> serde_saphyr::Options {
     budget.max_documents = 1 << 20;
     budget.max_nodes = 1 << 28;
     budget.max_events = 1 << 30;
+    budget.max_reader_input_bytes = None;
     let mut options = serde_saphyr::Options::default();
     options.budget = Some(budget);
     options
 }
 
-/// Parses a whole manifest file; `Err` when the file is not valid YAML/JSON at all.
+/// Parses a whole manifest file; `Err` when the file is not valid YAML/JSON at all (then none of
+/// its documents count). YAML documents are read one at a time and typed right away, so a file
+/// holding a whole cluster never exists as untyped values all at once.
 pub(crate) fn parse_file(file: &Path, text: &str) -> Result<Vec<Entry>, ManifestError> {
-    let documents = if file.extension().is_some_and(|e| e == "json") {
-        serde_json::from_str::<Value>(text)
-            .map(|v| vec![v])
-            .map_err(|e| format!("invalid JSON: {e}"))
-    } else {
-        serde_saphyr::from_multiple_with_options::<Value>(text, yaml_options()).map_err(|e| {
-            // The error renders a multi-line source snippet; its first line has position and cause.
-            let rendered = e.to_string();
-            let summary = rendered.lines().next().unwrap_or_default();
-            format!("invalid YAML: {}", summary.trim_start_matches("error: "))
-        })
-    };
-    let documents = documents.map_err(|message| ManifestError::file(file, message))?;
     let mut entries = Vec::new();
-    for document in documents {
+    if file.extension().is_some_and(|e| e == "json") {
+        let document = serde_json::from_str::<Value>(text)
+            .map_err(|e| ManifestError::file(file, format!("invalid JSON: {e}")))?;
+        collect(file, document, &mut entries);
+        return Ok(entries);
+    }
+    let mut reader = text.as_bytes();
+    for document in serde_saphyr::read_with_options::<_, Value>(&mut reader, yaml_options()) {
+        let document = document.map_err(|e| ManifestError::file(file, format!("invalid YAML: {}", yaml_error(&e))))?;
         collect(file, document, &mut entries);
     }
     Ok(entries)
+}
+
+/// A YAML error as one line: `line L column C: cause`. (The error renders a multi-line source
+/// snippet whose first line holds the cause, with the position in a suffix when streaming.)
+fn yaml_error(e: &serde_saphyr::Error) -> String {
+    let rendered = e.to_string();
+    let first = rendered.lines().next().unwrap_or_default().trim_start_matches("error: ");
+    match e.location() {
+        Some(at) => {
+            let suffix = format!(" at line {}, column {}", at.line(), at.column());
+            let prefix = format!("line {} column {}: ", at.line(), at.column());
+            let cause = first.strip_suffix(&suffix).unwrap_or(first);
+            format!("line {} column {}: {}", at.line(), at.column(), cause.strip_prefix(&prefix).unwrap_or(cause))
+        }
+        None => first.to_string(),
+    }
 }
 
 fn collect(file: &Path, document: Value, entries: &mut Vec<Entry>) {
