@@ -19,6 +19,7 @@ per_backend!(
     load_balancer_source_ranges_drop_other_sources_but_not_the_node_port,
     load_balancer_source_ranges_admit_listed_sources,
     node_ports_listen_on_the_modes_default_addresses_and_on_every_address_with_0_0_0_0_slash_0,
+    node_ports_answer_on_localhost_only_in_iptables_mode_while_localhost_nodeports_is_on,
 );
 
 /// Service number of `web`: ClusterIPs 10.96.0.80 / fd00:96::80, nodePort 30080.
@@ -207,5 +208,22 @@ fn node_ports_listen_on_the_modes_default_addresses_and_on_every_address_with_0_
             let (got, _) = answers(c.lab.external(), Proto::Tcp, target, 3);
             assert!(got.iter().all(|n| n == "web-a"), "{target}: {got:?}");
         }
+    }
+}
+
+fn node_ports_answer_on_localhost_only_in_iptables_mode_while_localhost_nodeports_is_on(backend: Backend) {
+    let mut c = Cluster::new("rk-nplo", backend);
+    c.add_pod("web-a", "app: web", NODE);
+    c.write("web.yaml", &service_manifest("web", WEB, "type: NodePort"));
+    let localhost: SocketAddr = SocketAddr::new("127.0.0.1".parse().unwrap(), node_port(WEB));
+    c.proxy_once(&[]);
+    let answered = matches!(probe(c.lab.node(), Proto::Tcp, localhost), ProbeResult::Reply(_));
+    // As kube-proxy: iptables mode accepts NodePorts on 127.0.0.1 by default, nftables never.
+    assert_eq!(answered, backend == Backend::Iptables, "{localhost} from the host");
+    if backend == Backend::Iptables {
+        c.roadkeeper(&["cleanup"]);
+        c.proxy_once(&["--iptables-localhost-nodeports=false"]);
+        let off = probe(c.lab.node(), Proto::Tcp, localhost);
+        assert!(!matches!(off, ProbeResult::Reply(_)), "--iptables-localhost-nodeports=false: {off:?}");
     }
 }
