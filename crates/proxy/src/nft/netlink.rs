@@ -1344,11 +1344,6 @@ mod tests {
 
     // ---- live kernel: round trip through `nft list` ----------------------------------------
 
-    fn is_root() -> bool {
-        // SAFETY: geteuid has no preconditions.
-        unsafe { libc::geteuid() == 0 }
-    }
-
     /// Runs nft in the calling thread's network namespace.
     fn nft(args: &[&str], stdin: Option<&str>) -> Result<String, String> {
         let mut child = Command::new("nft")
@@ -1520,10 +1515,6 @@ mod tests {
     }
 
     fn round_trip(family: IpFamily) {
-        if !is_root() {
-            eprintln!("skipped: needs root");
-            return;
-        }
         let a = addrs(family);
         let install = install_ops(family);
         // A partial sync of the kind the proxier sends: rewrite a chain, move an element.
@@ -1633,10 +1624,6 @@ mod tests {
     /// The layout (and Services) through netlink list exactly as the same ops through `nft -f`
     /// of their text, on a fresh kernel, when repeated, and over a table nft wrote.
     fn layout_round_trip(family: IpFamily, nodeport_all_local: bool) {
-        if !is_root() {
-            eprintln!("skipped: needs root");
-            return;
-        }
         let ops = full_sync_ops(family, nodeport_all_local);
         let text = script(&ops);
         let reference = roadkeeper_netlab::Netns::new("rk-nllref").expect("netns");
@@ -1695,10 +1682,6 @@ mod tests {
 
     #[test]
     fn failing_op_is_named_and_nothing_is_applied() {
-        if !is_root() {
-            eprintln!("skipped: needs root");
-            return;
-        }
         let ns = roadkeeper_netlab::Netns::new("rk-nlerr").expect("netns");
         ns.run(|| {
             for family in [IpFamily::V4, IpFamily::V6] {
@@ -1741,10 +1724,6 @@ mod tests {
     /// Thousands of acks must fit the receive buffer; the batch must fit one send.
     #[test]
     fn large_batch() {
-        if !is_root() {
-            eprintln!("skipped: needs root");
-            return;
-        }
         let ns = roadkeeper_netlab::Netns::new("rk-nlbig").expect("netns");
         ns.run(|| {
             install_base(IpFamily::V6);
