@@ -98,6 +98,12 @@ pub struct ProxyConfig {
     /// iptables mode: NodePorts also answer on 127.0.0.1 (`iptables.localhostNodePorts`, default
     /// true; needs `net.ipv4.conf.all.route_localnet=1`, which the iptables runner sets).
     pub localhost_nodeports: bool,
+    /// Where `/healthz` and `/livez` are served (`healthzBindAddress`, default `0.0.0.0:10256`;
+    /// empty: not served).
+    pub healthz_bind_address: String,
+    /// Where `/metrics` is served (`metricsBindAddress`, default `127.0.0.1:10249`; empty: not
+    /// served).
+    pub metrics_bind_address: String,
 }
 
 impl Default for ProxyConfig {
@@ -112,6 +118,8 @@ impl Default for ProxyConfig {
             min_sync_period: Duration::from_secs(1),
             sync_period: Duration::from_secs(30),
             localhost_nodeports: true,
+            healthz_bind_address: "0.0.0.0:10256".into(),
+            metrics_bind_address: "127.0.0.1:10249".into(),
         }
     }
 }
@@ -191,6 +199,8 @@ struct KubeProxyConfiguration {
     nftables: Option<MasqueradeSettings>,
     sync_period: Option<String>,
     min_sync_period: Option<String>,
+    healthz_bind_address: Option<String>,
+    metrics_bind_address: Option<String>,
     // Known to kube-proxy, accepted so that its files load, not used by roadkeeper.
     #[allow(dead_code)]
     feature_gates: Option<serde_json::Value>,
@@ -198,10 +208,6 @@ struct KubeProxyConfiguration {
     client_connection: Option<serde_json::Value>,
     #[allow(dead_code)]
     bind_address: Option<serde_json::Value>,
-    #[allow(dead_code)]
-    healthz_bind_address: Option<serde_json::Value>,
-    #[allow(dead_code)]
-    metrics_bind_address: Option<serde_json::Value>,
     #[allow(dead_code)]
     bind_address_hard_fail: Option<serde_json::Value>,
     #[allow(dead_code)]
@@ -278,6 +284,12 @@ impl KubeProxyConfiguration {
         if let Some(period) = self.min_sync_period {
             cfg.min_sync_period = parse_go_duration("minSyncPeriod", &period)?;
         }
+        if let Some(address) = self.healthz_bind_address {
+            cfg.healthz_bind_address = address;
+        }
+        if let Some(address) = self.metrics_bind_address {
+            cfg.metrics_bind_address = address;
+        }
         if let Some(localhost) = self.iptables.as_ref().and_then(|s| s.localhost_node_ports) {
             cfg.localhost_nodeports = localhost;
         }
@@ -337,6 +349,7 @@ mod tests {
             "apiVersion: kubeproxy.config.k8s.io/v1alpha1\nkind: KubeProxyConfiguration\n\
              mode: nftables\nclusterCIDR: 10.244.0.0/16,fd00:244::/48\nhostnameOverride: node-a\n\
              nodePortAddresses: [\"192.168.0.0/16\"]\nbindAddress: 0.0.0.0\n\
+             healthzBindAddress: \"[::]:10256\"\nmetricsBindAddress: \"\"\n\
              conntrack: {maxPerCore: 32768}\nnftables: {masqueradeAll: true, masqueradeBit: 15, minSyncPeriod: 2s, syncPeriod: 1m0s}\n",
         )
         .unwrap();
@@ -346,6 +359,7 @@ mod tests {
         assert_eq!(cfg.masquerade_mark(), 0x8000);
         assert_eq!(cfg.min_sync_period, Duration::from_secs(2));
         assert_eq!(cfg.sync_period, Duration::from_secs(60));
+        assert_eq!((cfg.healthz_bind_address.as_str(), cfg.metrics_bind_address.as_str()), ("[::]:10256", ""));
         assert_eq!(
             cfg.nodeport_addresses,
             NodePortAddresses::Cidrs(vec!["192.168.0.0/16".parse().unwrap()])

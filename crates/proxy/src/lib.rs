@@ -3,11 +3,12 @@
 //! The pure core: [`table`] computes the node's service table; [`nft`] and [`iptables`] plan each
 //! backend's rules from it; [`conntrack`] decides which UDP/SCTP flows went stale. The thin shell:
 //! the backends' runners (nft, netlink, iptables-restore), [`proxier`] (the trait the sync loop
-//! drives), [`node`] (this node's identity).
+//! drives), [`node`] (this node's identity), [`health`] (what `/healthz` reports).
 
 pub mod config;
 pub mod conntrack;
 pub mod hash;
+pub mod health;
 pub mod iptables;
 mod netlink_socket;
 pub mod nft;

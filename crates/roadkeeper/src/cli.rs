@@ -77,7 +77,16 @@ pub struct ProxyArgs {
     /// iptables mode: NodePorts also answer on 127.0.0.1 (default true).
     #[arg(long, value_name = "BOOL", num_args = 0..=1, default_missing_value = "true")]
     pub iptables_localhost_nodeports: Option<bool>,
-    /// Program the kernel once and exit: 0 when the rules are in place.
+    /// Address and port of the health server (`/healthz`, `/livez`), default `0.0.0.0:10256`;
+    /// empty disables it. Watch mode only.
+    #[arg(long, value_name = "IP:PORT")]
+    pub healthz_bind_address: Option<String>,
+    /// Address and port of the Prometheus metrics server (`/metrics`), default
+    /// `127.0.0.1:10249`; empty disables it. Watch mode only.
+    #[arg(long, value_name = "IP:PORT")]
+    pub metrics_bind_address: Option<String>,
+    /// Program the kernel once and exit: 0 when the rules are in place (serves no health or
+    /// metrics endpoint).
     #[arg(long)]
     pub once: bool,
 }

@@ -4,6 +4,7 @@ mod bench;
 mod cli;
 mod lab;
 mod proxy_cmd;
+mod serve;
 
 use clap::Parser;
 

@@ -2,7 +2,8 @@
 
 use std::collections::BTreeSet;
 use std::net::IpAddr;
-use std::time::{Duration, Instant};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant, SystemTime};
 
 use anyhow::{Context, bail};
 use roadkeeper_cluster::{Changes, ManifestError, ManifestSource, Store, watch};
@@ -14,9 +15,11 @@ use roadkeeper_proxy::node::{host_addresses, hostname, node_info};
 use roadkeeper_proxy::nft::proxier::NftProxier;
 use roadkeeper_proxy::proxier::{Proxier, SyncReport, service_cidrs};
 use roadkeeper_proxy::conntrack;
+use roadkeeper_proxy::health::ProxyHealth;
 use roadkeeper_proxy::table::{IpFamily, NodeInfo};
 
 use crate::cli::ProxyArgs;
+use crate::serve::{self, SharedHealth};
 
 /// How long file events are collected before a reload.
 const WATCH_DEBOUNCE: Duration = Duration::from_millis(200);
@@ -44,6 +47,12 @@ fn build_config(args: &ProxyArgs) -> anyhow::Result<ProxyConfig> {
     }
     if let Some(addresses) = &args.nodeport_addresses {
         cfg.nodeport_addresses = NodePortAddresses::parse(addresses)?;
+    }
+    if let Some(address) = &args.healthz_bind_address {
+        cfg.healthz_bind_address = address.clone();
+    }
+    if let Some(address) = &args.metrics_bind_address {
+        cfg.metrics_bind_address = address.clone();
     }
     if let Some(mode) = &args.proxy_mode {
         cfg.mode = mode.parse()?;
@@ -160,6 +169,22 @@ fn sync_changes(
     Ok(report)
 }
 
+/// The health state, even if a panic poisoned its lock.
+fn health_of(health: &SharedHealth) -> std::sync::MutexGuard<'_, ProxyHealth> {
+    health.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
+}
+
+/// Feeds the outcome of a sync to the health state and the metrics.
+fn record(health: &SharedHealth, result: &anyhow::Result<SyncReport>) {
+    match result {
+        Ok(report) => {
+            serve::record_sync(report);
+            health_of(health).synced(SystemTime::now());
+        }
+        Err(_) => health_of(health).sync_failed(Instant::now()),
+    }
+}
+
 /// `roadkeeper proxy`: first sync, then (unless `--once`) watch and re-sync until SIGTERM/SIGINT,
 /// leaving the rules in place on exit.
 pub fn run(args: ProxyArgs) -> anyhow::Result<()> {
@@ -179,7 +204,7 @@ fn run_once(args: &ProxyArgs) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// Watch mode: the rate-limited sync loop.
+/// Watch mode: the rate-limited sync loop, serving health and metrics (see [`serve`]).
 fn run_watching(args: &ProxyArgs) -> anyhow::Result<()> {
     use tokio::signal::unix::{SignalKind, signal};
     let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
@@ -195,14 +220,28 @@ fn run_watching(args: &ProxyArgs) -> anyhow::Result<()> {
     })
     .with_context(|| format!("watching {}", args.manifests.display()))?;
     let (mut source, cfg, mut node) = load(args)?;
-    let mut proxier = kernel_proxier(&cfg, node.clone(), source.store());
+    // Bound before the first sync: a bad address fails before the kernel is touched.
+    let healthz = serve::bind("--healthz-bind-address", &cfg.healthz_bind_address)?;
+    let metrics = serve::bind("--metrics-bind-address", &cfg.metrics_bind_address)?;
+    let metrics = metrics.map(|listener| serve::install_metrics().map(|handle| (listener, handle))).transpose()?;
     let (sync_period, min_sync_period) = (cfg.sync_period, cfg.min_sync_period);
+    // kube-proxy's health timeout: a queued change older than two sync periods is unhealthy.
+    let health: SharedHealth = Arc::new(Mutex::new(ProxyHealth::new(2 * sync_period)));
+    let mut proxier = kernel_proxier(&cfg, node.clone(), source.store());
+    health_of(&health).queued(Instant::now());
     let first = sync_changes(proxier.as_mut(), source.store(), &cfg, &mut node, &Changes::default());
+    record(&health, &first);
     if let Err(err) = &first {
         tracing::error!("first sync failed, retrying in {sync_period:?}: {err:#}");
     }
 
     runtime.block_on(async move {
+        if let Some(listener) = healthz {
+            serve::spawn_health(listener, health.clone())?;
+        }
+        if let Some((listener, handle)) = metrics {
+            serve::spawn_metrics(listener, handle)?;
+        }
         let mut periodic = tokio::time::interval(sync_period);
         periodic.tick().await;
         let mut hourly = tokio::time::interval(FULL_SYNC_PERIOD);
@@ -213,6 +252,9 @@ fn run_watching(args: &ProxyArgs) -> anyhow::Result<()> {
         loop {
             let due = tokio::time::Instant::from_std(last_sync + min_sync_period);
             let work = !pending.is_empty() || sync_due;
+            if work {
+                health_of(&health).queued(Instant::now());
+            }
             tokio::select! {
                 Some(paths) = rx.recv() => {
                     let (changes, errors) = source.reload(&paths);
@@ -222,7 +264,9 @@ fn run_watching(args: &ProxyArgs) -> anyhow::Result<()> {
                 _ = tokio::time::sleep_until(due), if work => {
                     last_sync = Instant::now();
                     let changes = std::mem::take(&mut pending);
-                    match sync_changes(proxier.as_mut(), source.store(), &cfg, &mut node, &changes) {
+                    let result = sync_changes(proxier.as_mut(), source.store(), &cfg, &mut node, &changes);
+                    record(&health, &result);
+                    match result {
                         Ok(_) => sync_due = false,
                         Err(err) => {
                             tracing::error!("sync failed, full resync in {sync_period:?}: {err:#}");

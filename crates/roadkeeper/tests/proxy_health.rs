@@ -1,0 +1,130 @@
+//! kube-proxy's health and metrics endpoints of a watching proxy: `/healthz` and `/livez` on
+//! `--healthz-bind-address`, Prometheus text at `/metrics` on `--metrics-bind-address`, queried
+//! from inside the node's network namespace; a bad bind address fails at start.
+
+mod common;
+
+use std::io::{Read, Write};
+use std::net::{SocketAddr, TcpStream};
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+use common::*;
+
+per_backend!(
+    health_and_metrics_are_served_after_the_first_sync,
+    a_bad_bind_address_fails_at_start_naming_the_flag_and_touches_nothing,
+);
+
+/// Sends `GET path` over HTTP/1.0 to `addr` from inside the node; returns status code and body.
+fn get(c: &Cluster, addr: &str, path: &str) -> (u16, String) {
+    let addr: SocketAddr = addr.parse().expect("address");
+    let raw = c.lab.node().run(|| {
+        let mut stream = TcpStream::connect_timeout(&addr, Duration::from_secs(2)).expect("connect");
+        stream.set_read_timeout(Some(Duration::from_secs(5))).expect("timeout");
+        write!(stream, "GET {path} HTTP/1.0\r\nHost: {addr}\r\n\r\n").expect("send request");
+        let mut raw = String::new();
+        stream.read_to_string(&mut raw).expect("read response");
+        raw
+    });
+    let (head, body) = raw.split_once("\r\n\r\n").unwrap_or_else(|| panic!("no HTTP response: {raw:?}"));
+    let code = head.split_whitespace().nth(1).and_then(|c| c.parse().ok()).unwrap_or_else(|| panic!("status line: {head:?}"));
+    (code, body.to_string())
+}
+
+/// The value of the sample line `name value` in Prometheus text, if there is one.
+fn try_sample(metrics: &str, name: &str) -> Option<f64> {
+    metrics.lines().find_map(|line| line.strip_prefix(name)?.strip_prefix(' ')?.parse().ok())
+}
+
+/// The value of the sample line `name value` in Prometheus text.
+fn sample(metrics: &str, name: &str) -> f64 {
+    try_sample(metrics, name).unwrap_or_else(|| panic!("no sample {name} in:\n{metrics}"))
+}
+
+fn health_and_metrics_are_served_after_the_first_sync(backend: Backend) {
+    let mut c = Cluster::new("rk-health", backend);
+    c.add_pod("web-a", "app: web", NODE);
+    c.write("web.yaml", &service_manifest("web", 70, ""));
+    c.start_fast_proxy();
+
+    for (path, node_field) in [("/healthz", true), ("/livez", false)] {
+        let (code, body) = get(&c, "127.0.0.1:10256", path);
+        assert_eq!(code, 200, "{path}: {body}; proxy log:\n{}", c.proxy_log());
+        let json: serde_json::Value = serde_json::from_str(&body).unwrap_or_else(|e| panic!("{path}: {e}: {body}"));
+        for field in ["lastUpdated", "currentTime"] {
+            let time = json[field].as_str().unwrap_or_else(|| panic!("{path}: no {field}: {body}"));
+            assert!(time.len() == 20 && time.ends_with('Z') && !time.starts_with("0001"), "{path}: {field} {time:?}");
+        }
+        assert_eq!(json.get("nodeEligible").is_some(), node_field, "{path}: {body}");
+        if node_field {
+            assert_eq!(json["nodeEligible"], true);
+        }
+    }
+    // The health server listens on every address, the node IP too.
+    assert_eq!(get(&c, &SocketAddr::new(Family::V4.node_ip(), 10256).to_string(), "/healthz").0, 200);
+    assert_eq!(get(&c, "127.0.0.1:10256", "/nope").0, 404);
+
+    // A change is synced and counted.
+    c.add_pod("web-b", "app: web", NODE);
+    let synced_twice = eventually(SETTLE, || {
+        let (_, metrics) = get(&c, "127.0.0.1:10249", "/metrics");
+        try_sample(&metrics, "kubeproxy_sync_partial_proxy_rules_duration_seconds_count").is_some_and(|n| n >= 1.0)
+    });
+    assert!(synced_twice, "no partial sync recorded; proxy log:\n{}", c.proxy_log());
+    let (code, metrics) = get(&c, "127.0.0.1:10249", "/metrics");
+    assert_eq!(code, 200);
+    for name in [
+        "kubeproxy_sync_proxy_rules_duration_seconds_count",
+        "kubeproxy_sync_full_proxy_rules_duration_seconds_count",
+        "kubeproxy_sync_partial_proxy_rules_duration_seconds_count",
+        "roadkeeper_sync_kernel_seconds_count",
+        "kubeproxy_sync_proxy_rules_last_timestamp_seconds",
+        "kubeproxy_sync_proxy_rules_service_changes_total",
+        "kubeproxy_sync_proxy_rules_endpoint_changes_total",
+    ] {
+        assert!(sample(&metrics, name) > 0.0, "{name} is zero:\n{metrics}");
+    }
+    assert!(sample(&metrics, "kubeproxy_sync_proxy_rules_duration_seconds_count") >= 2.0, "{metrics}");
+    assert!(metrics.contains("# TYPE kubeproxy_sync_proxy_rules_duration_seconds histogram"), "{metrics}");
+    assert!(metrics.contains("kubeproxy_sync_proxy_rules_duration_seconds_bucket{le=\"0.001\"}"), "{metrics}");
+    assert!(metrics.contains("kubeproxy_conntrack_reconciler_deleted_entries_total "), "{metrics}");
+    assert!(sample(&metrics, "kubeproxy_proxy_healthz_total{code=\"200\"}") >= 2.0, "{metrics}");
+    // Metrics listen on loopback only, by default.
+    let node_ip = SocketAddr::new(Family::V4.node_ip(), 10249);
+    let refused = c.lab.node().run(|| TcpStream::connect_timeout(&node_ip, Duration::from_secs(1)).is_err());
+    assert!(refused, "metrics answered on {node_ip}");
+}
+
+fn a_bad_bind_address_fails_at_start_naming_the_flag_and_touches_nothing(backend: Backend) {
+    let c = Cluster::new("rk-bind", backend);
+    c.write("web.yaml", &service_manifest("web", 71, ""));
+    // A port already taken in the node, and an address that does not parse.
+    let taken = c.lab.node().run(|| std::net::TcpListener::bind("127.0.0.1:0").expect("bind"));
+    let taken_addr = taken.local_addr().expect("local address").to_string();
+    for (flag, address, message) in [
+        ("--metrics-bind-address", taken_addr.as_str(), "cannot listen on"),
+        ("--healthz-bind-address", "0.0.0.0:notaport", "is not an IP:PORT address"),
+    ] {
+        let mut args = vec!["netns".to_string(), "exec".into(), c.lab.node().name().into(), binary().display().to_string()];
+        args.extend(c.proxy_args_for("proxy", &[flag, address]));
+        let mut child = Command::new("ip").args(&args).stdout(Stdio::null()).stderr(Stdio::piped()).spawn().expect("spawn");
+        let deadline = Instant::now() + Duration::from_secs(10);
+        let status = loop {
+            if let Some(status) = child.try_wait().expect("poll") {
+                break status;
+            }
+            if Instant::now() > deadline {
+                let _ = child.kill();
+                panic!("proxy with {flag} {address} did not fail");
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        };
+        let mut stderr = String::new();
+        child.stderr.take().expect("stderr").read_to_string(&mut stderr).expect("read stderr");
+        assert!(!status.success());
+        assert!(stderr.contains(flag) && stderr.contains(address) && stderr.contains(message), "{stderr}");
+        assert!(!c.programmed(), "rules were programmed despite {flag} {address}");
+    }
+    drop(taken);
+}
