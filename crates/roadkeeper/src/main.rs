@@ -2,6 +2,7 @@
 
 mod bench;
 mod cli;
+mod healthcheck;
 mod lab;
 mod proxy_cmd;
 mod serve;

@@ -19,6 +19,7 @@ use roadkeeper_proxy::health::ProxyHealth;
 use roadkeeper_proxy::table::{IpFamily, NodeInfo};
 
 use crate::cli::ProxyArgs;
+use crate::healthcheck::HealthCheckServers;
 use crate::serve::{self, SharedHealth};
 
 /// How long file events are collected before a reload.
@@ -204,7 +205,8 @@ fn run_once(args: &ProxyArgs) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// Watch mode: the rate-limited sync loop, serving health and metrics (see [`serve`]).
+/// Watch mode: the rate-limited sync loop, serving health and metrics (see [`serve`]) and the
+/// Services' health-check node ports (see [`crate::healthcheck`]).
 fn run_watching(args: &ProxyArgs) -> anyhow::Result<()> {
     use tokio::signal::unix::{SignalKind, signal};
     let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
@@ -242,6 +244,8 @@ fn run_watching(args: &ProxyArgs) -> anyhow::Result<()> {
         if let Some((listener, handle)) = metrics {
             serve::spawn_metrics(listener, handle)?;
         }
+        let mut health_checks = HealthCheckServers::new(health.clone());
+        health_checks.reconcile(proxier.table());
         let mut periodic = tokio::time::interval(sync_period);
         periodic.tick().await;
         let mut hourly = tokio::time::interval(FULL_SYNC_PERIOD);
@@ -266,6 +270,7 @@ fn run_watching(args: &ProxyArgs) -> anyhow::Result<()> {
                     let changes = std::mem::take(&mut pending);
                     let result = sync_changes(proxier.as_mut(), source.store(), &cfg, &mut node, &changes);
                     record(&health, &result);
+                    health_checks.reconcile(proxier.table());
                     match result {
                         Ok(_) => sync_due = false,
                         Err(err) => {
@@ -282,8 +287,10 @@ fn run_watching(args: &ProxyArgs) -> anyhow::Result<()> {
                         proxier.force_full_sync();
                         sync_due = true;
                     }
-                    // Services the kernel refused are retried every syncPeriod.
+                    // Services the kernel refused are retried every syncPeriod, and so are
+                    // health-check ports that could not be bound.
                     sync_due |= proxier.has_refused();
+                    health_checks.reconcile(proxier.table());
                 }
                 _ = hourly.tick() => {
                     proxier.force_full_sync();

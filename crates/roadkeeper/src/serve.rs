@@ -90,7 +90,7 @@ pub fn record_sync(report: &SyncReport) {
 
 /// Serves `/healthz` and `/livez` on `listener` (a task on the current runtime).
 pub fn spawn_health(listener: TcpListener, health: SharedHealth) -> anyhow::Result<()> {
-    spawn_server(listener, move |req| health_response(req, &health))
+    spawn_server(listener, move |req| health_response(req, &health)).map(drop)
 }
 
 /// Serves `/metrics` on `listener` (a task on the current runtime).
@@ -102,6 +102,7 @@ pub fn spawn_metrics(listener: TcpListener, handle: PrometheusHandle) -> anyhow:
         }
         _ => not_found(),
     })
+    .map(drop)
 }
 
 /// kube-proxy's health answers: 200 when healthy else 503, with its JSON body; `/livez` leaves
@@ -134,7 +135,7 @@ fn rfc3339(time: SystemTime) -> String {
     humantime::format_rfc3339_seconds(time).to_string()
 }
 
-fn respond(status: StatusCode, content_type: &str, body: String) -> Response<Body> {
+pub(crate) fn respond(status: StatusCode, content_type: &str, body: String) -> Response<Body> {
     let mut response = Response::new(Full::new(Bytes::from(body)));
     *response.status_mut() = status;
     response.headers_mut().insert(CONTENT_TYPE, content_type.parse().expect("valid content type"));
@@ -145,13 +146,14 @@ fn not_found() -> Response<Body> {
     respond(StatusCode::NOT_FOUND, "text/plain; charset=utf-8", "404 page not found\n".into())
 }
 
-/// Accepts connections on `listener` and answers each request with `handler`, HTTP/1.
-fn spawn_server<H>(listener: TcpListener, handler: H) -> anyhow::Result<()>
+/// Accepts connections on `listener` and answers each request with `handler`, HTTP/1; aborting
+/// the returned handle stops accepting (and closes the listener).
+pub(crate) fn spawn_server<H>(listener: TcpListener, handler: H) -> anyhow::Result<tokio::task::AbortHandle>
 where
     H: Fn(&Request<Incoming>) -> Response<Body> + Clone + Send + Sync + 'static,
 {
     let listener = tokio::net::TcpListener::from_std(listener)?;
-    tokio::spawn(async move {
+    let task = tokio::spawn(async move {
         loop {
             let stream = match listener.accept().await {
                 Ok((stream, _)) => stream,
@@ -174,5 +176,5 @@ where
             });
         }
     });
-    Ok(())
+    Ok(task.abort_handle())
 }

@@ -1,6 +1,7 @@
 //! kube-proxy's health and metrics endpoints of a watching proxy: `/healthz` and `/livez` on
 //! `--healthz-bind-address`, Prometheus text at `/metrics` on `--metrics-bind-address`, queried
-//! from inside the node's network namespace; a bad bind address fails at start.
+//! from inside the node's network namespace; a bad bind address fails at start. Health-check
+//! node ports of `externalTrafficPolicy: Local` Services, queried from the external host.
 
 mod common;
 
@@ -14,22 +15,44 @@ use common::*;
 per_backend!(
     health_and_metrics_are_served_after_the_first_sync,
     a_bad_bind_address_fails_at_start_naming_the_flag_and_touches_nothing,
+    health_check_node_port_reports_local_endpoints_and_follows_them,
 );
 
 /// Sends `GET path` over HTTP/1.0 to `addr` from inside the node; returns status code and body.
 fn get(c: &Cluster, addr: &str, path: &str) -> (u16, String) {
     let addr: SocketAddr = addr.parse().expect("address");
-    let raw = c.lab.node().run(|| {
-        let mut stream = TcpStream::connect_timeout(&addr, Duration::from_secs(2)).expect("connect");
-        stream.set_read_timeout(Some(Duration::from_secs(5))).expect("timeout");
-        write!(stream, "GET {path} HTTP/1.0\r\nHost: {addr}\r\n\r\n").expect("send request");
-        let mut raw = String::new();
-        stream.read_to_string(&mut raw).expect("read response");
-        raw
-    });
+    let raw = c.lab.node().run(|| http_get(addr, path));
+    let (code, _, body) = parse_response(&raw);
+    (code, body)
+}
+
+/// `GET path` over HTTP/1.0 to `addr` from the calling thread's namespace: the raw response.
+fn http_get(addr: SocketAddr, path: &str) -> String {
+    try_http_get(addr, path).unwrap_or_else(|err| panic!("GET {path} from {addr}: {err}"))
+}
+
+fn try_http_get(addr: SocketAddr, path: &str) -> std::io::Result<String> {
+    let mut stream = TcpStream::connect_timeout(&addr, Duration::from_secs(2))?;
+    stream.set_read_timeout(Some(Duration::from_secs(5)))?;
+    write!(stream, "GET {path} HTTP/1.0\r\nHost: {addr}\r\n\r\n")?;
+    let mut raw = String::new();
+    stream.read_to_string(&mut raw)?;
+    Ok(raw)
+}
+
+/// Status code, head (status line and headers) and body of a raw HTTP response.
+fn parse_response(raw: &str) -> (u16, String, String) {
     let (head, body) = raw.split_once("\r\n\r\n").unwrap_or_else(|| panic!("no HTTP response: {raw:?}"));
     let code = head.split_whitespace().nth(1).and_then(|c| c.parse().ok()).unwrap_or_else(|| panic!("status line: {head:?}"));
-    (code, body.to_string())
+    (code, head.to_string(), body.to_string())
+}
+
+/// The value of header `name` (case-insensitive) in a response head.
+fn header<'a>(head: &'a str, name: &str) -> Option<&'a str> {
+    head.lines().skip(1).find_map(|line| {
+        let (key, value) = line.split_once(':')?;
+        key.trim().eq_ignore_ascii_case(name).then(|| value.trim())
+    })
 }
 
 /// The value of the sample line `name value` in Prometheus text, if there is one.
@@ -127,4 +150,66 @@ fn a_bad_bind_address_fails_at_start_naming_the_flag_and_touches_nothing(backend
         assert!(!c.programmed(), "rules were programmed despite {flag} {address}");
     }
     drop(taken);
+}
+
+fn health_check_node_port_reports_local_endpoints_and_follows_them(backend: Backend) {
+    const HC_PORT: u16 = 32000;
+    let mut c = Cluster::new("rk-hcnp", backend);
+    c.add_pod("web-local", "app: web", NODE);
+    c.add_pod("web-remote", "app: web", "node-b");
+    let spec = format!("type: LoadBalancer, externalTrafficPolicy: Local, healthCheckNodePort: {HC_PORT}");
+    c.write("web.yaml", &service_manifest("web", 72, &spec));
+    c.start_fast_proxy();
+
+    // `(code, weight header, body)` of `GET /` on the health-check port, from the external host;
+    // `None` while nothing answers.
+    let query = |c: &Cluster, family: Family| {
+        let addr = SocketAddr::new(family.node_ip(), HC_PORT);
+        let raw = match c.lab.external().run(|| try_http_get(addr, "/")) {
+            Ok(raw) => raw,
+            Err(err) => {
+                eprintln!("GET / from {addr}: {err}");
+                return None;
+            }
+        };
+        let (code, head, body) = parse_response(&raw);
+        let weight = header(&head, "X-Load-Balancing-Endpoint-Weight").map(str::to_string);
+        let json: serde_json::Value = serde_json::from_str(&body).unwrap_or_else(|e| panic!("{e}: {body}"));
+        Some((code, weight, json))
+    };
+    let expect = |count: u64, healthy_code: u16| {
+        move |got: &Option<(u16, Option<String>, serde_json::Value)>| {
+            got.as_ref().is_some_and(|(code, weight, json)| {
+                *code == healthy_code
+                    && weight.as_deref() == Some(count.to_string().as_str())
+                    && json["localEndpoints"] == count
+                    && json["service"] == serde_json::json!({"namespace": "default", "name": "web"})
+                    && json["serviceProxyHealthy"] == true
+            })
+        }
+    };
+    for family in FAMILIES {
+        let mut last = None;
+        let up = eventually(SETTLE, || {
+            last = query(&c, family);
+            expect(1, 200)(&last)
+        });
+        assert!(up, "{family:?}: got {last:?}; proxy log:\n{}", c.proxy_log());
+    }
+
+    // The local pod goes away: no local endpoint left.
+    c.remove("pod-web-local.yaml");
+    for family in FAMILIES {
+        let mut last = None;
+        let down = eventually(SETTLE, || {
+            last = query(&c, family);
+            expect(0, 503)(&last)
+        });
+        assert!(down, "{family:?}: got {last:?}; proxy log:\n{}", c.proxy_log());
+    }
+
+    // The Service goes away: so does its health-check server.
+    c.remove("web.yaml");
+    let closed = eventually(SETTLE, || query(&c, Family::V4).is_none());
+    assert!(closed, "health-check port still answers; proxy log:\n{}", c.proxy_log());
 }
