@@ -44,10 +44,7 @@ mod tests {
         b.services.insert(NamespacedName::new("default", "hello"));
         b.nodes.insert("n1".into());
         a.merge(b.clone());
-        a.merge(Changes {
-            service_cidrs: true,
-            ..Changes::default()
-        });
+        a.merge(Changes { service_cidrs: true, ..Changes::default() });
         assert!(!a.is_empty());
         assert_eq!(a.services, b.services);
         assert_eq!(a.nodes, b.nodes);

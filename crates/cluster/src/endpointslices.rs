@@ -25,11 +25,7 @@ type Group = (Vec<EndpointPort>, Vec<Endpoint>);
 
 /// Whether `service` has a Pod selector that matches `labels`.
 pub(crate) fn selects(service: &Service, labels: Option<&BTreeMap<String, String>>) -> bool {
-    selector(service).is_some_and(|selector| {
-        selector
-            .iter()
-            .all(|(k, v)| labels.and_then(|l| l.get(k)) == Some(v))
-    })
+    selector(service).is_some_and(|selector| selector.iter().all(|(k, v)| labels.and_then(|l| l.get(k)) == Some(v)))
 }
 
 /// The slices for `service` given candidate `pods` (any order; non-matching ones are skipped) and
@@ -39,17 +35,11 @@ pub(crate) fn derive<'a>(
     pods: impl IntoIterator<Item = &'a Pod>,
     zone_of: impl Fn(&str) -> Option<String>,
 ) -> Vec<EndpointSlice> {
-    let Some(spec) = service
-        .spec
-        .as_ref()
-        .filter(|_| selector(service).is_some())
-    else {
+    let Some(spec) = service.spec.as_ref().filter(|_| selector(service).is_some()) else {
         return Vec::new();
     };
-    let mut pods: Vec<&Pod> = pods
-        .into_iter()
-        .filter(|p| selects(service, p.metadata.labels.as_ref()) && !finished(p))
-        .collect();
+    let mut pods: Vec<&Pod> =
+        pods.into_iter().filter(|p| selects(service, p.metadata.labels.as_ref()) && !finished(p)).collect();
     pods.sort_by(|a, b| a.metadata.name.cmp(&b.metadata.name));
 
     let families = families(spec);
@@ -60,9 +50,7 @@ pub(crate) fn derive<'a>(
             let Some(ip) = pod_ip(pod, family) else {
                 continue;
             };
-            let group = groups
-                .entry((family, port_key(&ports)))
-                .or_insert_with(|| (ports.clone(), Vec::new()));
+            let group = groups.entry((family, port_key(&ports))).or_insert_with(|| (ports.clone(), Vec::new()));
             group.1.push(endpoint(spec, pod, ip, &zone_of));
         }
     }
@@ -121,10 +109,7 @@ fn families(spec: &ServiceSpec) -> Vec<&'static str> {
     if !listed.is_empty() {
         return listed;
     }
-    let cluster_ip = spec
-        .cluster_ip
-        .as_deref()
-        .and_then(|ip| ip.parse::<IpAddr>().ok());
+    let cluster_ip = spec.cluster_ip.as_deref().and_then(|ip| ip.parse::<IpAddr>().ok());
     vec![family_of(cluster_ip.unwrap_or(IpAddr::from([0, 0, 0, 0])))]
 }
 
@@ -135,19 +120,9 @@ fn family_of(ip: IpAddr) -> &'static str {
 /// The Pod's IP of `family`, from `status.podIPs` or else `status.podIP`.
 fn pod_ip<'a>(pod: &'a Pod, family: &str) -> Option<&'a str> {
     let status = pod.status.as_ref()?;
-    let listed: Vec<&str> = status
-        .pod_ips
-        .iter()
-        .flatten()
-        .map(|p| p.ip.as_str())
-        .collect();
-    let ips = if listed.is_empty() {
-        status.pod_ip.as_deref().into_iter().collect()
-    } else {
-        listed
-    };
-    ips.into_iter()
-        .find(|ip| ip.parse::<IpAddr>().is_ok_and(|ip| family_of(ip) == family))
+    let listed: Vec<&str> = status.pod_ips.iter().flatten().map(|p| p.ip.as_str()).collect();
+    let ips = if listed.is_empty() { status.pod_ip.as_deref().into_iter().collect() } else { listed };
+    ips.into_iter().find(|ip| ip.parse::<IpAddr>().is_ok_and(|ip| family_of(ip) == family))
 }
 
 /// Endpoint ports for every Service port the Pod can serve (named target ports it lacks are left out).
@@ -172,17 +147,11 @@ fn resolve_ports(ports: &[ServicePort], pod: &Pod) -> Vec<EndpointPort> {
 }
 
 fn container_port(pod: &Pod, name: &str, protocol: &str) -> Option<i32> {
-    let containers = pod
-        .spec
-        .as_ref()
-        .map(|s| s.containers.as_slice())
-        .unwrap_or_default();
+    let containers = pod.spec.as_ref().map(|s| s.containers.as_slice()).unwrap_or_default();
     containers
         .iter()
         .flat_map(|c| c.ports.iter().flatten())
-        .find(|p| {
-            p.name.as_deref() == Some(name) && p.protocol.as_deref().unwrap_or("TCP") == protocol
-        })
+        .find(|p| p.name.as_deref() == Some(name) && p.protocol.as_deref().unwrap_or("TCP") == protocol)
         .map(|p| p.container_port)
 }
 
@@ -203,17 +172,10 @@ fn port_key(ports: &[EndpointPort]) -> String {
 
 /// 32-bit FNV-1a: a small stable hash for slice names.
 fn fnv1a(text: &str) -> u32 {
-    text.bytes().fold(0x811c_9dc5, |h, b| {
-        (h ^ u32::from(b)).wrapping_mul(0x0100_0193)
-    })
+    text.bytes().fold(0x811c_9dc5, |h, b| (h ^ u32::from(b)).wrapping_mul(0x0100_0193))
 }
 
-fn endpoint(
-    spec: &ServiceSpec,
-    pod: &Pod,
-    ip: &str,
-    zone_of: &impl Fn(&str) -> Option<String>,
-) -> Endpoint {
+fn endpoint(spec: &ServiceSpec, pod: &Pod, ip: &str, zone_of: &impl Fn(&str) -> Option<String>) -> Endpoint {
     let pod_ready = pod
         .status
         .as_ref()
@@ -250,10 +212,7 @@ mod tests {
     use serde_json::{Value, json};
 
     fn service(spec: Value) -> Service {
-        serde_json::from_value(
-            json!({"metadata": {"name": "web", "namespace": "ns"}, "spec": spec}),
-        )
-        .unwrap()
+        serde_json::from_value(json!({"metadata": {"name": "web", "namespace": "ns"}, "spec": spec})).unwrap()
     }
 
     fn pod(name: &str, labels: Value, ips: &[&str], ready: bool) -> Pod {
@@ -269,9 +228,7 @@ mod tests {
     }
 
     fn web() -> Service {
-        service(
-            json!({"selector": {"app": "web"}, "ports": [{"name": "http", "port": 80, "targetPort": 8080}]}),
-        )
+        service(json!({"selector": {"app": "web"}, "ports": [{"name": "http", "port": 80, "targetPort": 8080}]}))
     }
 
     fn zone(node: &str) -> Option<String> {
@@ -279,11 +236,7 @@ mod tests {
     }
 
     fn addresses(slice: &EndpointSlice) -> Vec<&str> {
-        slice
-            .endpoints
-            .iter()
-            .map(|e| e.addresses[0].as_str())
-            .collect()
+        slice.endpoints.iter().map(|e| e.addresses[0].as_str()).collect()
     }
 
     #[test]
@@ -314,11 +267,7 @@ mod tests {
         assert_eq!(ep.target_ref.as_ref().unwrap().name.as_deref(), Some("a"));
         assert_eq!(
             ep.conditions,
-            Some(EndpointConditions {
-                ready: Some(true),
-                serving: Some(true),
-                terminating: Some(false)
-            })
+            Some(EndpointConditions { ready: Some(true), serving: Some(true), terminating: Some(false) })
         );
         let port = &s.ports.as_ref().unwrap()[0];
         assert_eq!(
@@ -351,12 +300,7 @@ mod tests {
         assert_eq!(slices.len(), 2);
         let by_ports: BTreeMap<Vec<i32>, Vec<&str>> = slices
             .iter()
-            .map(|s| {
-                (
-                    s.ports.iter().flatten().map(|p| p.port.unwrap()).collect(),
-                    addresses(s),
-                )
-            })
+            .map(|s| (s.ports.iter().flatten().map(|p| p.port.unwrap()).collect(), addresses(s)))
             .collect();
         assert_eq!(by_ports[&vec![8080, 5353, 9000]], ["10.0.0.1"]);
         assert_eq!(by_ports[&vec![9000]], ["10.0.0.9"]);
@@ -365,66 +309,33 @@ mod tests {
     #[test]
     fn more_than_100_endpoints_make_two_slices() {
         let pods: Vec<Pod> = (0..150)
-            .map(|i| {
-                pod(
-                    &format!("p{i:03}"),
-                    json!({"app": "web"}),
-                    &[&format!("10.0.{}.{}", i / 250, i % 250)],
-                    true,
-                )
-            })
+            .map(|i| pod(&format!("p{i:03}"), json!({"app": "web"}), &[&format!("10.0.{}.{}", i / 250, i % 250)], true))
             .collect();
         let slices = derive(&web(), &pods, zone);
-        assert_eq!(
-            slices.iter().map(|s| s.endpoints.len()).collect::<Vec<_>>(),
-            [100, 50]
-        );
+        assert_eq!(slices.iter().map(|s| s.endpoints.len()).collect::<Vec<_>>(), [100, 50]);
         assert!(slices[0].metadata.name.as_deref().unwrap().ends_with("-0"));
         assert!(slices[1].metadata.name.as_deref().unwrap().ends_with("-1"));
-        assert_eq!(
-            slices[1].endpoints[0]
-                .target_ref
-                .as_ref()
-                .unwrap()
-                .name
-                .as_deref(),
-            Some("p100")
-        );
+        assert_eq!(slices[1].endpoints[0].target_ref.as_ref().unwrap().name.as_deref(), Some("p100"));
     }
 
     #[test]
     fn terminating_and_not_ready() {
         let mut term = pod("t", json!({"app": "web"}), &["10.0.0.1"], true);
-        term.metadata.deletion_timestamp =
-            serde_json::from_value(json!("2025-01-01T00:00:00Z")).unwrap();
+        term.metadata.deletion_timestamp = serde_json::from_value(json!("2025-01-01T00:00:00Z")).unwrap();
         let pods = [term, pod("u", json!({"app": "web"}), &["10.0.0.2"], false)];
-        let conditions: Vec<_> = derive(&web(), &pods, zone)[0]
-            .endpoints
-            .iter()
-            .map(|e| e.conditions.clone().unwrap())
-            .collect();
+        let conditions: Vec<_> =
+            derive(&web(), &pods, zone)[0].endpoints.iter().map(|e| e.conditions.clone().unwrap()).collect();
         assert_eq!(
             conditions,
             [
-                EndpointConditions {
-                    ready: Some(false),
-                    serving: Some(true),
-                    terminating: Some(true)
-                },
-                EndpointConditions {
-                    ready: Some(false),
-                    serving: Some(false),
-                    terminating: Some(false)
-                },
+                EndpointConditions { ready: Some(false), serving: Some(true), terminating: Some(true) },
+                EndpointConditions { ready: Some(false), serving: Some(false), terminating: Some(false) },
             ]
         );
         let mut publish = web();
         publish.spec.as_mut().unwrap().publish_not_ready_addresses = Some(true);
-        let ready: Vec<_> = derive(&publish, &pods, zone)[0]
-            .endpoints
-            .iter()
-            .map(|e| e.conditions.as_ref().unwrap().ready)
-            .collect();
+        let ready: Vec<_> =
+            derive(&publish, &pods, zone)[0].endpoints.iter().map(|e| e.conditions.as_ref().unwrap().ready).collect();
         assert_eq!(ready, [Some(true), Some(true)]);
     }
 
@@ -437,17 +348,8 @@ mod tests {
         let mut svc = web();
         svc.spec.as_mut().unwrap().ip_families = Some(vec!["IPv6".into(), "IPv4".into()]);
         let slices = derive(&svc, &pods, zone);
-        let got: Vec<(&str, Vec<&str>)> = slices
-            .iter()
-            .map(|s| (s.address_type.as_str(), addresses(s)))
-            .collect();
-        assert_eq!(
-            got,
-            [
-                ("IPv4", vec!["10.0.0.1"]),
-                ("IPv6", vec!["fd00::1", "fd00::2"])
-            ]
-        );
+        let got: Vec<(&str, Vec<&str>)> = slices.iter().map(|s| (s.address_type.as_str(), addresses(s))).collect();
+        assert_eq!(got, [("IPv4", vec!["10.0.0.1"]), ("IPv6", vec!["fd00::1", "fd00::2"])]);
 
         let mut v6 = web();
         v6.spec.as_mut().unwrap().cluster_ip = Some("fd00::10".into());

@@ -42,12 +42,7 @@ pub struct ManifestError {
 impl ManifestError {
     /// An error about a whole file.
     pub(crate) fn file(file: impl Into<PathBuf>, message: impl Into<String>) -> Self {
-        Self {
-            file: file.into(),
-            object: None,
-            field: None,
-            message: message.into(),
-        }
+        Self { file: file.into(), object: None, field: None, message: message.into() }
     }
 }
 
@@ -71,9 +66,6 @@ mod tests {
         assert_eq!(e.to_string(), "m/a.yaml: 70000 is out of range 1-65535");
         e.object = Some("Service default/hello".into());
         e.field = Some("spec.ports[0].port".into());
-        assert_eq!(
-            e.to_string(),
-            "m/a.yaml: Service default/hello: spec.ports[0].port: 70000 is out of range 1-65535"
-        );
+        assert_eq!(e.to_string(), "m/a.yaml: Service default/hello: spec.ports[0].port: 70000 is out of range 1-65535");
     }
 }

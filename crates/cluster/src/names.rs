@@ -14,10 +14,7 @@ pub struct NamespacedName {
 impl NamespacedName {
     /// Builds a name from its parts.
     pub fn new(namespace: impl Into<String>, name: impl Into<String>) -> Self {
-        Self {
-            namespace: namespace.into(),
-            name: name.into(),
-        }
+        Self { namespace: namespace.into(), name: name.into() }
     }
 }
 

@@ -41,10 +41,7 @@ impl Object {
             None => "default",
         };
         let name = metadata.name.as_deref().unwrap_or_default();
-        ObjectKey {
-            kind,
-            name: NamespacedName::new(namespace, name),
-        }
+        ObjectKey { kind, name: NamespacedName::new(namespace, name) }
     }
 }
 
@@ -111,23 +108,11 @@ mod tests {
     #[test]
     fn kinds_and_keys() {
         assert_eq!(Kind::from_type("v1", "Service"), Some(Kind::Service));
-        assert_eq!(
-            Kind::from_type("discovery.k8s.io/v1beta1", "EndpointSlice"),
-            None
-        );
-        assert_eq!(
-            Kind::from_type("networking.k8s.io/v1", "ServiceCIDR"),
-            Some(Kind::ServiceCidr)
-        );
-        let svc = ObjectKey {
-            kind: Kind::Service,
-            name: NamespacedName::new("default", "hello"),
-        };
+        assert_eq!(Kind::from_type("discovery.k8s.io/v1beta1", "EndpointSlice"), None);
+        assert_eq!(Kind::from_type("networking.k8s.io/v1", "ServiceCIDR"), Some(Kind::ServiceCidr));
+        let svc = ObjectKey { kind: Kind::Service, name: NamespacedName::new("default", "hello") };
         assert_eq!(svc.to_string(), "Service default/hello");
-        let node = ObjectKey {
-            kind: Kind::Node,
-            name: NamespacedName::new("", "n1"),
-        };
+        let node = ObjectKey { kind: Kind::Node, name: NamespacedName::new("", "n1") };
         assert_eq!(node.to_string(), "Node n1");
         let mut service = Service::default();
         service.metadata.name = Some("hello".into());

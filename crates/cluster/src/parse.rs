@@ -12,10 +12,7 @@ use crate::validate::{FieldError, validate};
 use crate::{ManifestError, NamespacedName, Object};
 
 /// One supported object found in a file.
-#[allow(
-    clippy::large_enum_variant,
-    reason = "short-lived while a file is read"
-)]
+#[allow(clippy::large_enum_variant, reason = "short-lived while a file is read")]
 #[derive(Debug)]
 pub(crate) enum Entry {
     /// A valid object.
@@ -44,8 +41,8 @@ fn yaml_options() -> serde_saphyr::Options {
 pub(crate) fn parse_file(file: &Path, text: &str) -> Result<Vec<Entry>, ManifestError> {
     let mut entries = Vec::new();
     if file.extension().is_some_and(|e| e == "json") {
-        let document = serde_json::from_str::<Value>(text)
-            .map_err(|e| ManifestError::file(file, format!("invalid JSON: {e}")))?;
+        let document =
+            serde_json::from_str::<Value>(text).map_err(|e| ManifestError::file(file, format!("invalid JSON: {e}")))?;
         collect(file, document, &mut entries);
         return Ok(entries);
     }
@@ -79,20 +76,13 @@ fn collect(file: &Path, document: Value, entries: &mut Vec<Entry>) {
         Value::Object(map) => map,
         other => {
             let message = format!("expected an object, found {}", type_name(&other));
-            entries.push(Entry::Invalid(
-                None,
-                vec![ManifestError::file(file, message)],
-            ));
+            entries.push(Entry::Invalid(None, vec![ManifestError::file(file, message)]));
             return;
         }
     };
-    let (Some(api_version), Some(kind)) = (str_field(&map, "apiVersion"), str_field(&map, "kind"))
-    else {
+    let (Some(api_version), Some(kind)) = (str_field(&map, "apiVersion"), str_field(&map, "kind")) else {
         let message = "apiVersion and kind are required";
-        entries.push(Entry::Invalid(
-            None,
-            vec![ManifestError::file(file, message)],
-        ));
+        entries.push(Entry::Invalid(None, vec![ManifestError::file(file, message)]));
         return;
     };
     if (api_version, kind) == ("v1", "List") {
@@ -108,10 +98,7 @@ fn collect(file: &Path, document: Value, entries: &mut Vec<Entry>) {
         return;
     };
     let Some(key) = identify(kind, &mut map) else {
-        let error = ManifestError {
-            field: Some("metadata.name".into()),
-            ..ManifestError::file(file, "is required")
-        };
+        let error = ManifestError { field: Some("metadata.name".into()), ..ManifestError::file(file, "is required") };
         entries.push(Entry::Invalid(None, vec![error]));
         return;
     };
@@ -125,12 +112,7 @@ fn collect(file: &Path, document: Value, entries: &mut Vec<Entry>) {
     let object = Some(key.to_string());
     let errors = errors
         .into_iter()
-        .map(|e| ManifestError {
-            file: file.into(),
-            object: object.clone(),
-            field: e.field,
-            message: e.message,
-        })
+        .map(|e| ManifestError { file: file.into(), object: object.clone(), field: e.field, message: e.message })
         .collect();
     entries.push(Entry::Invalid(Some(key), errors));
 }
@@ -140,17 +122,12 @@ fn identify(kind: Kind, map: &mut Map<String, Value>) -> Option<ObjectKey> {
     let metadata = map.get_mut("metadata")?.as_object_mut()?;
     let name = str_field(metadata, "name")?.to_owned();
     let namespace = if kind.namespaced() {
-        let namespace = metadata
-            .entry("namespace")
-            .or_insert_with(|| Value::from("default"));
+        let namespace = metadata.entry("namespace").or_insert_with(|| Value::from("default"));
         namespace.as_str()?.to_owned()
     } else {
         String::new()
     };
-    Some(ObjectKey {
-        kind,
-        name: NamespacedName { namespace, name },
-    })
+    Some(ObjectKey { kind, name: NamespacedName { namespace, name } })
 }
 
 fn typed(kind: Kind, value: Value) -> Result<Object, Vec<FieldError>> {
@@ -168,17 +145,11 @@ fn strict<T: DeserializeOwned>(value: Value) -> Result<T, Vec<FieldError>> {
     let mut unknown = Vec::new();
     let result = serde_ignored::deserialize(value, |path| unknown.push(field_path(&path)));
     match result {
-        Err(e) => Err(vec![FieldError {
-            field: None,
-            message: e.to_string(),
-        }]),
+        Err(e) => Err(vec![FieldError { field: None, message: e.to_string() }]),
         Ok(object) if unknown.is_empty() => Ok(object),
         Ok(_) => Err(unknown
             .into_iter()
-            .map(|field| FieldError {
-                field: Some(field),
-                message: "unknown field".into(),
-            })
+            .map(|field| FieldError { field: Some(field), message: "unknown field".into() })
             .collect()),
     }
 }
@@ -193,9 +164,7 @@ fn field_path(path: &serde_ignored::Path<'_>) -> String {
             p if p.is_empty() => key.clone(),
             p => format!("{p}.{key}"),
         },
-        Path::Some { parent }
-        | Path::NewtypeStruct { parent }
-        | Path::NewtypeVariant { parent } => field_path(parent),
+        Path::Some { parent } | Path::NewtypeStruct { parent } | Path::NewtypeVariant { parent } => field_path(parent),
     }
 }
 
@@ -223,9 +192,7 @@ mod tests {
     }
 
     fn messages(entry: &Entry) -> Vec<String> {
-        let Entry::Invalid(_, errors) = entry else {
-            panic!("{entry:?}")
-        };
+        let Entry::Invalid(_, errors) = entry else { panic!("{entry:?}") };
         errors.iter().map(ToString::to_string).collect()
     }
 
@@ -244,9 +211,7 @@ mod tests {
         );
         assert_eq!(entries.len(), 2);
         assert_eq!(key(&entries[0]).unwrap(), "Service default/a");
-        let Entry::Valid(_, Object::Service(svc)) = &entries[0] else {
-            panic!("{entries:?}")
-        };
+        let Entry::Valid(_, Object::Service(svc)) = &entries[0] else { panic!("{entries:?}") };
         assert_eq!(svc.metadata.namespace.as_deref(), Some("default"));
         assert_eq!(key(&entries[1]).unwrap(), "Node n1");
     }
@@ -266,16 +231,8 @@ mod tests {
     fn json_files() {
         let text = r#"{"apiVersion": "networking.k8s.io/v1", "kind": "ServiceCIDR", "metadata": {"name": "c"}, "spec": {"cidrs": ["10.96.0.0/12"]}}"#;
         let entries = parse_file(Path::new("c.json"), text).unwrap();
-        assert!(matches!(
-            entries[0],
-            Entry::Valid(_, Object::ServiceCidr(_))
-        ));
-        assert!(
-            parse_file(Path::new("c.json"), "{")
-                .unwrap_err()
-                .to_string()
-                .starts_with("c.json: invalid JSON")
-        );
+        assert!(matches!(entries[0], Entry::Valid(_, Object::ServiceCidr(_))));
+        assert!(parse_file(Path::new("c.json"), "{").unwrap_err().to_string().starts_with("c.json: invalid JSON"));
     }
 
     #[test]
@@ -309,30 +266,15 @@ mod tests {
             messages(&entries[1])
         );
         assert_eq!(key(&entries[2]), None);
-        assert_eq!(
-            messages(&entries[2]),
-            ["m/a.yaml: metadata.name: is required"]
-        );
-        assert_eq!(
-            messages(&entries[3]),
-            ["m/a.yaml: expected an object, found a list"]
-        );
-        assert_eq!(
-            messages(&entries[4]),
-            ["m/a.yaml: apiVersion and kind are required"]
-        );
+        assert_eq!(messages(&entries[2]), ["m/a.yaml: metadata.name: is required"]);
+        assert_eq!(messages(&entries[3]), ["m/a.yaml: expected an object, found a list"]);
+        assert_eq!(messages(&entries[4]), ["m/a.yaml: apiVersion and kind are required"]);
     }
 
     #[test]
     fn yaml_syntax_error_names_file_and_line() {
-        let err = parse_file(
-            Path::new("m/bad.yaml"),
-            "apiVersion: v1\nkind: Service\nmetadata: {name: [\n",
-        )
-        .unwrap_err();
-        assert_eq!(
-            err.to_string(),
-            "m/bad.yaml: invalid YAML: line 3 column 18: unclosed bracket '['"
-        );
+        let err =
+            parse_file(Path::new("m/bad.yaml"), "apiVersion: v1\nkind: Service\nmetadata: {name: [\n").unwrap_err();
+        assert_eq!(err.to_string(), "m/bad.yaml: invalid YAML: line 3 column 18: unclosed bracket '['");
     }
 }

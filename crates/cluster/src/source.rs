@@ -34,20 +34,12 @@ impl ManifestSource {
     /// Reads every `*.yaml`, `*.yml` and `*.json` file below `dir` (recursively, in sorted path
     /// order, multi-document YAML allowed). Fails only if `dir` itself cannot be read.
     pub fn load(dir: &Path) -> Result<(Self, Vec<ManifestError>), Error> {
-        let io_error = |source| Error::Io {
-            path: dir.to_owned(),
-            source,
-        };
+        let io_error = |source| Error::Io { path: dir.to_owned(), source };
         let dir = fs::canonicalize(dir).map_err(io_error)?;
         let mut errors = Vec::new();
         let mut paths = Vec::new();
         discover(&dir, &mut paths, &mut errors).map_err(io_error)?;
-        let mut source = Self {
-            dir,
-            store: Store::default(),
-            files: BTreeMap::new(),
-            claims: Index::new(),
-        };
+        let mut source = Self { dir, store: Store::default(), files: BTreeMap::new(), claims: Index::new() };
         let (_, reload_errors) = source.reload(&paths);
         errors.extend(reload_errors);
         Ok((source, errors))
@@ -56,11 +48,8 @@ impl ManifestSource {
     /// Re-reads just these paths (added, changed or deleted files; others are ignored) and
     /// updates the store. Costs O(changed files + affected services).
     pub fn reload(&mut self, paths: &[PathBuf]) -> (Changes, Vec<ManifestError>) {
-        let mut paths: Vec<PathBuf> = paths
-            .iter()
-            .map(|p| normalize(p))
-            .filter(|p| is_manifest(&self.dir, p))
-            .collect();
+        let mut paths: Vec<PathBuf> =
+            paths.iter().map(|p| normalize(p)).filter(|p| is_manifest(&self.dir, p)).collect();
         paths.sort();
         paths.dedup();
 
@@ -75,18 +64,13 @@ impl ManifestSource {
         let mut batch = Batch::default();
         for key in &touched {
             let claimants = self.claims.get(key).into_iter().flatten();
-            let mut claimants =
-                claimants.filter_map(|path| Some((path, self.files.get(path)?.get(key)?)));
+            let mut claimants = claimants.filter_map(|path| Some((path, self.files.get(path)?.get(key)?)));
             let winner = claimants.next();
-            self.store
-                .set(key, winner.map(|(_, object)| object), &mut batch);
+            self.store.set(key, winner.map(|(_, object)| object), &mut batch);
             let Some((first, _)) = winner else { continue };
             for (path, _) in claimants {
                 let message = format!("duplicate, already defined in {}; ignored", first.display());
-                errors.push(ManifestError {
-                    object: Some(key.to_string()),
-                    ..ManifestError::file(path, message)
-                });
+                errors.push(ManifestError { object: Some(key.to_string()), ..ManifestError::file(path, message) });
             }
         }
         (self.store.finish(batch), errors)
@@ -104,11 +88,7 @@ impl ManifestSource {
 
     /// The objects `path` now defines, or `None` if the file cannot be used and its previous
     /// objects must stay. Invalid objects keep their previous version.
-    fn read(
-        &self,
-        path: &Path,
-        errors: &mut Vec<ManifestError>,
-    ) -> Option<BTreeMap<ObjectKey, Object>> {
+    fn read(&self, path: &Path, errors: &mut Vec<ManifestError>) -> Option<BTreeMap<ObjectKey, Object>> {
         let text = match fs::read_to_string(path) {
             Ok(text) => text,
             Err(e) if e.kind() == io::ErrorKind::NotFound => return Some(BTreeMap::new()),
@@ -125,10 +105,7 @@ impl ManifestSource {
             match entry {
                 Entry::Valid(key, _) if objects.contains_key(&key) => {
                     let message = "duplicate, already defined earlier in this file; ignored";
-                    errors.push(ManifestError {
-                        object: Some(key.to_string()),
-                        ..ManifestError::file(path, message)
-                    });
+                    errors.push(ManifestError { object: Some(key.to_string()), ..ManifestError::file(path, message) });
                 }
                 Entry::Valid(key, object) => {
                     objects.insert(key, object);
@@ -156,18 +133,9 @@ impl ManifestSource {
     }
 
     /// Records that `path` now defines `objects`, updating claims; adds affected keys to `touched`.
-    fn replace_file(
-        &mut self,
-        path: PathBuf,
-        objects: BTreeMap<ObjectKey, Object>,
-        touched: &mut BTreeSet<ObjectKey>,
-    ) {
+    fn replace_file(&mut self, path: PathBuf, objects: BTreeMap<ObjectKey, Object>, touched: &mut BTreeSet<ObjectKey>) {
         let new_keys: BTreeSet<ObjectKey> = objects.keys().cloned().collect();
-        let old = if objects.is_empty() {
-            self.files.remove(&path)
-        } else {
-            self.files.insert(path.clone(), objects)
-        };
+        let old = if objects.is_empty() { self.files.remove(&path) } else { self.files.insert(path.clone(), objects) };
         for key in old.into_iter().flat_map(BTreeMap::into_keys) {
             if !new_keys.contains(&key) {
                 index::remove(&mut self.claims, &key, &path);
@@ -186,9 +154,7 @@ pub(crate) fn is_manifest(dir: &Path, path: &Path) -> bool {
     let Ok(relative) = path.strip_prefix(dir) else {
         return false;
     };
-    let visible = relative
-        .components()
-        .all(|c| !c.as_os_str().to_string_lossy().starts_with('.'));
+    let visible = relative.components().all(|c| !c.as_os_str().to_string_lossy().starts_with('.'));
     let extension = path.extension().and_then(|e| e.to_str());
     visible && extension.is_some_and(|e| EXTENSIONS.contains(&e))
 }
@@ -199,20 +165,12 @@ fn normalize(path: &Path) -> PathBuf {
     let (Some(parent), Some(name)) = (path.parent(), path.file_name()) else {
         return path.to_owned();
     };
-    let parent = if parent.as_os_str().is_empty() {
-        Path::new(".")
-    } else {
-        parent
-    };
+    let parent = if parent.as_os_str().is_empty() { Path::new(".") } else { parent };
     fs::canonicalize(parent).map_or_else(|_| path.to_owned(), |p| p.join(name))
 }
 
 /// Appends the manifest files below `dir` to `paths`; unreadable subfolders become errors.
-fn discover(
-    dir: &Path,
-    paths: &mut Vec<PathBuf>,
-    errors: &mut Vec<ManifestError>,
-) -> io::Result<()> {
+fn discover(dir: &Path, paths: &mut Vec<PathBuf>, errors: &mut Vec<ManifestError>) -> io::Result<()> {
     let mut entries: Vec<_> = fs::read_dir(dir)?.collect::<io::Result<_>>()?;
     entries.sort_by_key(fs::DirEntry::path);
     for entry in entries {
@@ -226,12 +184,7 @@ fn discover(
             if let Err(e) = discover(&path, paths, errors) {
                 errors.push(ManifestError::file(&path, e.to_string()));
             }
-        } else if path.is_file()
-            && path
-                .extension()
-                .and_then(|e| e.to_str())
-                .is_some_and(|e| EXTENSIONS.contains(&e))
-        {
+        } else if path.is_file() && path.extension().and_then(|e| e.to_str()).is_some_and(|e| EXTENSIONS.contains(&e)) {
             paths.push(path);
         }
     }
@@ -245,15 +198,11 @@ mod tests {
     use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 
     fn service(name: &str, port: u32) -> String {
-        format!(
-            "apiVersion: v1\nkind: Service\nmetadata: {{name: {name}}}\nspec: {{ports: [{{port: {port}}}]}}\n"
-        )
+        format!("apiVersion: v1\nkind: Service\nmetadata: {{name: {name}}}\nspec: {{ports: [{{port: {port}}}]}}\n")
     }
 
     fn port(source: &ManifestSource, name: &str) -> Option<i32> {
-        let svc = source
-            .store()
-            .service(&NamespacedName::new("default", name))?;
+        let svc = source.store().service(&NamespacedName::new("default", name))?;
         Some(svc.spec.as_ref()?.ports.as_ref()?[0].port)
     }
 
@@ -265,10 +214,7 @@ mod tests {
     }
 
     fn svc_set(names: &[&str]) -> BTreeSet<NamespacedName> {
-        names
-            .iter()
-            .map(|n| NamespacedName::new("default", *n))
-            .collect()
+        names.iter().map(|n| NamespacedName::new("default", *n)).collect()
     }
 
     #[test]
@@ -276,118 +222,69 @@ mod tests {
         let tmp = tempfile::tempdir().unwrap();
         write(tmp.path(), "a.yaml", &service("a", 80));
         write(tmp.path(), "sub/b.yml", &service("b", 81));
-        write(
-            tmp.path(),
-            "sub/c.json",
-            r#"{"apiVersion": "v1", "kind": "Service", "metadata": {"name": "c"}}"#,
-        );
+        write(tmp.path(), "sub/c.json", r#"{"apiVersion": "v1", "kind": "Service", "metadata": {"name": "c"}}"#);
         write(tmp.path(), "d.txt", &service("d", 82));
         write(tmp.path(), ".hidden/e.yaml", &service("e", 83));
         let (source, errors) = ManifestSource::load(tmp.path()).unwrap();
         assert!(errors.is_empty(), "{errors:?}");
-        let names: Vec<_> = source
-            .store()
-            .services()
-            .map(|(k, _)| k.name.as_str())
-            .collect();
+        let names: Vec<_> = source.store().services().map(|(k, _)| k.name.as_str()).collect();
         assert_eq!(names, ["a", "b", "c"]);
         assert_eq!(port(&source, "b"), Some(81));
         assert_eq!(source.dir(), fs::canonicalize(tmp.path()).unwrap());
-        assert!(matches!(
-            ManifestSource::load(&tmp.path().join("missing")),
-            Err(Error::Io { .. })
-        ));
+        assert!(matches!(ManifestSource::load(&tmp.path().join("missing")), Err(Error::Io { .. })));
     }
 
     #[test]
     fn syntax_error_keeps_the_previous_objects_of_the_file() {
         let tmp = tempfile::tempdir().unwrap();
-        let path = write(
-            tmp.path(),
-            "a.yaml",
-            &format!("{}---\n{}", service("a", 80), service("b", 81)),
-        );
+        let path = write(tmp.path(), "a.yaml", &format!("{}---\n{}", service("a", 80), service("b", 81)));
         let (mut source, _) = ManifestSource::load(tmp.path()).unwrap();
         fs::write(&path, "kind: [\n").unwrap();
         let (changes, errors) = source.reload(std::slice::from_ref(&path));
         assert!(changes.is_empty());
         assert_eq!(errors.len(), 1);
         assert_eq!(errors[0].file, fs::canonicalize(&path).unwrap());
-        assert_eq!(
-            (port(&source, "a"), port(&source, "b")),
-            (Some(80), Some(81))
-        );
+        assert_eq!((port(&source, "a"), port(&source, "b")), (Some(80), Some(81)));
     }
 
     #[test]
     fn invalid_object_keeps_its_previous_version_and_others_apply() {
         let tmp = tempfile::tempdir().unwrap();
-        let path = write(
-            tmp.path(),
-            "a.yaml",
-            &format!("{}---\n{}", service("a", 80), service("b", 81)),
-        );
+        let path = write(tmp.path(), "a.yaml", &format!("{}---\n{}", service("a", 80), service("b", 81)));
         let (mut source, _) = ManifestSource::load(tmp.path()).unwrap();
         write(
             tmp.path(),
             "a.yaml",
-            &format!(
-                "{}---\n{}---\n{}",
-                service("a", 70000),
-                service("b", 91),
-                service("new", 1)
-            ),
+            &format!("{}---\n{}---\n{}", service("a", 70000), service("b", 91), service("new", 1)),
         );
         let (changes, errors) = source.reload(&[path]);
         assert_eq!(changes.services, svc_set(&["b", "new"]));
-        let messages: Vec<String> = errors
-            .iter()
-            .map(|e| format!("{}: {}", e.object.as_deref().unwrap(), e.message))
-            .collect();
-        assert_eq!(
-            messages,
-            ["Service default/a: 70000 is out of range 1-65535"]
-        );
-        assert_eq!(
-            (port(&source, "a"), port(&source, "b"), port(&source, "new")),
-            (Some(80), Some(91), Some(1))
-        );
+        let messages: Vec<String> =
+            errors.iter().map(|e| format!("{}: {}", e.object.as_deref().unwrap(), e.message)).collect();
+        assert_eq!(messages, ["Service default/a: 70000 is out of range 1-65535"]);
+        assert_eq!((port(&source, "a"), port(&source, "b"), port(&source, "new")), (Some(80), Some(91), Some(1)));
     }
 
     #[test]
     fn unidentifiable_document_keeps_all_previous_objects() {
         let tmp = tempfile::tempdir().unwrap();
-        let path = write(
-            tmp.path(),
-            "a.yaml",
-            &format!("{}---\n{}", service("a", 80), service("b", 81)),
-        );
+        let path = write(tmp.path(), "a.yaml", &format!("{}---\n{}", service("a", 80), service("b", 81)));
         let (mut source, _) = ManifestSource::load(tmp.path()).unwrap();
         write(
             tmp.path(),
             "a.yaml",
-            &format!(
-                "{}---\napiVersion: v1\nkind: Service\nmetadata: {{}}\n",
-                service("a", 82)
-            ),
+            &format!("{}---\napiVersion: v1\nkind: Service\nmetadata: {{}}\n", service("a", 82)),
         );
         let (changes, errors) = source.reload(&[path]);
         assert_eq!(errors.len(), 1);
         assert_eq!(changes.services, svc_set(&["a"]));
-        assert_eq!(
-            (port(&source, "a"), port(&source, "b")),
-            (Some(82), Some(81))
-        );
+        assert_eq!((port(&source, "a"), port(&source, "b")), (Some(82), Some(81)));
     }
 
     #[test]
     fn deleting_and_editing_files() {
         let tmp = tempfile::tempdir().unwrap();
-        let a = write(
-            tmp.path(),
-            "a.yaml",
-            &format!("{}---\n{}", service("a", 80), service("b", 81)),
-        );
+        let a = write(tmp.path(), "a.yaml", &format!("{}---\n{}", service("a", 80), service("b", 81)));
         let (mut source, _) = ManifestSource::load(tmp.path()).unwrap();
         write(tmp.path(), "a.yaml", &service("a", 80));
         let (changes, _) = source.reload(std::slice::from_ref(&a));
@@ -404,11 +301,7 @@ mod tests {
     fn duplicates_first_wins_and_the_next_takes_over() {
         let tmp = tempfile::tempdir().unwrap();
         let a = write(tmp.path(), "a.yaml", &service("x", 80));
-        write(
-            tmp.path(),
-            "b.yaml",
-            &format!("{}---\n{}", service("x", 81), service("x", 82)),
-        );
+        write(tmp.path(), "b.yaml", &format!("{}---\n{}", service("x", 81), service("x", 82)));
         let (mut source, errors) = ManifestSource::load(tmp.path()).unwrap();
         let messages: Vec<String> = errors.iter().map(ToString::to_string).collect();
         let dir = source.dir().to_owned();
@@ -462,13 +355,7 @@ mod tests {
 
         write(tmp.path(), "pod.yaml", &pod("removed"));
         let (changes, _) = source.reload(std::slice::from_ref(&pod_path));
-        assert_eq!(
-            changes,
-            Changes {
-                services: svc_set(&["web"]),
-                ..Changes::default()
-            }
-        );
+        assert_eq!(changes, Changes { services: svc_set(&["web"]), ..Changes::default() });
         assert!(source.store().slices_for(&web).is_empty());
         write(tmp.path(), "pod.yaml", &pod("web"));
         assert_eq!(source.reload(&[pod_path]).0.services, svc_set(&["web"]));

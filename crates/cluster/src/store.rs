@@ -66,15 +66,9 @@ impl Store {
     /// The Service's hand-written slices (labelled `kubernetes.io/service-name=<name>` in its
     /// namespace) plus those derived from Pods, sorted by slice name.
     pub fn slices_for(&self, key: &NamespacedName) -> Vec<Arc<EndpointSlice>> {
-        let hand_written = self
-            .slices_by_service
-            .get(key)
-            .into_iter()
-            .flatten()
-            .filter_map(|name| {
-                self.slices
-                    .get(&NamespacedName::new(key.namespace.as_str(), name.as_str()))
-                    .cloned()
+        let hand_written =
+            self.slices_by_service.get(key).into_iter().flatten().filter_map(|name| {
+                self.slices.get(&NamespacedName::new(key.namespace.as_str(), name.as_str())).cloned()
             });
         let derived = self.derived.get(key).into_iter().flatten().cloned();
         let mut slices: Vec<_> = hand_written.chain(derived).collect();
@@ -111,32 +105,15 @@ impl Store {
 
     /// Recomputes derived slices where needed and returns everything the batch changed.
     pub(crate) fn finish(&mut self, batch: Batch) -> Changes {
-        let Batch {
-            mut changes,
-            recompute,
-        } = batch;
+        let Batch { mut changes, recompute } = batch;
         for key in recompute {
             let new: Vec<EndpointSlice> = match self.services.get(&key) {
-                Some(service) => derive(
-                    service,
-                    in_namespace(&self.pods, &key.namespace).map(|(_, p)| &**p),
-                    |node| {
-                        self.nodes
-                            .get(node)?
-                            .metadata
-                            .labels
-                            .as_ref()?
-                            .get(ZONE_LABEL)
-                            .cloned()
-                    },
-                ),
+                Some(service) => derive(service, in_namespace(&self.pods, &key.namespace).map(|(_, p)| &**p), |node| {
+                    self.nodes.get(node)?.metadata.labels.as_ref()?.get(ZONE_LABEL).cloned()
+                }),
                 None => Vec::new(),
             };
-            let old = self
-                .derived
-                .get(&key)
-                .map(Vec::as_slice)
-                .unwrap_or_default();
+            let old = self.derived.get(&key).map(Vec::as_slice).unwrap_or_default();
             if old.iter().map(|s| &**s).eq(new.iter()) {
                 continue;
             }
@@ -144,8 +121,7 @@ impl Store {
             if new.is_empty() {
                 self.derived.remove(&key);
             } else {
-                self.derived
-                    .insert(key, new.into_iter().map(Arc::new).collect());
+                self.derived.insert(key, new.into_iter().map(Arc::new).collect());
             }
         }
         changes
@@ -167,11 +143,7 @@ impl Store {
             batch.changes.services.insert(service);
         }
         if let Some(service) = new.and_then(|s| owning_service(key, s)) {
-            index::insert(
-                &mut self.slices_by_service,
-                service.clone(),
-                key.name.clone(),
-            );
+            index::insert(&mut self.slices_by_service, service.clone(), key.name.clone());
             batch.changes.services.insert(service);
         }
     }
@@ -198,13 +170,7 @@ impl Store {
         }
         batch.changes.nodes.insert(name.to_owned());
         // Zones of endpoints on this node may change.
-        for pod in self
-            .pods_by_node
-            .get(name)
-            .into_iter()
-            .flatten()
-            .filter_map(|p| self.pods.get(p))
-        {
+        for pod in self.pods_by_node.get(name).into_iter().flatten().filter_map(|p| self.pods.get(p)) {
             self.recompute_selecting(pod, batch);
         }
     }
@@ -244,17 +210,13 @@ fn in_namespace<'a, T>(
     map: &'a BTreeMap<NamespacedName, T>,
     namespace: &'a str,
 ) -> impl Iterator<Item = (&'a NamespacedName, &'a T)> {
-    map.range(NamespacedName::new(namespace, "")..)
-        .take_while(move |(k, _)| k.namespace == namespace)
+    map.range(NamespacedName::new(namespace, "")..).take_while(move |(k, _)| k.namespace == namespace)
 }
 
 /// The Service named by a slice's `kubernetes.io/service-name` label.
 fn owning_service(slice_key: &NamespacedName, slice: &EndpointSlice) -> Option<NamespacedName> {
     let service = slice.metadata.labels.as_ref()?.get(SERVICE_NAME_LABEL)?;
-    Some(NamespacedName::new(
-        slice_key.namespace.as_str(),
-        service.as_str(),
-    ))
+    Some(NamespacedName::new(slice_key.namespace.as_str(), service.as_str()))
 }
 
 #[cfg(test)]
@@ -274,10 +236,8 @@ mod tests {
     }
 
     fn service(name: &str, app: &str) -> Object {
-        object(
-            json!({"apiVersion": "v1", "kind": "Service", "metadata": {"name": name, "namespace": "ns"},
-            "spec": {"selector": {"app": app}, "ports": [{"port": 80}]}}),
-        )
+        object(json!({"apiVersion": "v1", "kind": "Service", "metadata": {"name": name, "namespace": "ns"},
+            "spec": {"selector": {"app": app}, "ports": [{"port": 80}]}}))
     }
 
     fn pod(name: &str, app: &str, node: &str) -> Object {
@@ -288,17 +248,13 @@ mod tests {
     }
 
     fn node(name: &str, zone: &str) -> Object {
-        object(
-            json!({"apiVersion": "v1", "kind": "Node", "metadata": {"name": name, "labels": {ZONE_LABEL: zone}}}),
-        )
+        object(json!({"apiVersion": "v1", "kind": "Node", "metadata": {"name": name, "labels": {ZONE_LABEL: zone}}}))
     }
 
     fn slice(name: &str, service: &str) -> Object {
-        object(
-            json!({"apiVersion": "discovery.k8s.io/v1", "kind": "EndpointSlice",
+        object(json!({"apiVersion": "discovery.k8s.io/v1", "kind": "EndpointSlice",
             "metadata": {"name": name, "namespace": "ns", "labels": {SERVICE_NAME_LABEL: service}},
-            "addressType": "IPv4", "endpoints": []}),
-        )
+            "addressType": "IPv4", "endpoints": []}))
     }
 
     fn apply(store: &mut Store, updates: Vec<(Object, bool)>) -> Changes {
@@ -319,8 +275,7 @@ mod tests {
 
     #[test]
     fn pod_changes_recompute_only_selecting_services() {
-        let mut store =
-            Store::from_objects([service("a", "a"), service("b", "b"), pod("p", "a", "n1")]);
+        let mut store = Store::from_objects([service("a", "a"), service("b", "b"), pod("p", "a", "n1")]);
         assert_eq!(store.slices_for(&nn("a")).len(), 1);
         assert!(store.slices_for(&nn("b")).is_empty());
 
@@ -331,9 +286,7 @@ mod tests {
 
         // Re-applying an identical pod changes nothing; a changed annotation changes no slice.
         assert!(apply(&mut store, vec![(pod("p", "b", "n1"), true)]).is_empty());
-        let Object::Pod(mut annotated) = pod("p", "b", "n1") else {
-            unreachable!()
-        };
+        let Object::Pod(mut annotated) = pod("p", "b", "n1") else { unreachable!() };
         Arc::make_mut(&mut annotated).metadata.annotations = Some([("x".to_owned(), "y".to_owned())].into());
         assert!(apply(&mut store, vec![(Object::Pod(annotated.clone()), true)]).is_empty());
 
@@ -359,11 +312,7 @@ mod tests {
     #[test]
     fn hand_written_slices_report_old_and_new_service() {
         let mut store = Store::from_objects([slice("s1", "a"), slice("s0", "a")]);
-        let names: Vec<_> = store
-            .slices_for(&nn("a"))
-            .iter()
-            .map(|s| s.metadata.name.clone().unwrap())
-            .collect();
+        let names: Vec<_> = store.slices_for(&nn("a")).iter().map(|s| s.metadata.name.clone().unwrap()).collect();
         assert_eq!(names, ["s0", "s1"]);
         let changes = apply(&mut store, vec![(slice("s1", "b"), true)]);
         assert_eq!(changes.services, services(&["a", "b"]));
@@ -376,8 +325,7 @@ mod tests {
 
     #[test]
     fn node_zone_change_updates_derived_slices() {
-        let mut store =
-            Store::from_objects([service("a", "a"), pod("p", "a", "n1"), node("n1", "z1")]);
+        let mut store = Store::from_objects([service("a", "a"), pod("p", "a", "n1"), node("n1", "z1")]);
         let zone = |store: &Store| store.slices_for(&nn("a"))[0].endpoints[0].zone.clone();
         assert_eq!(zone(&store).as_deref(), Some("z1"));
         let changes = apply(&mut store, vec![(node("n1", "z2"), true)]);
@@ -391,19 +339,11 @@ mod tests {
 
     #[test]
     fn service_cidrs_set_the_flag() {
-        let cidr = object(
-            json!({"apiVersion": "networking.k8s.io/v1", "kind": "ServiceCIDR",
-            "metadata": {"name": "c"}, "spec": {"cidrs": ["10.96.0.0/12"]}}),
-        );
+        let cidr = object(json!({"apiVersion": "networking.k8s.io/v1", "kind": "ServiceCIDR",
+            "metadata": {"name": "c"}, "spec": {"cidrs": ["10.96.0.0/12"]}}));
         let mut store = Store::default();
         let changes = apply(&mut store, vec![(cidr.clone(), true)]);
-        assert_eq!(
-            changes,
-            Changes {
-                service_cidrs: true,
-                ..Changes::default()
-            }
-        );
+        assert_eq!(changes, Changes { service_cidrs: true, ..Changes::default() });
         assert_eq!(store.service_cidrs().count(), 1);
         assert!(apply(&mut store, vec![(cidr, false)]).service_cidrs);
         assert_eq!(store.service_cidrs().count(), 0);

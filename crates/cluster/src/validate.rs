@@ -40,11 +40,7 @@ const TRAFFIC_POLICIES: &[&str] = &["Cluster", "Local"];
 fn service(v: &mut Errors, svc: &Service) {
     let Some(spec) = &svc.spec else { return };
     if let Some(t) = &spec.type_ {
-        v.one_of(
-            "spec.type",
-            t,
-            &["ClusterIP", "NodePort", "LoadBalancer", "ExternalName"],
-        );
+        v.one_of("spec.type", t, &["ClusterIP", "NodePort", "LoadBalancer", "ExternalName"]);
     }
     if let Some(ip) = &spec.cluster_ip {
         v.cluster_ip("spec.clusterIP", ip);
@@ -58,12 +54,7 @@ fn service(v: &mut Errors, svc: &Service) {
     if let Some(ip) = spec.load_balancer_ip.as_deref().filter(|ip| !ip.is_empty()) {
         v.ip("spec.loadBalancerIP", ip);
     }
-    for (i, range) in spec
-        .load_balancer_source_ranges
-        .iter()
-        .flatten()
-        .enumerate()
-    {
+    for (i, range) in spec.load_balancer_source_ranges.iter().flatten().enumerate() {
         v.cidr(&format!("spec.loadBalancerSourceRanges[{i}]"), range);
     }
     for (i, family) in spec.ip_families.iter().flatten().enumerate() {
@@ -79,10 +70,9 @@ fn service(v: &mut Errors, svc: &Service) {
         }
         match &port.target_port {
             Some(IntOrString::Int(n)) => v.port(&format!("{at}.targetPort"), *n),
-            Some(IntOrString::String(s)) if s.is_empty() => v.push(
-                &format!("{at}.targetPort"),
-                "must be a port number or a non-empty name".into(),
-            ),
+            Some(IntOrString::String(s)) if s.is_empty() => {
+                v.push(&format!("{at}.targetPort"), "must be a port number or a non-empty name".into())
+            }
             _ => {}
         }
         if let Some(p) = &port.protocol {
@@ -90,24 +80,15 @@ fn service(v: &mut Errors, svc: &Service) {
         }
         let name = port.name.as_deref().unwrap_or_default();
         if ports.len() > 1 && !names.insert(name) {
-            v.push(
-                &format!("{at}.name"),
-                format!("duplicate port name {name:?}"),
-            );
+            v.push(&format!("{at}.name"), format!("duplicate port name {name:?}"));
         }
     }
     if let Some(a) = &spec.session_affinity {
         v.one_of("spec.sessionAffinity", a, &["None", "ClientIP"]);
     }
-    let timeout = spec
-        .session_affinity_config
-        .as_ref()
-        .and_then(|c| c.client_ip.as_ref()?.timeout_seconds);
+    let timeout = spec.session_affinity_config.as_ref().and_then(|c| c.client_ip.as_ref()?.timeout_seconds);
     if let Some(t) = timeout.filter(|t| !(1..=86400).contains(t)) {
-        v.push(
-            "spec.sessionAffinityConfig.clientIP.timeoutSeconds",
-            format!("{t} is out of range 1-86400"),
-        );
+        v.push("spec.sessionAffinityConfig.clientIP.timeoutSeconds", format!("{t} is out of range 1-86400"));
     }
     if let Some(p) = &spec.external_traffic_policy {
         v.one_of("spec.externalTrafficPolicy", p, TRAFFIC_POLICIES);
@@ -115,10 +96,7 @@ fn service(v: &mut Errors, svc: &Service) {
     if let Some(p) = &spec.internal_traffic_policy {
         v.one_of("spec.internalTrafficPolicy", p, TRAFFIC_POLICIES);
     }
-    let ingress = svc
-        .status
-        .as_ref()
-        .and_then(|s| s.load_balancer.as_ref()?.ingress.as_ref());
+    let ingress = svc.status.as_ref().and_then(|s| s.load_balancer.as_ref()?.ingress.as_ref());
     for (i, ing) in ingress.into_iter().flatten().enumerate() {
         if let Some(ip) = &ing.ip {
             v.ip(&format!("status.loadBalancer.ingress[{i}].ip"), ip);
@@ -127,16 +105,8 @@ fn service(v: &mut Errors, svc: &Service) {
 }
 
 fn endpoint_slice(v: &mut Errors, slice: &EndpointSlice) {
-    if !slice
-        .metadata
-        .labels
-        .as_ref()
-        .is_some_and(|l| l.contains_key(SERVICE_NAME_LABEL))
-    {
-        v.push(
-            "metadata.labels",
-            format!("missing label {SERVICE_NAME_LABEL}"),
-        );
+    if !slice.metadata.labels.as_ref().is_some_and(|l| l.contains_key(SERVICE_NAME_LABEL)) {
+        v.push("metadata.labels", format!("missing label {SERVICE_NAME_LABEL}"));
     }
     let family = slice.address_type.as_str();
     v.one_of("addressType", family, &["IPv4", "IPv6", "FQDN"]);
@@ -148,10 +118,7 @@ fn endpoint_slice(v: &mut Errors, slice: &EndpointSlice) {
                 _ => !addr.is_empty(),
             };
             if !valid {
-                v.push(
-                    &format!("endpoints[{i}].addresses[{j}]"),
-                    format!("{addr:?} is not a valid {family} address"),
-                );
+                v.push(&format!("endpoints[{i}].addresses[{j}]"), format!("{addr:?} is not a valid {family} address"));
             }
         }
     }
@@ -197,10 +164,7 @@ struct Errors(Vec<FieldError>);
 
 impl Errors {
     fn push(&mut self, field: &str, message: String) {
-        self.0.push(FieldError {
-            field: Some(field.to_owned()),
-            message,
-        });
+        self.0.push(FieldError { field: Some(field.to_owned()), message });
     }
 
     fn ip(&mut self, field: &str, value: &str) {
@@ -230,10 +194,7 @@ impl Errors {
 
     fn one_of(&mut self, field: &str, value: &str, allowed: &[&str]) {
         if !allowed.contains(&value) {
-            self.push(
-                field,
-                format!("{value:?} is not one of {}", allowed.join(", ")),
-            );
+            self.push(field, format!("{value:?} is not one of {}", allowed.join(", ")));
         }
     }
 }
@@ -244,14 +205,12 @@ mod tests {
     use serde_json::{Value, json};
 
     fn errors(object: Object) -> Vec<String> {
-        validate(&object)
-            .into_iter()
-            .map(|e| format!("{}: {}", e.field.unwrap_or_default(), e.message))
-            .collect()
+        validate(&object).into_iter().map(|e| format!("{}: {}", e.field.unwrap_or_default(), e.message)).collect()
     }
 
     fn service(spec: Value, status: Value) -> Object {
-        let v = json!({"apiVersion": "v1", "kind": "Service", "metadata": {"name": "s"}, "spec": spec, "status": status});
+        let v =
+            json!({"apiVersion": "v1", "kind": "Service", "metadata": {"name": "s"}, "spec": spec, "status": status});
         Object::Service(serde_json::from_value(v).unwrap())
     }
 

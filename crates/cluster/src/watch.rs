@@ -5,9 +5,7 @@ use std::time::Duration;
 
 use notify::event::{AccessKind, EventKind};
 use notify::{EventHandler, RecommendedWatcher, RecursiveMode, WatcherKind};
-use notify_debouncer_mini::{
-    DebounceEventResult, DebouncedEventKind, Debouncer, new_debouncer_opt,
-};
+use notify_debouncer_mini::{DebounceEventResult, DebouncedEventKind, Debouncer, new_debouncer_opt};
 
 use crate::Error;
 use crate::source::is_manifest;
@@ -63,14 +61,8 @@ pub fn watch(
     debounce: Duration,
     mut on_change: impl FnMut(Vec<PathBuf>) + Send + 'static,
 ) -> Result<Watcher, Error> {
-    let watch_error = |source| Error::Watch {
-        path: dir.to_owned(),
-        source,
-    };
-    let root = std::fs::canonicalize(dir).map_err(|source| Error::Io {
-        path: dir.to_owned(),
-        source,
-    })?;
+    let watch_error = |source| Error::Watch { path: dir.to_owned(), source };
+    let root = std::fs::canonicalize(dir).map_err(|source| Error::Io { path: dir.to_owned(), source })?;
     let filter_root = root.clone();
     let handler = move |result: DebounceEventResult| match result {
         Ok(events) => {
@@ -91,15 +83,9 @@ pub fn watch(
         Err(e) => tracing::warn!(dir = %filter_root.display(), error = %e, "watching manifests"),
     };
     let config = notify_debouncer_mini::Config::default().with_timeout(debounce);
-    let mut debouncer =
-        new_debouncer_opt::<_, ChangeWatcher>(config, handler).map_err(watch_error)?;
-    debouncer
-        .watcher()
-        .watch(&root, RecursiveMode::Recursive)
-        .map_err(watch_error)?;
-    Ok(Watcher {
-        _debouncer: debouncer,
-    })
+    let mut debouncer = new_debouncer_opt::<_, ChangeWatcher>(config, handler).map_err(watch_error)?;
+    debouncer.watcher().watch(&root, RecursiveMode::Recursive).map_err(watch_error)?;
+    Ok(Watcher { _debouncer: debouncer })
 }
 
 #[cfg(test)]
@@ -111,17 +97,11 @@ mod tests {
     fn reports_written_and_deleted_manifests() {
         let tmp = tempfile::tempdir().unwrap();
         let (tx, rx) = mpsc::channel();
-        let _watcher = watch(tmp.path(), Duration::from_millis(100), move |paths| {
-            tx.send(paths).unwrap()
-        })
-        .unwrap();
+        let _watcher = watch(tmp.path(), Duration::from_millis(100), move |paths| tx.send(paths).unwrap()).unwrap();
         let path = std::fs::canonicalize(tmp.path()).unwrap().join("a.yaml");
         std::fs::write(tmp.path().join("ignored.txt"), "x").unwrap();
         std::fs::write(&path, "kind: x\n").unwrap();
-        assert_eq!(
-            rx.recv_timeout(Duration::from_secs(2)).unwrap(),
-            std::slice::from_ref(&path)
-        );
+        assert_eq!(rx.recv_timeout(Duration::from_secs(2)).unwrap(), std::slice::from_ref(&path));
         std::fs::remove_file(&path).unwrap();
         assert_eq!(rx.recv_timeout(Duration::from_secs(2)).unwrap(), [path]);
     }
@@ -132,10 +112,7 @@ mod tests {
         let path = tmp.path().join("a.yaml");
         std::fs::write(&path, "kind: x\n").unwrap();
         let (tx, rx) = mpsc::channel();
-        let _watcher = watch(tmp.path(), Duration::from_millis(50), move |paths| {
-            tx.send(paths).unwrap()
-        })
-        .unwrap();
+        let _watcher = watch(tmp.path(), Duration::from_millis(50), move |paths| tx.send(paths).unwrap()).unwrap();
         std::fs::read_to_string(&path).unwrap();
         assert!(
             rx.recv_timeout(Duration::from_millis(300)).is_err(),

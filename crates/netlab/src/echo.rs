@@ -33,15 +33,11 @@ pub fn serve(listen: &[SocketAddr], name: &str) -> Result<EchoServer> {
         !name.is_empty() && !name.contains(char::is_whitespace),
         "echo server name {name:?} must be one non-empty word"
     );
-    let mut server = EchoServer {
-        stop: Arc::new(AtomicBool::new(false)),
-        workers: Vec::new(),
-        local_addrs: Vec::new(),
-    };
+    let mut server =
+        EchoServer { stop: Arc::new(AtomicBool::new(false)), workers: Vec::new(), local_addrs: Vec::new() };
     for &requested in listen {
         let tcp = bind(requested, Type::STREAM)?;
-        tcp.listen(128)
-            .with_context(|| format!("cannot listen on tcp {requested}"))?;
+        tcp.listen(128).with_context(|| format!("cannot listen on tcp {requested}"))?;
         let tcp = TcpListener::from(tcp);
         let addr = tcp.local_addr()?;
         let udp = UdpSocket::from(bind(addr, Type::DGRAM)?);
@@ -56,11 +52,7 @@ pub fn serve(listen: &[SocketAddr], name: &str) -> Result<EchoServer> {
         let mut buf = vec![0; 65536];
         server.spawn(format!("echo-udp-{addr}"), move || {
             let datagram = pktinfo::recv(&udp, &mut buf)?;
-            let line = Reply {
-                name: udp_name.clone(),
-                local: datagram.local,
-                peer: datagram.peer,
-            };
+            let line = Reply { name: udp_name.clone(), local: datagram.local, peer: datagram.peer };
             pktinfo::reply(&udp, &datagram, line.to_string().as_bytes())
         })?;
         server.local_addrs.push(addr);
@@ -84,11 +76,7 @@ impl EchoServer {
     }
 
     /// Starts a worker thread repeating `step` until the server stops.
-    fn spawn(
-        &mut self,
-        thread_name: String,
-        mut step: impl FnMut() -> io::Result<()> + Send + 'static,
-    ) -> Result<()> {
+    fn spawn(&mut self, thread_name: String, mut step: impl FnMut() -> io::Result<()> + Send + 'static) -> Result<()> {
         let stop = Arc::clone(&self.stop);
         let worker = thread::Builder::new()
             .name(thread_name.clone())
@@ -138,11 +126,7 @@ fn bind(addr: SocketAddr, ty: Type) -> Result<Socket> {
 
 /// Writes the reply line and closes, without waiting for client data.
 fn answer_tcp(mut stream: TcpStream, peer: SocketAddr, name: &str) -> io::Result<()> {
-    let reply = Reply {
-        name: name.to_owned(),
-        local: stream.local_addr()?,
-        peer,
-    };
+    let reply = Reply { name: name.to_owned(), local: stream.local_addr()?, peer };
     stream.write_all(reply.to_string().as_bytes())?;
     stream.shutdown(Shutdown::Write)?;
     // Discard data the client already sent, so closing sends FIN rather than RST.

@@ -35,10 +35,7 @@ impl Netns {
         let id = NEXT_ID.fetch_add(1, Ordering::Relaxed);
         let name = format!("{prefix}-{}-{id}", std::process::id());
         cmd::output(Command::new("ip").args(["netns", "add", &name]))?;
-        let netns = Netns {
-            name,
-            children: Mutex::default(),
-        };
+        let netns = Netns { name, children: Mutex::default() };
         netns.ip(["link", "set", "lo", "up"])?;
         Ok(netns)
     }
@@ -98,10 +95,7 @@ impl Netns {
 
     /// Starts `command` with stdin null and records it for killing on drop.
     fn start(&self, mut command: Command) -> Result<Process> {
-        let child = command
-            .stdin(Stdio::null())
-            .spawn()
-            .with_context(|| format!("cannot start {command:?}"))?;
+        let child = command.stdin(Stdio::null()).spawn().with_context(|| format!("cannot start {command:?}"))?;
         let process = Process(Arc::new(Mutex::new(child)));
         lock(&self.children).push(process.clone());
         Ok(process)
@@ -117,9 +111,7 @@ impl Netns {
                 enter(&path).unwrap_or_else(|err| panic!("{err:#}"));
                 f()
             });
-            worker
-                .join()
-                .unwrap_or_else(|panic| std::panic::resume_unwind(panic))
+            worker.join().unwrap_or_else(|panic| std::panic::resume_unwind(panic))
         })
     }
 
@@ -163,9 +155,7 @@ impl Process {
 
     /// Returns the exit status if the process has exited, without waiting.
     pub fn try_wait(&self) -> Result<Option<ExitStatus>> {
-        lock(&self.0)
-            .try_wait()
-            .context("cannot poll child process")
+        lock(&self.0).try_wait().context("cannot poll child process")
     }
 
     /// Sends SIGTERM and waits up to `within` for the process to exit; its exit status.
@@ -187,9 +177,7 @@ impl Process {
     /// Kills the process (if still running) and reaps it.
     pub fn kill(&self) -> Result<()> {
         let mut child = lock(&self.0);
-        child
-            .kill()
-            .with_context(|| format!("cannot kill process {}", child.id()))?;
+        child.kill().with_context(|| format!("cannot kill process {}", child.id()))?;
         child.wait().context("cannot reap killed process")?;
         Ok(())
     }
@@ -198,8 +186,7 @@ impl Process {
 /// Moves the calling thread into the network namespace at `path`.
 fn enter(path: &Path) -> Result<()> {
     let file = File::open(path).with_context(|| format!("cannot open {}", path.display()))?;
-    setns(&file, CloneFlags::CLONE_NEWNET)
-        .with_context(|| format!("cannot enter netns {}", path.display()))
+    setns(&file, CloneFlags::CLONE_NEWNET).with_context(|| format!("cannot enter netns {}", path.display()))
 }
 
 /// Locks `mutex`, ignoring poisoning (cleanup must work after a panic).

@@ -107,9 +107,9 @@ fn classify(exchange: impl FnOnce() -> io::Result<String>) -> ProbeResult {
             Err(err) => ProbeResult::Error(format!("{err:#}")),
         },
         Err(err) => match err.kind() {
-            io::ErrorKind::ConnectionRefused
-            | io::ErrorKind::HostUnreachable
-            | io::ErrorKind::NetworkUnreachable => ProbeResult::Refused,
+            io::ErrorKind::ConnectionRefused | io::ErrorKind::HostUnreachable | io::ErrorKind::NetworkUnreachable => {
+                ProbeResult::Refused
+            }
             io::ErrorKind::TimedOut | io::ErrorKind::WouldBlock => ProbeResult::Timeout,
             _ => ProbeResult::Error(err.to_string()),
         },

@@ -40,11 +40,7 @@ impl FromStr for Reply {
                     .with_context(|| format!("expected {key}=<ip:port>"))?;
                 value.parse().with_context(|| format!("bad {key} address"))
             };
-            Ok(Reply {
-                name: name.to_owned(),
-                local: field(local, "local")?,
-                peer: field(peer, "peer")?,
-            })
+            Ok(Reply { name: name.to_owned(), local: field(local, "local")?, peer: field(peer, "peer")? })
         };
         parse().with_context(|| format!("malformed echo reply {line:?}"))
     }

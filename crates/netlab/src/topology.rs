@@ -67,8 +67,7 @@ impl Lab {
             external: Netns::new(&format!("{prefix}-ext"))?,
             pods_added: AtomicU8::new(0),
         };
-        lab.build()
-            .with_context(|| format!("cannot build lab {prefix}"))?;
+        lab.build().with_context(|| format!("cannot build lab {prefix}"))?;
         Ok(lab)
     }
 
@@ -86,10 +85,7 @@ impl Lab {
     /// Adds a pod on the node's bridge. Pods are owned by the caller.
     pub fn add_pod(&self, name: &str) -> Result<Pod> {
         let index = self.pods_added.fetch_add(1, Ordering::Relaxed);
-        let Some(host) = FIRST_POD_HOST
-            .checked_add(index)
-            .filter(|&host| host < u8::MAX)
-        else {
+        let Some(host) = FIRST_POD_HOST.checked_add(index).filter(|&host| host < u8::MAX) else {
             bail!("lab {} is out of pod addresses", self.prefix);
         };
         let pod = Pod {
@@ -103,10 +99,7 @@ impl Lab {
         ip_all(
             &self.node,
             &[
-                format!(
-                    "link add {veth} type veth peer name {POD_INTERFACE} netns {}",
-                    pod.ns.name()
-                ),
+                format!("link add {veth} type veth peer name {POD_INTERFACE} netns {}", pod.ns.name()),
                 format!("link set {veth} master {BRIDGE}"),
                 format!("link set {veth} type bridge_slave hairpin on"),
                 format!("link set {veth} up"),
@@ -115,16 +108,8 @@ impl Lab {
         ip_all(
             &pod.ns,
             &[
-                format!(
-                    "addr add {}/{} dev {POD_INTERFACE}",
-                    pod.ipv4,
-                    POD_CIDR_V4.prefix_len()
-                ),
-                format!(
-                    "addr add {}/{} dev {POD_INTERFACE} nodad",
-                    pod.ipv6,
-                    POD_CIDR_V6.prefix_len()
-                ),
+                format!("addr add {}/{} dev {POD_INTERFACE}", pod.ipv4, POD_CIDR_V4.prefix_len()),
+                format!("addr add {}/{} dev {POD_INTERFACE} nodad", pod.ipv6, POD_CIDR_V6.prefix_len()),
                 format!("link set {POD_INTERFACE} up"),
                 format!("-4 route add default via {POD_GATEWAY_V4}"),
                 format!("-6 route add default via {POD_GATEWAY_V6}"),
@@ -136,8 +121,7 @@ impl Lab {
 
     /// Adds another address (with prefix length) to the node's uplink.
     pub fn add_node_address(&self, address: IpNet) -> Result<()> {
-        self.node
-            .ip(["addr", "add", &address.to_string(), "dev", UPLINK, "nodad"])?;
+        self.node.ip(["addr", "add", &address.to_string(), "dev", UPLINK, "nodad"])?;
         Ok(())
     }
 
@@ -149,42 +133,21 @@ impl Lab {
         ip_all(
             &self.node,
             &[
-                format!(
-                    "link add {UPLINK} type veth peer name {UPLINK} netns {}",
-                    self.external.name()
-                ),
-                format!(
-                    "addr add {NODE_IPV4}/{} dev {UPLINK}",
-                    UPLINK_CIDR_V4.prefix_len()
-                ),
-                format!(
-                    "addr add {NODE_IPV6}/{} dev {UPLINK} nodad",
-                    UPLINK_CIDR_V6.prefix_len()
-                ),
+                format!("link add {UPLINK} type veth peer name {UPLINK} netns {}", self.external.name()),
+                format!("addr add {NODE_IPV4}/{} dev {UPLINK}", UPLINK_CIDR_V4.prefix_len()),
+                format!("addr add {NODE_IPV6}/{} dev {UPLINK} nodad", UPLINK_CIDR_V6.prefix_len()),
                 format!("link set {UPLINK} up"),
                 format!("link add {BRIDGE} type bridge"),
-                format!(
-                    "addr add {POD_GATEWAY_V4}/{} dev {BRIDGE}",
-                    POD_CIDR_V4.prefix_len()
-                ),
-                format!(
-                    "addr add {POD_GATEWAY_V6}/{} dev {BRIDGE} nodad",
-                    POD_CIDR_V6.prefix_len()
-                ),
+                format!("addr add {POD_GATEWAY_V4}/{} dev {BRIDGE}", POD_CIDR_V4.prefix_len()),
+                format!("addr add {POD_GATEWAY_V6}/{} dev {BRIDGE} nodad", POD_CIDR_V6.prefix_len()),
                 format!("link set {BRIDGE} up"),
                 format!("-4 route add default via {EXTERNAL_HOST_IPV4}"),
                 format!("-6 route add default via {EXTERNAL_HOST_IPV6}"),
             ],
         )?;
         let mut external = vec![
-            format!(
-                "addr add {EXTERNAL_HOST_IPV4}/{} dev {UPLINK}",
-                UPLINK_CIDR_V4.prefix_len()
-            ),
-            format!(
-                "addr add {EXTERNAL_HOST_IPV6}/{} dev {UPLINK} nodad",
-                UPLINK_CIDR_V6.prefix_len()
-            ),
+            format!("addr add {EXTERNAL_HOST_IPV4}/{} dev {UPLINK}", UPLINK_CIDR_V4.prefix_len()),
+            format!("addr add {EXTERNAL_HOST_IPV6}/{} dev {UPLINK} nodad", UPLINK_CIDR_V6.prefix_len()),
             format!("link set {UPLINK} up"),
         ];
         let node_routed: [(IpNet, IpAddr); 6] = [
@@ -195,11 +158,7 @@ impl Lab {
             (SERVICE_CIDR_V6.into(), NODE_IPV6.into()),
             (EXTERNAL_IP_CIDR_V6.into(), NODE_IPV6.into()),
         ];
-        external.extend(
-            node_routed
-                .iter()
-                .map(|(cidr, via)| format!("route add {cidr} via {via}")),
-        );
+        external.extend(node_routed.iter().map(|(cidr, via)| format!("route add {cidr} via {via}")));
         ip_all(&self.external, &external)
     }
 }
@@ -213,14 +172,10 @@ fn mirrored_host(host: u8) -> u128 {
 
 /// Applies `settings` as sysctls in `ns`.
 fn sysctls(ns: &Netns, settings: &[(&str, &str)]) -> Result<()> {
-    settings
-        .iter()
-        .try_for_each(|(key, value)| ns.sysctl(key, value))
+    settings.iter().try_for_each(|(key, value)| ns.sysctl(key, value))
 }
 
 /// Runs each whitespace-separated `ip` command in `ns`, stopping at the first failure.
 fn ip_all(ns: &Netns, commands: &[String]) -> Result<()> {
-    commands
-        .iter()
-        .try_for_each(|command| ns.ip(command.split_whitespace()).map(drop))
+    commands.iter().try_for_each(|command| ns.ip(command.split_whitespace()).map(drop))
 }

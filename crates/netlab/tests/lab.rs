@@ -18,10 +18,7 @@ fn echo_in(ns: &Netns, name: &str, listen: &[SocketAddr]) -> EchoServer {
 
 /// Both of a pod's addresses on [`PORT`].
 fn pod_addrs(pod: &Pod) -> [SocketAddr; 2] {
-    [
-        SocketAddr::new(pod.ipv4.into(), PORT),
-        SocketAddr::new(pod.ipv6.into(), PORT),
-    ]
+    [SocketAddr::new(pod.ipv4.into(), PORT), SocketAddr::new(pod.ipv6.into(), PORT)]
 }
 
 /// Probes `target` over TCP and UDP from `from`; both must reach echo server
@@ -29,9 +26,7 @@ fn pod_addrs(pod: &Pod) -> [SocketAddr; 2] {
 fn assert_echo(from: &Netns, target: SocketAddr, name: &str, peer: IpAddr) {
     let results = from.run(|| [probe::tcp(target, TIMEOUT), probe::udp(target, TIMEOUT)]);
     for (proto, result) in ["tcp", "udp"].into_iter().zip(results) {
-        let reply = result
-            .into_reply()
-            .unwrap_or_else(|err| panic!("{proto} {target} from {}: {err}", from.name()));
+        let reply = result.into_reply().unwrap_or_else(|err| panic!("{proto} {target} from {}: {err}", from.name()));
         assert_eq!(reply.name, name, "{proto} {target}");
         assert_eq!(reply.local, target, "{proto} {target}");
         assert_eq!(reply.peer.ip(), peer, "{proto} {target}");
@@ -46,14 +41,7 @@ fn assert_probes(from: &Netns, target: SocketAddr, expected: &ProbeResult, timeo
 
 /// Output of `ip netns list`.
 fn netns_list() -> String {
-    String::from_utf8(
-        std::process::Command::new("ip")
-            .args(["netns", "list"])
-            .output()
-            .unwrap()
-            .stdout,
-    )
-    .unwrap()
+    String::from_utf8(std::process::Command::new("ip").args(["netns", "list"]).output().unwrap().stdout).unwrap()
 }
 
 #[test]
@@ -73,22 +61,12 @@ fn pods_reach_each_other_the_node_and_the_external_host() {
     assert_eq!(a.ipv4, Ipv4Addr::new(10, 244, 0, 10));
     assert_eq!(b.ipv6, "fd00:244::11".parse::<Ipv6Addr>().unwrap());
     let _echo_b = echo_in(&b.ns, "b", &pod_addrs(&b));
-    let ext = [
-        SocketAddr::new(EXTERNAL_HOST_IPV4.into(), PORT),
-        SocketAddr::new(EXTERNAL_HOST_IPV6.into(), PORT),
-    ];
+    let ext = [SocketAddr::new(EXTERNAL_HOST_IPV4.into(), PORT), SocketAddr::new(EXTERNAL_HOST_IPV6.into(), PORT)];
     let _echo_ext = echo_in(lab.external(), "ext", &ext);
-    let node = [
-        SocketAddr::new(NODE_IPV4.into(), PORT),
-        SocketAddr::new(NODE_IPV6.into(), PORT),
-    ];
+    let node = [SocketAddr::new(NODE_IPV4.into(), PORT), SocketAddr::new(NODE_IPV6.into(), PORT)];
     let _echo_node = echo_in(lab.node(), "node", &node);
 
-    for (family, (to_b, (to_ext, to_node))) in pod_addrs(&b)
-        .into_iter()
-        .zip(ext.into_iter().zip(node))
-        .enumerate()
-    {
+    for (family, (to_b, (to_ext, to_node))) in pod_addrs(&b).into_iter().zip(ext.into_iter().zip(node)).enumerate() {
         let a_ip: IpAddr = [IpAddr::from(a.ipv4), a.ipv6.into()][family];
         assert_echo(&a.ns, to_b, "b", a_ip);
         assert_echo(&a.ns, to_ext, "ext", a_ip);
@@ -105,19 +83,11 @@ fn refused_and_timeout_are_distinguished() {
     for target in pod_addrs(&b) {
         assert_probes(&a.ns, target, &ProbeResult::Refused, TIMEOUT);
     }
-    for nft in [
-        "add table inet t",
-        "add chain inet t c { type filter hook input priority 0; policy drop; }",
-    ] {
+    for nft in ["add table inet t", "add chain inet t c { type filter hook input priority 0; policy drop; }"] {
         b.ns.exec(["nft", nft]).unwrap();
     }
     for target in pod_addrs(&b) {
-        assert_probes(
-            &a.ns,
-            target,
-            &ProbeResult::Timeout,
-            Duration::from_millis(300),
-        );
+        assert_probes(&a.ns, target, &ProbeResult::Timeout, Duration::from_millis(300));
     }
 }
 
@@ -126,10 +96,8 @@ fn wildcard_udp_reports_the_real_destination() {
     let lab = Lab::new("t-wild").unwrap();
     let a = lab.add_pod("a").unwrap();
     let b = lab.add_pod("b").unwrap();
-    let wildcard = [
-        SocketAddr::new(Ipv4Addr::UNSPECIFIED.into(), PORT),
-        SocketAddr::new(Ipv6Addr::UNSPECIFIED.into(), PORT),
-    ];
+    let wildcard =
+        [SocketAddr::new(Ipv4Addr::UNSPECIFIED.into(), PORT), SocketAddr::new(Ipv6Addr::UNSPECIFIED.into(), PORT)];
     let _echo = echo_in(&b.ns, "b", &wildcard);
     assert_echo(&a.ns, pod_addrs(&b)[0], "b", a.ipv4.into());
     assert_echo(&a.ns, pod_addrs(&b)[1], "b", a.ipv6.into());
@@ -140,8 +108,7 @@ fn wildcard_udp_reports_the_real_destination() {
 #[test]
 fn extra_node_address_is_reachable_from_outside() {
     let lab = Lab::new("t-addr").unwrap();
-    lab.add_node_address("192.168.77.3/24".parse().unwrap())
-        .unwrap();
+    lab.add_node_address("192.168.77.3/24".parse().unwrap()).unwrap();
     let target = "192.168.77.3:80".parse().unwrap();
     let _echo = echo_in(lab.node(), "node", &[target]);
     assert_echo(lab.external(), target, "node", EXTERNAL_HOST_IPV4.into());
@@ -150,15 +117,9 @@ fn extra_node_address_is_reachable_from_outside() {
 #[test]
 fn exec_and_sysctl_work_in_the_namespace() {
     let lab = Lab::new("t-exec").unwrap();
-    let forwarding = lab
-        .node()
-        .exec(["cat", "/proc/sys/net/ipv4/ip_forward"])
-        .unwrap();
+    let forwarding = lab.node().exec(["cat", "/proc/sys/net/ipv4/ip_forward"]).unwrap();
     assert_eq!(String::from_utf8_lossy(&forwarding.stdout).trim(), "1");
-    let err = lab
-        .node()
-        .exec(["ip", "link", "show", "nonexistent0"])
-        .unwrap_err();
+    let err = lab.node().exec(["ip", "link", "show", "nonexistent0"]).unwrap_err();
     assert!(format!("{err:#}").contains("nonexistent0"), "{err:#}");
 }
 
@@ -168,23 +129,12 @@ fn dropping_a_lab_removes_namespaces_and_kills_processes() {
     let pod = lab.add_pod("a").unwrap();
     let process = lab.node().spawn(["sleep", "600"]).unwrap();
     let pid = process.id();
-    let names = [
-        lab.node().name().to_owned(),
-        lab.external().name().to_owned(),
-        pod.ns.name().to_owned(),
-    ];
-    assert!(
-        names
-            .iter()
-            .all(|name| netns_list().contains(name.as_str()))
-    );
+    let names = [lab.node().name().to_owned(), lab.external().name().to_owned(), pod.ns.name().to_owned()];
+    assert!(names.iter().all(|name| netns_list().contains(name.as_str())));
     drop(pod);
     drop(lab);
     let list = netns_list();
-    assert!(
-        names.iter().all(|name| !list.contains(name.as_str())),
-        "{list}"
-    );
+    assert!(names.iter().all(|name| !list.contains(name.as_str())), "{list}");
     assert!(!Path::new(&format!("/proc/{pid}")).exists());
     assert!(process.try_wait().unwrap().is_some());
 }
@@ -195,18 +145,11 @@ fn a_panicking_test_still_cleans_up() {
     let outcome = catch_unwind(AssertUnwindSafe(|| {
         let lab = Lab::new("t-panic").unwrap();
         let pod = lab.add_pod("a").unwrap();
-        names = vec![
-            lab.node().name().to_owned(),
-            lab.external().name().to_owned(),
-            pod.ns.name().to_owned(),
-        ];
+        names = vec![lab.node().name().to_owned(), lab.external().name().to_owned(), pod.ns.name().to_owned()];
         panic!("test failure");
     }));
     assert!(outcome.is_err());
     assert_eq!(names.len(), 3);
     let list = netns_list();
-    assert!(
-        names.iter().all(|name| !list.contains(name.as_str())),
-        "{list}"
-    );
+    assert!(names.iter().all(|name| !list.contains(name.as_str())), "{list}");
 }

@@ -24,9 +24,9 @@ impl std::str::FromStr for ProxyMode {
         match s {
             "" | "nftables" => Ok(ProxyMode::Nftables),
             "iptables" => Ok(ProxyMode::Iptables),
-            other => Err(Error::Config(format!(
-                "mode: unsupported proxy mode {other:?} (supported: nftables, iptables)"
-            ))),
+            other => {
+                Err(Error::Config(format!("mode: unsupported proxy mode {other:?} (supported: nftables, iptables)")))
+            }
         }
     }
 }
@@ -49,9 +49,9 @@ impl NodePortAddresses {
     pub fn covers_all(&self, family: crate::table::IpFamily) -> bool {
         match self {
             NodePortAddresses::Unset | NodePortAddresses::Primary => false,
-            NodePortAddresses::Cidrs(cidrs) => cidrs
-                .iter()
-                .any(|c| c.prefix_len() == 0 && crate::table::IpFamily::of(&c.addr()) == family),
+            NodePortAddresses::Cidrs(cidrs) => {
+                cidrs.iter().any(|c| c.prefix_len() == 0 && crate::table::IpFamily::of(&c.addr()) == family)
+            }
         }
     }
 
@@ -67,9 +67,8 @@ impl NodePortAddresses {
         items
             .iter()
             .map(|s| {
-                s.parse::<IpNet>().map_err(|e| {
-                    Error::Config(format!("nodePortAddresses: {s:?} is not a CIDR or \"primary\": {e}"))
-                })
+                s.parse::<IpNet>()
+                    .map_err(|e| Error::Config(format!("nodePortAddresses: {s:?} is not a CIDR or \"primary\": {e}")))
             })
             .collect::<Result<_, _>>()
             .map(NodePortAddresses::Cidrs)
@@ -132,10 +131,9 @@ impl ProxyConfig {
 
     /// Applies a `KubeProxyConfiguration` file on top of `self` (flags are applied after it).
     pub fn apply_file(&mut self, path: &Path) -> Result<(), Error> {
-        let text = std::fs::read_to_string(path)
-            .map_err(|e| Error::Config(format!("{}: {e}", path.display())))?;
-        let file: KubeProxyConfiguration = serde_saphyr::from_str(&text)
-            .map_err(|e| Error::Config(format!("{}: {e}", path.display())))?;
+        let text = std::fs::read_to_string(path).map_err(|e| Error::Config(format!("{}: {e}", path.display())))?;
+        let file: KubeProxyConfiguration =
+            serde_saphyr::from_str(&text).map_err(|e| Error::Config(format!("{}: {e}", path.display())))?;
         file.apply(self).map_err(|e| match e {
             Error::Config(msg) => Error::Config(format!("{}: {msg}", path.display())),
             other => other,
@@ -249,9 +247,7 @@ impl KubeProxyConfiguration {
         if let Some(api) = self.api_version.as_deref()
             && api != "kubeproxy.config.k8s.io/v1alpha1"
         {
-            return Err(Error::Config(format!(
-                "apiVersion: {api:?} is not kubeproxy.config.k8s.io/v1alpha1"
-            )));
+            return Err(Error::Config(format!("apiVersion: {api:?} is not kubeproxy.config.k8s.io/v1alpha1")));
         }
         if let Some(kind) = self.kind.as_deref()
             && kind != "KubeProxyConfiguration"
@@ -274,9 +270,7 @@ impl KubeProxyConfiguration {
         if let Some(mode) = self.detect_local_mode.as_deref()
             && !matches!(mode, "" | "ClusterCIDR")
         {
-            return Err(Error::Config(format!(
-                "detectLocalMode: {mode:?} is not supported (supported: ClusterCIDR)"
-            )));
+            return Err(Error::Config(format!("detectLocalMode: {mode:?} is not supported (supported: ClusterCIDR)")));
         }
         if let Some(period) = self.sync_period {
             cfg.sync_period = parse_go_duration("syncPeriod", &period)?;
@@ -298,16 +292,23 @@ impl KubeProxyConfiguration {
         // the current mode.
         let section = match (mode_given, self.nftables, self.iptables) {
             (false, Some(only), None) | (false, None, Some(only)) => Some(only),
-            (_, nft, ipt) => if cfg.mode == ProxyMode::Nftables { nft } else { ipt },
+            (_, nft, ipt) => {
+                if cfg.mode == ProxyMode::Nftables {
+                    nft
+                } else {
+                    ipt
+                }
+            }
         };
         if let Some(section) = section {
             if let Some(all) = section.masquerade_all {
                 cfg.masquerade_all = all;
             }
             if let Some(bit) = section.masquerade_bit {
-                cfg.masquerade_bit = u8::try_from(bit).ok().filter(|b| *b <= 31).ok_or_else(|| {
-                    Error::Config(format!("masqueradeBit: {bit} is out of range 0-31"))
-                })?;
+                cfg.masquerade_bit = u8::try_from(bit)
+                    .ok()
+                    .filter(|b| *b <= 31)
+                    .ok_or_else(|| Error::Config(format!("masqueradeBit: {bit} is out of range 0-31")))?;
             }
             if let Some(period) = section.sync_period {
                 cfg.sync_period = parse_go_duration("syncPeriod", &period)?;
@@ -360,10 +361,7 @@ mod tests {
         assert_eq!(cfg.min_sync_period, Duration::from_secs(2));
         assert_eq!(cfg.sync_period, Duration::from_secs(60));
         assert_eq!((cfg.healthz_bind_address.as_str(), cfg.metrics_bind_address.as_str()), ("[::]:10256", ""));
-        assert_eq!(
-            cfg.nodeport_addresses,
-            NodePortAddresses::Cidrs(vec!["192.168.0.0/16".parse().unwrap()])
-        );
+        assert_eq!(cfg.nodeport_addresses, NodePortAddresses::Cidrs(vec!["192.168.0.0/16".parse().unwrap()]));
     }
 
     #[test]

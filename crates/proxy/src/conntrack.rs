@@ -37,8 +37,8 @@ use roadkeeper_cluster::NamespacedName;
 
 use crate::Error;
 use crate::netlink_socket::{
-    self as nl, NLA_HDRLEN, NLM_F_ACK, NLM_F_DUMP, NLM_F_REQUEST, NLMSG_DONE, NLMSG_ERROR, NLMSG_HDRLEN, NetfilterSocket,
-    attr,
+    self as nl, NLA_HDRLEN, NLM_F_ACK, NLM_F_DUMP, NLM_F_REQUEST, NLMSG_DONE, NLMSG_ERROR, NLMSG_HDRLEN,
+    NetfilterSocket, attr,
 };
 use crate::table::{IpFamily, Protocol, ServicePort};
 
@@ -506,7 +506,9 @@ impl Socket {
                 0 => deleted += 1,
                 // Gone already (expired, or replaced by a new entry with another id).
                 libc::ENOENT => {}
-                errno => tracing::warn!(?flow, "cannot delete conntrack entry: {}", io::Error::from_raw_os_error(errno)),
+                errno => {
+                    tracing::warn!(?flow, "cannot delete conntrack entry: {}", io::Error::from_raw_os_error(errno))
+                }
             }
         }
         Ok(deleted)
@@ -899,13 +901,9 @@ mod kernel_tests {
         let unserved_flow = format!("src={c} dst={s} sport={CLIENT_UNSERVED_PORT} dport={} ", SVC_PORT + 1);
         let tcp_flow = format!("dst={s} sport=");
         let before = conntrack_list(&ns, family);
-        for (proto, flow) in [
-            ("udp", &svc_flow),
-            ("udp", &np_flow),
-            ("udp", &other_flow),
-            ("udp", &unserved_flow),
-            ("tcp", &tcp_flow),
-        ] {
+        for (proto, flow) in
+            [("udp", &svc_flow), ("udp", &np_flow), ("udp", &other_flow), ("udp", &unserved_flow), ("tcp", &tcp_flow)]
+        {
             assert!(listed(&before, proto, flow), "{proto} {flow} missing before cleanup:\n{before}");
         }
 
@@ -923,7 +921,8 @@ mod kernel_tests {
         let deleted = ns.run(|| cleanup_stale_flows(&table, &node_ips)).expect("cleanup");
         assert_eq!(deleted, 2, "the ClusterIP and NodePort flows pinned to A");
         // Deleting them again finds nothing (ENOENT is not an error).
-        let pinned: Vec<&Flow> = dumped.iter().filter(|f| f.reply.src == n.a && f.orig.protocol == IPPROTO_UDP).collect();
+        let pinned: Vec<&Flow> =
+            dumped.iter().filter(|f| f.reply.src == n.a && f.orig.protocol == IPPROTO_UDP).collect();
         assert_eq!(pinned.len(), 2);
         assert_eq!(ns.run(|| delete_flows(&pinned)).expect("delete"), 0);
 

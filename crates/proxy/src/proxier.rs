@@ -227,7 +227,9 @@ pub(crate) mod testing {
     /// Service `name` (ClusterIP 10.96.0.<n>) and its slice with endpoints 10.244.<n>.<1..=eps>
     /// (the first one shifted by `generation`).
     pub(crate) fn service(name: &str, n: u8, eps: u8, generation: u8) -> [Object; 2] {
-        let svc = format!("metadata: {{name: {name}, namespace: default}}\nspec: {{clusterIP: 10.96.0.{n}, ports: [{{port: 80}}]}}\n");
+        let svc = format!(
+            "metadata: {{name: {name}, namespace: default}}\nspec: {{clusterIP: 10.96.0.{n}, ports: [{{port: 80}}]}}\n"
+        );
         let mut slice = format!(
             "metadata: {{name: {name}-1, namespace: default, labels: {{kubernetes.io/service-name: {name}}}}}\n\
              addressType: IPv4\nports: [{{port: 8080}}]\nendpoints:\n"
@@ -236,13 +238,18 @@ pub(crate) mod testing {
             let host = if e == 1 { e + generation * 10 } else { e };
             slice.push_str(&format!("- {{addresses: [10.244.{n}.{host}]}}\n"));
         }
-        [Object::Service(serde_saphyr::from_str(&svc).unwrap()), Object::EndpointSlice(serde_saphyr::from_str(&slice).unwrap())]
+        [
+            Object::Service(serde_saphyr::from_str(&svc).unwrap()),
+            Object::EndpointSlice(serde_saphyr::from_str(&slice).unwrap()),
+        ]
     }
 
     /// Services `svc-1..=size` with 3 endpoints each; svc-1's first endpoint shifted by
     /// `changed_generation`.
     pub(crate) fn cluster(size: u8, changed_generation: u8) -> Store {
-        Store::from_objects((1..=size).flat_map(|n| service(&format!("svc-{n}"), n, 3, if n == 1 { changed_generation } else { 0 })))
+        Store::from_objects(
+            (1..=size).flat_map(|n| service(&format!("svc-{n}"), n, 3, if n == 1 { changed_generation } else { 0 })),
+        )
     }
 }
 

@@ -117,12 +117,9 @@ impl NodeInfo {
             // iptables mode's default: every local address.
             NodePortAddresses::Unset if cfg.mode == ProxyMode::Iptables => self.local_addresses.clone(),
             NodePortAddresses::Unset | NodePortAddresses::Primary => self.primary_ips.clone(),
-            NodePortAddresses::Cidrs(cidrs) => self
-                .local_addresses
-                .iter()
-                .filter(|ip| cidrs.iter().any(|c| c.contains(*ip)))
-                .copied()
-                .collect(),
+            NodePortAddresses::Cidrs(cidrs) => {
+                self.local_addresses.iter().filter(|ip| cidrs.iter().any(|c| c.contains(*ip))).copied().collect()
+            }
         };
         ips.retain(|ip| IpFamily::of(ip) == family);
         ips.sort();
@@ -291,12 +288,8 @@ pub fn service_ports(
         .flatten()
         .filter_map(|i| i.ip.as_deref()?.parse().ok())
         .collect();
-    let source_ranges: Vec<IpNet> = spec
-        .load_balancer_source_ranges
-        .iter()
-        .flatten()
-        .filter_map(|s| s.trim().parse().ok())
-        .collect();
+    let source_ranges: Vec<IpNet> =
+        spec.load_balancer_source_ranges.iter().flatten().filter_map(|s| s.trim().parse().ok()).collect();
     let affinity_timeout = (spec.session_affinity.as_deref() == Some("ClientIP")).then(|| {
         spec.session_affinity_config
             .as_ref()
@@ -321,11 +314,7 @@ pub fn service_ports(
         for port in spec.ports.iter().flatten() {
             let Some(protocol) = Protocol::from_k8s(port.protocol.as_deref()) else { continue };
             let Ok(port_number) = u16::try_from(port.port) else { continue };
-            let name = ServicePortName {
-                service: key.clone(),
-                port: port.name.clone().unwrap_or_default(),
-                protocol,
-            };
+            let name = ServicePortName { service: key.clone(), port: port.name.clone().unwrap_or_default(), protocol };
             let endpoints = collect_endpoints(port, protocol, family, slices, node);
             let mut sp = ServicePort {
                 name,
@@ -339,11 +328,7 @@ pub fn service_ports(
                     .filter(|p| *p != 0),
                 external_ips: of_family(&external_ips),
                 load_balancer_ips: of_family(&lb_ips),
-                source_ranges: source_ranges
-                    .iter()
-                    .filter(|r| IpFamily::of(&r.addr()) == family)
-                    .copied()
-                    .collect(),
+                source_ranges: source_ranges.iter().filter(|r| IpFamily::of(&r.addr()) == family).copied().collect(),
                 affinity_timeout,
                 external_policy_local: false,
                 internal_policy_local,
@@ -352,10 +337,8 @@ pub fn service_ports(
                 local_endpoints: Vec::new(),
             };
             sp.external_policy_local = external_policy_local && sp.has_external_frontends();
-            sp.health_check_node_port = spec
-                .health_check_node_port
-                .filter(|_| sp.external_policy_local)
-                .and_then(|p| u16::try_from(p).ok());
+            sp.health_check_node_port =
+                spec.health_check_node_port.filter(|_| sp.external_policy_local).and_then(|p| u16::try_from(p).ok());
             (sp.cluster_endpoints, sp.local_endpoints) = categorize(&endpoints, node);
             out.push(sp);
         }
@@ -419,12 +402,8 @@ fn collect_endpoints(
                 ready,
                 serving: cond.serving.unwrap_or(ready),
                 terminating: cond.terminating.unwrap_or(false),
-                for_nodes: hints
-                    .and_then(|h| h.for_nodes.as_ref())
-                    .map(|v| v.iter().map(|n| n.name.clone()).collect()),
-                for_zones: hints
-                    .and_then(|h| h.for_zones.as_ref())
-                    .map(|v| v.iter().map(|z| z.name.clone()).collect()),
+                for_nodes: hints.and_then(|h| h.for_nodes.as_ref()).map(|v| v.iter().map(|n| n.name.clone()).collect()),
+                for_zones: hints.and_then(|h| h.for_zones.as_ref()).map(|v| v.iter().map(|z| z.name.clone()).collect()),
             });
         }
     }
@@ -441,8 +420,7 @@ fn categorize(endpoints: &[RawEndpoint], node: &NodeInfo) -> (Vec<Endpoint>, Vec
     } else {
         topology_filter(&ready, node).into_iter().map(|e| e.endpoint.clone()).collect()
     };
-    let local_ready: Vec<Endpoint> =
-        ready.iter().filter(|e| e.endpoint.is_local).map(|e| e.endpoint.clone()).collect();
+    let local_ready: Vec<Endpoint> = ready.iter().filter(|e| e.endpoint.is_local).map(|e| e.endpoint.clone()).collect();
     let local = if local_ready.is_empty() {
         serving_terminating(endpoints.iter().filter(|e| e.endpoint.is_local))
     } else {
@@ -460,11 +438,8 @@ fn serving_terminating<'a>(endpoints: impl Iterator<Item = &'a RawEndpoint>) -> 
 fn topology_filter<'a>(ready: &[&'a RawEndpoint], node: &NodeInfo) -> Vec<&'a RawEndpoint> {
     let all_have = |f: fn(&RawEndpoint) -> bool| ready.iter().all(|e| f(e));
     if all_have(|e| e.for_nodes.is_some()) {
-        let mine: Vec<_> = ready
-            .iter()
-            .filter(|e| e.for_nodes.as_ref().is_some_and(|n| n.contains(&node.name)))
-            .copied()
-            .collect();
+        let mine: Vec<_> =
+            ready.iter().filter(|e| e.for_nodes.as_ref().is_some_and(|n| n.contains(&node.name))).copied().collect();
         if !mine.is_empty() {
             return mine;
         }
@@ -472,11 +447,8 @@ fn topology_filter<'a>(ready: &[&'a RawEndpoint], node: &NodeInfo) -> Vec<&'a Ra
     if let Some(zone) = &node.zone
         && all_have(|e| e.for_zones.is_some())
     {
-        let mine: Vec<_> = ready
-            .iter()
-            .filter(|e| e.for_zones.as_ref().is_some_and(|z| z.contains(zone)))
-            .copied()
-            .collect();
+        let mine: Vec<_> =
+            ready.iter().filter(|e| e.for_zones.as_ref().is_some_and(|z| z.contains(zone))).copied().collect();
         if !mine.is_empty() {
             return mine;
         }
@@ -589,14 +561,15 @@ mod tests {
         assert_eq!(service_ports(&key(), &headless, &[], &node(), &cfg), Err(Skip::Headless));
         let ext = svc("metadata: {name: e}\nspec: {type: ExternalName, externalName: example.com}\n");
         assert_eq!(service_ports(&key(), &ext, &[], &node(), &cfg), Err(Skip::ExternalName));
-        let other = svc("metadata: {name: o, labels: {service.kubernetes.io/service-proxy-name: foo}}\nspec: {clusterIP: 10.96.0.1}\n");
+        let other = svc(
+            "metadata: {name: o, labels: {service.kubernetes.io/service-proxy-name: foo}}\nspec: {clusterIP: 10.96.0.1}\n",
+        );
         assert_eq!(service_ports(&key(), &other, &[], &node(), &cfg), Err(Skip::OtherProxy));
     }
 
     #[test]
     fn dual_stack_load_balancer_with_everything() {
-        let s = svc(
-            "metadata: {name: hello, namespace: default}
+        let s = svc("metadata: {name: hello, namespace: default}
 spec:
   type: LoadBalancer
   clusterIPs: [10.96.0.10, fd00:96::10]
@@ -608,8 +581,7 @@ spec:
   sessionAffinity: ClientIP
   ports: [{name: http, port: 80, nodePort: 30080, protocol: UDP}]
 status: {loadBalancer: {ingress: [{ip: 203.0.113.9}]}}
-",
-        );
+");
         let ports = service_ports(&key(), &s, &[], &node(), &ProxyConfig::default()).unwrap();
         assert_eq!(ports.len(), 2);
         let (v4, v6) = (&ports[0], &ports[1]);

@@ -83,7 +83,11 @@ fn proxy_peak_rss_mib(dir: &Path, backend: Backend) -> anyhow::Result<f64> {
     let status = loop {
         if let Some(kib) = std::fs::read_to_string(&status_file)
             .ok()
-            .and_then(|s| s.lines().find_map(|l| l.strip_prefix("VmHWM:")).map(|v| v.trim().trim_end_matches("kB").trim().to_string()))
+            .and_then(|s| {
+                s.lines()
+                    .find_map(|l| l.strip_prefix("VmHWM:"))
+                    .map(|v| v.trim().trim_end_matches("kB").trim().to_string())
+            })
             .and_then(|v| v.parse::<f64>().ok())
         {
             peak_kib = peak_kib.max(kib);
@@ -213,7 +217,9 @@ pub fn run(args: BenchArgs) -> anyhow::Result<()> {
         "median of {} runs each, {} endpoints per Service, measured in one run of `roadkeeper bench`",
         args.runs, args.endpoints
     );
-    println!("| Services | backend | full sync | one endpoint change | of which roadkeeper (rest: kernel) | proxy --once peak RSS |");
+    println!(
+        "| Services | backend | full sync | one endpoint change | of which roadkeeper (rest: kernel) | proxy --once peak RSS |"
+    );
     println!("|---|---|---|---|---|---|");
     for services in &args.services {
         let manifests = tempfile::tempdir()?;

@@ -78,7 +78,9 @@ impl HealthCheckServers {
                     tracing::info!(%service, port, "started health-check server");
                     self.running.insert(*port, handle);
                 }
-                Err(err) => tracing::error!(%service, port, "health-check server of {service} on port {port}: {err:#}; retrying at the next sync"),
+                Err(err) => {
+                    tracing::error!(%service, port, "health-check server of {service} on port {port}: {err:#}; retrying at the next sync")
+                }
             }
         }
     }
@@ -99,7 +101,11 @@ impl HealthCheckServers {
 
 /// kube-proxy's answer: 200 when the Service has local endpoints and the proxier is healthy,
 /// else 503; JSON body and the endpoint weight header.
-fn response(service: &NamespacedName, count: usize, healthy: bool) -> hyper::Response<http_body_util::Full<hyper::body::Bytes>> {
+fn response(
+    service: &NamespacedName,
+    count: usize,
+    healthy: bool,
+) -> hyper::Response<http_body_util::Full<hyper::body::Bytes>> {
     let status = if count > 0 && healthy { StatusCode::OK } else { StatusCode::SERVICE_UNAVAILABLE };
     let body = serde_json::json!({
         "service": {"namespace": service.namespace, "name": service.name},
@@ -139,7 +145,13 @@ mod tests {
         Endpoint { ip: ip.parse().unwrap(), port: 8080, is_local }
     }
 
-    fn port(service: &NamespacedName, name: &str, protocol: Protocol, hc: Option<u16>, local: Vec<Endpoint>) -> ServicePort {
+    fn port(
+        service: &NamespacedName,
+        name: &str,
+        protocol: Protocol,
+        hc: Option<u16>,
+        local: Vec<Endpoint>,
+    ) -> ServicePort {
         ServicePort {
             name: ServicePortName { service: service.clone(), port: name.into(), protocol },
             family: local.first().map_or(IpFamily::V4, |e| IpFamily::of(&e.ip)),

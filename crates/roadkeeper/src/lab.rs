@@ -36,7 +36,10 @@ pub fn run(args: LabArgs) -> anyhow::Result<()> {
             SocketAddr::new(IpAddr::V6(pod.ipv6), manifests::ECHO_PORT),
         ];
         let server = pod.ns.run(|| echo::serve(&listen, name))?;
-        std::fs::write(dir.path().join(format!("pod-{name}.yaml")), manifests::pod(&pod, "app: hello", NODE, manifests::PodState::Ready))?;
+        std::fs::write(
+            dir.path().join(format!("pod-{name}.yaml")),
+            manifests::pod(&pod, "app: hello", NODE, manifests::PodState::Ready),
+        )?;
         println!("pod {name:8} {} {}", pod.ipv4, pod.ipv6);
         pods.push((server, pod));
     }
@@ -45,8 +48,15 @@ pub fn run(args: LabArgs) -> anyhow::Result<()> {
     let exe: PathBuf = std::env::current_exe()?;
     let manifests_dir = dir.path().display().to_string();
     let proxy = [
-        exe.display().to_string().as_str(), "proxy", "--once", "--manifests", &manifests_dir,
-        "--hostname-override", NODE, "--cluster-cidr", "10.244.0.0/16,fd00:244::/48",
+        exe.display().to_string().as_str(),
+        "proxy",
+        "--once",
+        "--manifests",
+        &manifests_dir,
+        "--hostname-override",
+        NODE,
+        "--cluster-cidr",
+        "10.244.0.0/16,fd00:244::/48",
     ]
     .map(String::from);
     println!("\n$ ip netns exec {} {}", lab.node().name(), proxy.join(" "));
@@ -61,7 +71,12 @@ pub fn run(args: LabArgs) -> anyhow::Result<()> {
         for _ in 0..args.requests {
             let answer = match client.ns.run(|| probe::tcp(*target, Duration::from_secs(1))) {
                 ProbeResult::Reply(reply) => {
-                    format!("{} answered (reached at {}, saw the client as {})", reply.name, reply.local, reply.peer.ip())
+                    format!(
+                        "{} answered (reached at {}, saw the client as {})",
+                        reply.name,
+                        reply.local,
+                        reply.peer.ip()
+                    )
                 }
                 other => format!("{other:?}"),
             };
@@ -78,7 +93,10 @@ pub fn run(args: LabArgs) -> anyhow::Result<()> {
         println!("{}", line.trim());
     }
     if args.keep {
-        println!("\nThe lab stays up until you press Enter: try `ip netns exec {} nft list ruleset`.", lab.node().name());
+        println!(
+            "\nThe lab stays up until you press Enter: try `ip netns exec {} nft list ruleset`.",
+            lab.node().name()
+        );
         let mut line = String::new();
         std::io::stdin().read_line(&mut line)?;
     }

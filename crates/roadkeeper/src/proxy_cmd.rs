@@ -8,14 +8,14 @@ use std::time::{Duration, Instant, SystemTime};
 use anyhow::{Context, bail};
 use roadkeeper_cluster::{Changes, ManifestError, ManifestSource, Store, watch};
 use roadkeeper_proxy::config::{NodePortAddresses, ProxyConfig, ProxyMode, parse_cidrs, parse_go_duration};
-use roadkeeper_proxy::iptables::{self, IptablesBinary, IptablesProxier};
-use roadkeeper_proxy::nft::apply::{NftBinary, NftRunner, Recorder};
-use roadkeeper_proxy::nft::transaction;
-use roadkeeper_proxy::node::{host_addresses, hostname, node_info};
-use roadkeeper_proxy::nft::proxier::NftProxier;
-use roadkeeper_proxy::proxier::{Proxier, SyncReport, service_cidrs};
 use roadkeeper_proxy::conntrack;
 use roadkeeper_proxy::health::ProxyHealth;
+use roadkeeper_proxy::iptables::{self, IptablesBinary, IptablesProxier};
+use roadkeeper_proxy::nft::apply::{NftBinary, NftRunner, Recorder};
+use roadkeeper_proxy::nft::proxier::NftProxier;
+use roadkeeper_proxy::nft::transaction;
+use roadkeeper_proxy::node::{host_addresses, hostname, node_info};
+use roadkeeper_proxy::proxier::{Proxier, SyncReport, service_cidrs};
 use roadkeeper_proxy::table::{IpFamily, NodeInfo};
 
 use crate::cli::ProxyArgs;
@@ -161,7 +161,8 @@ fn sync_changes(
         proxier.set_service_cidrs(service_cidrs(store));
     }
     let mut report = proxier.sync(store, &changes.services)?;
-    let node_ips: Vec<IpAddr> = [IpFamily::V4, IpFamily::V6].into_iter().flat_map(|f| node.nodeport_ips(f, cfg)).collect();
+    let node_ips: Vec<IpAddr> =
+        [IpFamily::V4, IpFamily::V6].into_iter().flat_map(|f| node.nodeport_ips(f, cfg)).collect();
     match conntrack::cleanup_stale_flows(proxier.table(), &node_ips) {
         Ok(deleted) => report.conntrack_deleted = deleted,
         Err(err) => tracing::warn!("cleaning up stale conntrack entries: {err}"),

@@ -52,7 +52,10 @@ pub fn bind(flag: &str, address: &str) -> anyhow::Result<Option<TcpListener>> {
 /// to about 16 s) and describes every metric, so that they are listed from the start.
 pub fn install_metrics() -> anyhow::Result<PrometheusHandle> {
     let buckets: Vec<f64> = (0..15).map(|i| 0.001 * f64::from(1u32 << i)).collect();
-    let handle = PrometheusBuilder::new().set_buckets(&buckets)?.install_recorder().context("installing the metrics recorder")?;
+    let handle = PrometheusBuilder::new()
+        .set_buckets(&buckets)?
+        .install_recorder()
+        .context("installing the metrics recorder")?;
     describe_histogram!(SYNC_DURATION, Unit::Seconds, "SyncProxyRules latency in seconds");
     describe_histogram!(SYNC_FULL_DURATION, Unit::Seconds, "SyncProxyRules latency in seconds for full resyncs");
     describe_histogram!(SYNC_PARTIAL_DURATION, Unit::Seconds, "SyncProxyRules latency in seconds for partial resyncs");
@@ -118,7 +121,8 @@ fn health_response(req: &Request<Incoming>, health: &SharedHealth) -> Response<B
         (health.healthy(Instant::now()), health.last_updated())
     };
     let node_eligible = true;
-    let status = if healthy && (node_eligible || !with_node) { StatusCode::OK } else { StatusCode::SERVICE_UNAVAILABLE };
+    let status =
+        if healthy && (node_eligible || !with_node) { StatusCode::OK } else { StatusCode::SERVICE_UNAVAILABLE };
     counter!(counter_name, "code" => status.as_u16().to_string()).increment(1);
     let mut body = serde_json::json!({
         "lastUpdated": last_updated.map_or_else(|| "0001-01-01T00:00:00Z".to_string(), rfc3339),
@@ -170,7 +174,9 @@ where
                     let response = handler(&req);
                     async move { Ok::<_, Infallible>(response) }
                 });
-                if let Err(err) = hyper::server::conn::http1::Builder::new().serve_connection(TokioIo::new(stream), service).await {
+                if let Err(err) =
+                    hyper::server::conn::http1::Builder::new().serve_connection(TokioIo::new(stream), service).await
+                {
                     tracing::debug!("serving a connection: {err}");
                 }
             });

@@ -72,7 +72,9 @@ fn ipv4_only_and_ipv6_only_services_live_side_by_side(backend: Backend) {
         answers(&c.client.ns, Proto::Tcp, at(vip), 3);
     }
     let rules = |family: Family| match backend {
-        Backend::Nftables => String::from_utf8_lossy(&c.nft(&["list", "table", family.nft(), "roadkeeper"]).stdout).into_owned(),
+        Backend::Nftables => {
+            String::from_utf8_lossy(&c.nft(&["list", "table", family.nft(), "roadkeeper"]).stdout).into_owned()
+        }
         Backend::Iptables => c.node_output(&[if family == Family::V4 { "iptables-save" } else { "ip6tables-save" }]),
     };
     let (ip, ip6) = (rules(Family::V4), rules(Family::V6));
@@ -94,7 +96,8 @@ fn sctp_service_ports_are_programmed(backend: Backend) {
     let (dispatch, dnat) = match backend {
         Backend::Nftables => ("10.96.0.70 . sctp . 9999".to_string(), format!("meta l4proto sctp dnat to {pod}:8080")),
         Backend::Iptables => (
-            "-d 10.96.0.70/32 -p sctp -m comment --comment \"default/assoc cluster IP\" -m sctp --dport 9999".to_string(),
+            "-d 10.96.0.70/32 -p sctp -m comment --comment \"default/assoc cluster IP\" -m sctp --dport 9999"
+                .to_string(),
             format!("-p sctp -m comment --comment \"default/assoc\" -m sctp -j DNAT --to-destination {pod}:8080"),
         ),
     };

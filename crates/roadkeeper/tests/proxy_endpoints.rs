@@ -121,7 +121,9 @@ fn topology_hints_for_this_zone_restrict_the_endpoints(backend: Backend) {
     for name in ["web-a", "web-b", "web-c"] {
         c.add_pod(name, "app: none", NODE);
     }
-    hand_written_web(&c, |i| if i == 1 { "hints: {forZones: [{name: zone-b}]}" } else { "hints: {forZones: [{name: zone-a}]}" });
+    hand_written_web(&c, |i| {
+        if i == 1 { "hints: {forZones: [{name: zone-b}]}" } else { "hints: {forZones: [{name: zone-a}]}" }
+    });
     c.proxy_once(&[]);
     assert_cluster_ip_reaches(&c, &["web-a", "web-c"]);
 }

@@ -41,7 +41,9 @@ fn assert_reported_and_unharmed(c: &mut Cluster, report: &[&str]) {
     c.add_pod("later-a", "app: later", NODE);
     c.write("later.yaml", &service_manifest("later", WEB + 1, ""));
     let later = at(Family::V6.cluster_ip(WEB + 1));
-    let applied = eventually(SETTLE, || matches!(probe(&c.client.ns, Proto::Tcp, later), roadkeeper_netlab::ProbeResult::Reply(_)));
+    let applied = eventually(SETTLE, || {
+        matches!(probe(&c.client.ns, Proto::Tcp, later), roadkeeper_netlab::ProbeResult::Reply(_))
+    });
     assert!(applied, "a good change after the bad one was not applied; proxy log:\n{}", c.proxy_log());
     assert!(c.proxy().try_wait().expect("poll proxy").is_none(), "proxy exited; log:\n{}", c.proxy_log());
     let log = c.proxy_log();
@@ -68,7 +70,10 @@ fn invalid_new_services_are_reported_with_object_and_field(backend: Backend) {
     );
     assert_reported_and_unharmed(
         &mut c,
-        &["bad-ip.yaml: Service default/bad-ip: spec.clusterIP: ", "bad-port.yaml: Service default/bad-port: spec.ports[0].port: "],
+        &[
+            "bad-ip.yaml: Service default/bad-ip: spec.clusterIP: ",
+            "bad-port.yaml: Service default/bad-port: spec.ports[0].port: ",
+        ],
     );
 }
 

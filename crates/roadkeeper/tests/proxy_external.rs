@@ -120,13 +120,19 @@ fn pod_traffic_to_external_frontends_of_a_local_policy_service_reaches_every_end
         for proto in PROTOS {
             for target in external_frontends(family) {
                 let got = reached(&c.client.ns, proto, target, 30);
-                assert_eq!(got, names(&["web-local", "web-remote"]), "{proto:?} {target}: short-circuited to the Cluster set");
+                assert_eq!(
+                    got,
+                    names(&["web-local", "web-remote"]),
+                    "{proto:?} {target}: short-circuited to the Cluster set"
+                );
             }
         }
     }
 }
 
-fn external_traffic_to_a_local_policy_service_without_local_endpoints_is_dropped_but_pods_and_host_are_served(backend: Backend) {
+fn external_traffic_to_a_local_policy_service_without_local_endpoints_is_dropped_but_pods_and_host_are_served(
+    backend: Backend,
+) {
     let mut c = Cluster::new("rk-etpd", backend);
     c.add_pod("web-remote", "app: web", "node-b");
     c.write("web.yaml", &load_balancer("externalTrafficPolicy: Local"));
@@ -139,7 +145,10 @@ fn external_traffic_to_a_local_policy_service_without_local_endpoints_is_dropped
             for target in targets {
                 for ns in [&c.client.ns, c.lab.node()] {
                     let (got, _) = answers(ns, proto, target, 3);
-                    assert!(got.iter().all(|n| n == "web-remote"), "{proto:?} {target}: pod and host traffic still served: {got:?}");
+                    assert!(
+                        got.iter().all(|n| n == "web-remote"),
+                        "{proto:?} {target}: pod and host traffic still served: {got:?}"
+                    );
                 }
             }
         }
@@ -195,12 +204,19 @@ fn node_ports_listen_on_the_modes_default_addresses_and_on_every_address_with_0_
     for family in FAMILIES {
         assert!(matches!(probe(c.lab.external(), Proto::Tcp, node_port_address(family)), ProbeResult::Reply(_)));
         let other = probe(c.lab.external(), Proto::Tcp, second_node_address(family));
-        assert_eq!(matches!(other, ProbeResult::Reply(_)), second_by_default, "{family:?}: second node address answered {other:?}");
+        assert_eq!(
+            matches!(other, ProbeResult::Reply(_)),
+            second_by_default,
+            "{family:?}: second node address answered {other:?}"
+        );
     }
     c.proxy_once(&["--nodeport-addresses", "primary"]);
     for family in FAMILIES {
         let other = probe(c.lab.external(), Proto::Tcp, second_node_address(family));
-        assert!(!matches!(other, ProbeResult::Reply(_)), "{family:?}: `primary` excludes the second address, got {other:?}");
+        assert!(
+            !matches!(other, ProbeResult::Reply(_)),
+            "{family:?}: `primary` excludes the second address, got {other:?}"
+        );
     }
     c.proxy_once(&["--nodeport-addresses", "0.0.0.0/0,::/0"]);
     for family in FAMILIES {

@@ -43,7 +43,8 @@ fn try_http_get(addr: SocketAddr, path: &str) -> std::io::Result<String> {
 /// Status code, head (status line and headers) and body of a raw HTTP response.
 fn parse_response(raw: &str) -> (u16, String, String) {
     let (head, body) = raw.split_once("\r\n\r\n").unwrap_or_else(|| panic!("no HTTP response: {raw:?}"));
-    let code = head.split_whitespace().nth(1).and_then(|c| c.parse().ok()).unwrap_or_else(|| panic!("status line: {head:?}"));
+    let code =
+        head.split_whitespace().nth(1).and_then(|c| c.parse().ok()).unwrap_or_else(|| panic!("status line: {head:?}"));
     (code, head.to_string(), body.to_string())
 }
 
@@ -129,9 +130,11 @@ fn a_bad_bind_address_fails_at_start_naming_the_flag_and_touches_nothing(backend
         ("--metrics-bind-address", taken_addr.as_str(), "cannot listen on"),
         ("--healthz-bind-address", "0.0.0.0:notaport", "is not an IP:PORT address"),
     ] {
-        let mut args = vec!["netns".to_string(), "exec".into(), c.lab.node().name().into(), binary().display().to_string()];
+        let mut args =
+            vec!["netns".to_string(), "exec".into(), c.lab.node().name().into(), binary().display().to_string()];
         args.extend(c.proxy_args_for("proxy", &[flag, address]));
-        let mut child = Command::new("ip").args(&args).stdout(Stdio::null()).stderr(Stdio::piped()).spawn().expect("spawn");
+        let mut child =
+            Command::new("ip").args(&args).stdout(Stdio::null()).stderr(Stdio::piped()).spawn().expect("spawn");
         let deadline = Instant::now() + Duration::from_secs(10);
         let status = loop {
             if let Some(status) = child.try_wait().expect("poll") {

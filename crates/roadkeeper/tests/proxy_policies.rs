@@ -34,7 +34,11 @@ fn client_ip_affinity_sticks_to_one_pod_and_plain_services_spread(backend: Backe
     for family in FAMILIES {
         for proto in PROTOS {
             let target = at(family.cluster_ip(SVC));
-            assert_eq!(reached(&c.client.ns, proto, target, 30).len(), 3, "{proto:?} {target}: spread without affinity");
+            assert_eq!(
+                reached(&c.client.ns, proto, target, 30).len(),
+                3,
+                "{proto:?} {target}: spread without affinity"
+            );
         }
     }
 }

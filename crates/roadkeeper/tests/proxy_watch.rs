@@ -40,7 +40,11 @@ fn serves(c: &Cluster, expected: &[&str]) -> bool {
 
 /// Waits until `web` serves exactly `expected`, failing with the proxy's log otherwise.
 fn settles_on(c: &Cluster, expected: &[&str]) {
-    assert!(eventually(SETTLE, || serves(c, expected)), "web never served only {expected:?}; proxy log:\n{}", c.proxy_log());
+    assert!(
+        eventually(SETTLE, || serves(c, expected)),
+        "web never served only {expected:?}; proxy log:\n{}",
+        c.proxy_log()
+    );
 }
 
 fn a_new_pod_joins_the_rotation(backend: Backend) {
@@ -76,7 +80,8 @@ fn a_deleted_service_stops_answering(backend: Backend) {
     );
     c.remove("web.yaml");
     let targets: Vec<_> = FAMILIES.iter().map(|f| at(f.cluster_ip(WEB))).collect();
-    let gone = eventually(SETTLE, || targets.iter().all(|&t| probe(&c.client.ns, Proto::Tcp, t) == ProbeResult::Timeout));
+    let gone =
+        eventually(SETTLE, || targets.iter().all(|&t| probe(&c.client.ns, Proto::Tcp, t) == ProbeResult::Timeout));
     assert!(gone, "ClusterIPs still open; proxy log:\n{}", c.proxy_log());
     // Unallocated addresses inside a ServiceCIDR are dropped.
     assert_outcome(&c.client.ns, &cases(&targets), &ProbeResult::Timeout);

@@ -7,8 +7,8 @@ use std::process::Command;
 use roadkeeper_cluster::{NamespacedName, Object, Store};
 use roadkeeper_netlab::Netns;
 
-use super::restore::{Flavour, IptablesBinary, cleanup};
 use super::IptablesProxier;
+use super::restore::{Flavour, IptablesBinary, cleanup};
 use crate::config::ProxyConfig;
 use crate::proxier::Proxier;
 use crate::table::NodeInfo;
@@ -27,7 +27,10 @@ fn hello_at(hosts: &[u8]) -> Vec<Object> {
     for i in hosts {
         slice.push_str(&format!("- {{addresses: [10.244.0.{i}]}}\n"));
     }
-    vec![Object::Service(serde_saphyr::from_str(svc).unwrap()), Object::EndpointSlice(serde_saphyr::from_str(&slice).unwrap())]
+    vec![
+        Object::Service(serde_saphyr::from_str(svc).unwrap()),
+        Object::EndpointSlice(serde_saphyr::from_str(&slice).unwrap()),
+    ]
 }
 
 /// A dual-stack NodePort Service `web` with two endpoints per family, one of them local.
@@ -59,8 +62,13 @@ fn count(text: &str, needle: &str) -> usize {
 }
 
 fn proxier(flavour: Flavour) -> IptablesProxier<IptablesBinary> {
-    let cfg = ProxyConfig { hostname: "node-a".into(), cluster_cidrs: vec!["10.244.0.0/16".parse().unwrap(), "fd00:244::/48".parse().unwrap()], ..ProxyConfig::default() };
-    let node = NodeInfo { name: "node-a".into(), primary_ips: vec!["192.168.77.2".parse().unwrap()], ..NodeInfo::default() };
+    let cfg = ProxyConfig {
+        hostname: "node-a".into(),
+        cluster_cidrs: vec!["10.244.0.0/16".parse().unwrap(), "fd00:244::/48".parse().unwrap()],
+        ..ProxyConfig::default()
+    };
+    let node =
+        NodeInfo { name: "node-a".into(), primary_ips: vec!["192.168.77.2".parse().unwrap()], ..NodeInfo::default() };
     IptablesProxier::new(cfg, node, IptablesBinary::with_flavour(flavour))
 }
 

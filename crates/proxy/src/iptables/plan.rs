@@ -177,7 +177,8 @@ pub fn plan_ports(ports: &[ServicePort], ctx: &PlanContext) -> FamilyPlan {
     cluster_ips.dedup();
     for (ip, service) in cluster_ips {
         let comment = format!("-m comment --comment \"{service} has no such port\"");
-        plan.filter_shared.push(format!("-A {KUBE_SERVICES} -d {} -p tcp {comment} -j REJECT --reject-with tcp-reset", host(ip)));
+        plan.filter_shared
+            .push(format!("-A {KUBE_SERVICES} -d {} -p tcp {comment} -j REJECT --reject-with tcp-reset", host(ip)));
         plan.filter_shared.push(format!("-A {KUBE_SERVICES} -d {} {comment} -j REJECT", host(ip)));
     }
     plan
@@ -220,9 +221,13 @@ fn plan_port(sp: &ServicePort, ctx: &PlanContext, out: &mut FamilyPlan) {
     // ClusterIP.
     if let Some(cluster_ip) = &sp.cluster_ip {
         if has_internal {
-            out.nat_shared.push(format!("-A {KUBE_SERVICES} {} -j {internal_chain}", to(cluster_ip, &format!("{name} cluster IP"))));
+            out.nat_shared.push(format!(
+                "-A {KUBE_SERVICES} {} -j {internal_chain}",
+                to(cluster_ip, &format!("{name} cluster IP"))
+            ));
         } else {
-            out.filter_shared.push(format!("-A {KUBE_SERVICES} {} -j {internal_target}", to(cluster_ip, &internal_comment)));
+            out.filter_shared
+                .push(format!("-A {KUBE_SERVICES} {} -j {internal_target}", to(cluster_ip, &internal_comment)));
         }
     }
 
@@ -232,14 +237,16 @@ fn plan_port(sp: &ServicePort, ctx: &PlanContext, out: &mut FamilyPlan) {
             out.nat_shared.push(format!("-A {KUBE_SERVICES} {} -j {ext}", to(ip, &format!("{name} external IP"))));
         }
         if !has_external {
-            out.filter_shared.push(format!("-A {KUBE_EXTERNAL_SERVICES} {} -j {external_target}", to(ip, &external_comment)));
+            out.filter_shared
+                .push(format!("-A {KUBE_EXTERNAL_SERVICES} {} -j {external_target}", to(ip, &external_comment)));
         }
     }
 
     // Load-balancer IPs.
     for ip in &sp.load_balancer_ips {
         if has_endpoints {
-            out.nat_shared.push(format!("-A {KUBE_SERVICES} {} -j {lb_chain}", to(ip, &format!("{name} loadbalancer IP"))));
+            out.nat_shared
+                .push(format!("-A {KUBE_SERVICES} {} -j {lb_chain}", to(ip, &format!("{name} loadbalancer IP"))));
         }
         if uses_firewall {
             let comment = format!("{name} traffic not accepted by {fw}");
@@ -248,7 +255,8 @@ fn plan_port(sp: &ServicePort, ctx: &PlanContext, out: &mut FamilyPlan) {
     }
     if !has_external {
         for ip in &sp.load_balancer_ips {
-            out.filter_shared.push(format!("-A {KUBE_EXTERNAL_SERVICES} {} -j {external_target}", to(ip, &external_comment)));
+            out.filter_shared
+                .push(format!("-A {KUBE_EXTERNAL_SERVICES} {} -j {external_target}", to(ip, &external_comment)));
         }
     }
 
@@ -320,9 +328,12 @@ fn plan_port(sp: &ServicePort, ctx: &PlanContext, out: &mut FamilyPlan) {
                 out.push(&fw, format!("-A {fw} -s {} -m comment --comment \"{comment}\" -j {ext}", host(lb)));
             }
         }
-        out.push(&fw, format!(
-            "-A {fw} -m comment --comment \"other traffic to {name} will be dropped by {KUBE_PROXY_FIREWALL}\""
-        ));
+        out.push(
+            &fw,
+            format!(
+                "-A {fw} -m comment --comment \"other traffic to {name} will be dropped by {KUBE_PROXY_FIREWALL}\""
+            ),
+        );
     }
 
     // Endpoint selection.
@@ -347,14 +358,15 @@ fn plan_port(sp: &ServicePort, ctx: &PlanContext, out: &mut FamilyPlan) {
     reachable.dedup();
     for ep in reachable {
         let sep = endpoint_chain(sp, ep);
-        out.push(&sep, format!(
-            "-A {sep} -s {} -m comment --comment \"{name}\" -j {KUBE_MARK_MASQ}",
-            host(&ep.ip)
-        ));
-        let affinity = if sp.affinity_timeout.is_some() { format!(" -m recent --set --name {sep}") } else { String::new() };
-        out.push(&sep, format!(
-            "-A {sep} -p {proto} -m comment --comment \"{name}\"{affinity} -m {proto} -j DNAT --to-destination {ep}"
-        ));
+        out.push(&sep, format!("-A {sep} -s {} -m comment --comment \"{name}\" -j {KUBE_MARK_MASQ}", host(&ep.ip)));
+        let affinity =
+            if sp.affinity_timeout.is_some() { format!(" -m recent --set --name {sep}") } else { String::new() };
+        out.push(
+            &sep,
+            format!(
+                "-A {sep} -p {proto} -m comment --comment \"{name}\"{affinity} -m {proto} -j DNAT --to-destination {ep}"
+            ),
+        );
     }
 }
 
@@ -388,8 +400,12 @@ fn filter_fixed(ctx: &PlanContext) -> (Vec<&'static str>, Vec<String>) {
     let mut chains = vec![KUBE_SERVICES, KUBE_EXTERNAL_SERVICES, KUBE_FORWARD, KUBE_NODEPORTS, KUBE_PROXY_FIREWALL];
     let mut rules = vec![
         format!("-A {KUBE_FORWARD} -m conntrack --ctstate INVALID -j DROP"),
-        format!("-A {KUBE_FORWARD} -m comment --comment \"kubernetes forwarding rules\" -m mark --mark {mark}/{mark} -j ACCEPT"),
-        format!("-A {KUBE_FORWARD} -m comment --comment \"kubernetes forwarding conntrack rule\" -m conntrack --ctstate RELATED,ESTABLISHED -j ACCEPT"),
+        format!(
+            "-A {KUBE_FORWARD} -m comment --comment \"kubernetes forwarding rules\" -m mark --mark {mark}/{mark} -j ACCEPT"
+        ),
+        format!(
+            "-A {KUBE_FORWARD} -m comment --comment \"kubernetes forwarding conntrack rule\" -m conntrack --ctstate RELATED,ESTABLISHED -j ACCEPT"
+        ),
     ];
     if ctx.localhost_nodeports_active() {
         chains.push(KUBE_FIREWALL);
@@ -407,7 +423,9 @@ fn nat_fixed(ctx: &PlanContext) -> (Vec<&'static str>, Vec<String>) {
     let rules = vec![
         format!("-A {KUBE_POSTROUTING} -m mark ! --mark {mark}/{mark} -j RETURN"),
         format!("-A {KUBE_POSTROUTING} -j MARK --xor-mark {mark}"),
-        format!("-A {KUBE_POSTROUTING} -m comment --comment \"kubernetes service traffic requiring SNAT\" -j MASQUERADE --random-fully"),
+        format!(
+            "-A {KUBE_POSTROUTING} -m comment --comment \"kubernetes service traffic requiring SNAT\" -j MASQUERADE --random-fully"
+        ),
         format!("-A {KUBE_MARK_MASQ} -j MARK --or-mark {mark}"),
     ];
     (chains, rules)
@@ -415,7 +433,8 @@ fn nat_fixed(ctx: &PlanContext) -> (Vec<&'static str>, Vec<String>) {
 
 /// The last rules of nat `KUBE-SERVICES`: NodePort traffic goes to `KUBE-NODEPORTS`.
 fn nodeport_tail(ctx: &PlanContext) -> Vec<String> {
-    let comment = "-m comment --comment \"kubernetes service nodeports; NOTE: this must be the last rule in this chain\"";
+    let comment =
+        "-m comment --comment \"kubernetes service nodeports; NOTE: this must be the last rule in this chain\"";
     match &ctx.nodeports {
         NodePortDestinations::AllLocal => {
             let exclude = match ctx.family {
@@ -581,7 +600,13 @@ mod tests {
     /// `default/hello`: one unnamed TCP port 80 on ClusterIP 10.96.0.10, `n` ready endpoints.
     fn hello(n: u8) -> ServicePort {
         let endpoints = (1..=n).map(|i| ep(i, false)).collect();
-        ServicePort::for_test(NamespacedName::new("default", "hello"), Protocol::Tcp, "10.96.0.10".parse().unwrap(), 80, endpoints)
+        ServicePort::for_test(
+            NamespacedName::new("default", "hello"),
+            Protocol::Tcp,
+            "10.96.0.10".parse().unwrap(),
+            80,
+            endpoints,
+        )
     }
 
     fn ctx() -> PlanContext {
@@ -617,22 +642,36 @@ mod tests {
         let svc = format!("KUBE-SVC-{}", iptables_hash("default/hello", "tcp", None));
         let sep1 = format!("KUBE-SEP-{}", iptables_hash("default/hello", "tcp", Some("10.244.0.1:8080")));
         let plan = plan_ports(&[sp], &ctx());
-        assert_eq!(plan.nat_shared, vec![format!(
-            "-A KUBE-SERVICES -d 10.96.0.10/32 -p tcp -m comment --comment \"default/hello cluster IP\" -m tcp --dport 80 -j {svc}"
-        )]);
+        assert_eq!(
+            plan.nat_shared,
+            vec![format!(
+                "-A KUBE-SERVICES -d 10.96.0.10/32 -p tcp -m comment --comment \"default/hello cluster IP\" -m tcp --dport 80 -j {svc}"
+            )]
+        );
         let rules = &plan.chains[&svc];
-        assert_eq!(rules[0], format!(
-            "-A {svc} ! -s 10.244.0.0/16 -d 10.96.0.10/32 -p tcp -m comment --comment \"default/hello cluster IP\" -m tcp --dport 80 -j KUBE-MARK-MASQ"
-        ));
-        assert_eq!(rules[1], format!(
-            "-A {svc} -m comment --comment \"default/hello -> 10.244.0.1:8080\" -m statistic --mode random --probability 0.3333333333 -j {sep1}"
-        ));
+        assert_eq!(
+            rules[0],
+            format!(
+                "-A {svc} ! -s 10.244.0.0/16 -d 10.96.0.10/32 -p tcp -m comment --comment \"default/hello cluster IP\" -m tcp --dport 80 -j KUBE-MARK-MASQ"
+            )
+        );
+        assert_eq!(
+            rules[1],
+            format!(
+                "-A {svc} -m comment --comment \"default/hello -> 10.244.0.1:8080\" -m statistic --mode random --probability 0.3333333333 -j {sep1}"
+            )
+        );
         assert!(rules[2].contains("--probability 0.5000000000"), "{}", rules[2]);
         assert!(!rules[3].contains("statistic"), "the last endpoint is unconditional: {}", rules[3]);
-        assert_eq!(plan.chains[&sep1], vec![
-            format!("-A {sep1} -s 10.244.0.1/32 -m comment --comment \"default/hello\" -j KUBE-MARK-MASQ"),
-            format!("-A {sep1} -p tcp -m comment --comment \"default/hello\" -m tcp -j DNAT --to-destination 10.244.0.1:8080"),
-        ]);
+        assert_eq!(
+            plan.chains[&sep1],
+            vec![
+                format!("-A {sep1} -s 10.244.0.1/32 -m comment --comment \"default/hello\" -j KUBE-MARK-MASQ"),
+                format!(
+                    "-A {sep1} -p tcp -m comment --comment \"default/hello\" -m tcp -j DNAT --to-destination 10.244.0.1:8080"
+                ),
+            ]
+        );
         assert_eq!(probability(4), "0.2500000000");
         assert_eq!(probability(7), "0.1428571429");
     }
@@ -640,7 +679,11 @@ mod tests {
     #[test]
     fn named_ports_hash_like_upstream_vectors() {
         let mut sp = hello(1);
-        sp.name = ServicePortName { service: NamespacedName::new("ns1", "svc1"), port: "p80".into(), protocol: Protocol::Tcp };
+        sp.name = ServicePortName {
+            service: NamespacedName::new("ns1", "svc1"),
+            port: "p80".into(),
+            protocol: Protocol::Tcp,
+        };
         assert_eq!(service_chain("KUBE-SVC", &sp), "KUBE-SVC-XPGD46QRK7WJZT7O");
         let ep = Endpoint { ip: "10.180.0.1".parse().unwrap(), port: 80, is_local: false };
         assert_eq!(endpoint_chain(&sp, &ep), "KUBE-SEP-SXIVWICOYRO3J4NJ");
@@ -655,10 +698,17 @@ mod tests {
         let plan = plan_ports(&[sp], &ctx());
         let rules = &plan.chains[&svc];
         assert_eq!(rules.len(), 1 + 2 + 2);
-        assert_eq!(rules[1], format!(
-            "-A {svc} -m comment --comment \"default/hello -> 10.244.0.1:8080\" -m recent --rcheck --seconds 10800 --reap --name {sep1} -j {sep1}"
-        ));
-        assert!(plan.chains[&sep1][1].contains(&format!("-m recent --set --name {sep1} -m tcp -j DNAT")), "{:?}", plan.chains[&sep1]);
+        assert_eq!(
+            rules[1],
+            format!(
+                "-A {svc} -m comment --comment \"default/hello -> 10.244.0.1:8080\" -m recent --rcheck --seconds 10800 --reap --name {sep1} -j {sep1}"
+            )
+        );
+        assert!(
+            plan.chains[&sep1][1].contains(&format!("-m recent --set --name {sep1} -m tcp -j DNAT")),
+            "{:?}",
+            plan.chains[&sep1]
+        );
     }
 
     #[test]
@@ -682,7 +732,12 @@ mod tests {
         let plan = plan_ports(&[sp], &ctx());
         assert!(plan.chains.is_empty() && plan.nat_shared.is_empty());
         assert_eq!(plan.filter_shared.len(), 1 + 2);
-        assert!(plan.filter_shared[0].ends_with("--comment \"default/hello has no local endpoints\" -m tcp --dport 80 -j DROP"), "{:?}", plan.filter_shared);
+        assert!(
+            plan.filter_shared[0]
+                .ends_with("--comment \"default/hello has no local endpoints\" -m tcp --dport 80 -j DROP"),
+            "{:?}",
+            plan.filter_shared
+        );
     }
 
     #[test]
@@ -692,16 +747,28 @@ mod tests {
         sp.external_policy_local = true;
         sp.cluster_endpoints[1].is_local = true;
         sp.local_endpoints = vec![sp.cluster_endpoints[1].clone()];
-        let (svc, svl, ext) = (service_chain("KUBE-SVC", &sp), service_chain("KUBE-SVL", &sp), service_chain("KUBE-EXT", &sp));
+        let (svc, svl, ext) =
+            (service_chain("KUBE-SVC", &sp), service_chain("KUBE-SVL", &sp), service_chain("KUBE-EXT", &sp));
         let plan = plan_ports(&[sp], &ctx());
-        assert_eq!(plan.chains[&ext], vec![
-            format!("-A {ext} -s 10.244.0.0/16 -m comment --comment \"pod traffic for default/hello external destinations\" -j {svc}"),
-            format!("-A {ext} -m comment --comment \"masquerade LOCAL traffic for default/hello external destinations\" -m addrtype --src-type LOCAL -j KUBE-MARK-MASQ"),
-            format!("-A {ext} -m comment --comment \"route LOCAL traffic for default/hello external destinations\" -m addrtype --src-type LOCAL -j {svc}"),
-            format!("-A {ext} -j {svl}"),
-        ]);
+        assert_eq!(
+            plan.chains[&ext],
+            vec![
+                format!(
+                    "-A {ext} -s 10.244.0.0/16 -m comment --comment \"pod traffic for default/hello external destinations\" -j {svc}"
+                ),
+                format!(
+                    "-A {ext} -m comment --comment \"masquerade LOCAL traffic for default/hello external destinations\" -m addrtype --src-type LOCAL -j KUBE-MARK-MASQ"
+                ),
+                format!(
+                    "-A {ext} -m comment --comment \"route LOCAL traffic for default/hello external destinations\" -m addrtype --src-type LOCAL -j {svc}"
+                ),
+                format!("-A {ext} -j {svl}"),
+            ]
+        );
         assert_eq!(plan.chains[&svl].len(), 1, "one local endpoint: {:?}", plan.chains[&svl]);
-        assert!(plan.nat_shared.contains(&format!("-A KUBE-NODEPORTS -p tcp -m comment --comment \"default/hello\" -m tcp --dport 30080 -j {ext}")));
+        assert!(plan.nat_shared.contains(&format!(
+            "-A KUBE-NODEPORTS -p tcp -m comment --comment \"default/hello\" -m tcp --dport 30080 -j {ext}"
+        )));
         assert_eq!(plan.filter_shared, vec![
             "-A KUBE-SERVICES -d 10.96.0.10/32 -p tcp -m comment --comment \"default/hello has no such port\" -j REJECT --reject-with tcp-reset".to_string(),
             "-A KUBE-SERVICES -d 10.96.0.10/32 -m comment --comment \"default/hello has no such port\" -j REJECT".to_string(),
@@ -717,8 +784,10 @@ mod tests {
         let plan = plan_ports(&[sp], &ctx());
         assert_eq!(plan.chains[&ext].len(), 3, "no fall-through jump: {:?}", plan.chains[&ext]);
         assert!(!plan.chains.keys().any(|c| c.starts_with("KUBE-SVL-")));
-        assert_eq!(plan.filter_shared[0],
-            "-A KUBE-EXTERNAL-SERVICES -p tcp -m comment --comment \"default/hello has no local endpoints\" -m addrtype --dst-type LOCAL -m tcp --dport 30080 -j DROP");
+        assert_eq!(
+            plan.filter_shared[0],
+            "-A KUBE-EXTERNAL-SERVICES -p tcp -m comment --comment \"default/hello has no local endpoints\" -m addrtype --dst-type LOCAL -m tcp --dport 30080 -j DROP"
+        );
     }
 
     #[test]
@@ -732,15 +801,26 @@ mod tests {
         assert!(plan.nat_shared.contains(&format!(
             "-A KUBE-SERVICES -d 203.0.113.9/32 -p tcp -m comment --comment \"default/hello loadbalancer IP\" -m tcp --dport 80 -j {fw}"
         )));
-        assert!(plan.nat_shared.iter().any(|r| r.starts_with("-A KUBE-NODEPORTS") && r.ends_with(&ext)), "NodePort skips the firewall");
-        assert_eq!(plan.chains[&fw], vec![
-            format!("-A {fw} -s 192.168.77.0/24 -m comment --comment \"default/hello loadbalancer IP\" -j {ext}"),
-            format!("-A {fw} -s 203.0.113.9/32 -m comment --comment \"default/hello loadbalancer IP\" -j {ext}"),
-            format!("-A {fw} -m comment --comment \"other traffic to default/hello will be dropped by KUBE-PROXY-FIREWALL\""),
-        ]);
-        assert_eq!(plan.filter_shared[..1], vec![format!(
-            "-A KUBE-PROXY-FIREWALL -d 203.0.113.9/32 -p tcp -m comment --comment \"default/hello traffic not accepted by {fw}\" -m tcp --dport 80 -j DROP"
-        )]);
+        assert!(
+            plan.nat_shared.iter().any(|r| r.starts_with("-A KUBE-NODEPORTS") && r.ends_with(&ext)),
+            "NodePort skips the firewall"
+        );
+        assert_eq!(
+            plan.chains[&fw],
+            vec![
+                format!("-A {fw} -s 192.168.77.0/24 -m comment --comment \"default/hello loadbalancer IP\" -j {ext}"),
+                format!("-A {fw} -s 203.0.113.9/32 -m comment --comment \"default/hello loadbalancer IP\" -j {ext}"),
+                format!(
+                    "-A {fw} -m comment --comment \"other traffic to default/hello will be dropped by KUBE-PROXY-FIREWALL\""
+                ),
+            ]
+        );
+        assert_eq!(
+            plan.filter_shared[..1],
+            vec![format!(
+                "-A KUBE-PROXY-FIREWALL -d 203.0.113.9/32 -p tcp -m comment --comment \"default/hello traffic not accepted by {fw}\" -m tcp --dport 80 -j DROP"
+            )]
+        );
     }
 
     #[test]
@@ -767,7 +847,10 @@ mod tests {
             assert!(text.contains(&format!(":{chain} - [0:0]")));
         }
         for chain in a.chains.keys() {
-            assert!(!text.contains(&format!(":{chain} ")) && !text.contains(&format!("-A {chain} ")), "{chain} is not touched");
+            assert!(
+                !text.contains(&format!(":{chain} ")) && !text.contains(&format!("-A {chain} ")),
+                "{chain} is not touched"
+            );
         }
         assert!(text.contains(":KUBE-SEP-GONE - [0:0]\n") && text.ends_with("-X KUBE-SEP-GONE\nCOMMIT\n"), "{text}");
         let nat = nat(&text);

@@ -8,7 +8,9 @@ use std::collections::{BTreeMap, BTreeSet};
 
 use roadkeeper_cluster::{NamespacedName, Store};
 
-use super::plan::{FamilyPlan, Jump, NodePortDestinations, PlanContext, RestoreInput, jumps, plan_ports, restore_input};
+use super::plan::{
+    FamilyPlan, Jump, NodePortDestinations, PlanContext, RestoreInput, jumps, plan_ports, restore_input,
+};
 use super::restore::IptablesRunner;
 use crate::Error;
 use crate::config::{NodePortAddresses, ProxyConfig, ProxyMode};
@@ -80,7 +82,13 @@ impl<R: IptablesRunner> IptablesProxier<R> {
                 NodePortDestinations::Ips(self.state.node.nodeport_ips(family, &self.cfg))
             },
             localhost_nodeports: self.cfg.localhost_nodeports,
-            service_cidrs: self.state.service_cidrs.iter().filter(|c| IpFamily::of(&c.addr()) == family).copied().collect(),
+            service_cidrs: self
+                .state
+                .service_cidrs
+                .iter()
+                .filter(|c| IpFamily::of(&c.addr()) == family)
+                .copied()
+                .collect(),
         }
     }
 
@@ -148,7 +156,11 @@ fn partial_input(
 }
 
 /// Restores every family's input, in order, timing the runner with `kernel`.
-fn apply_all<R: IptablesRunner>(runner: &mut R, kernel: &mut Stopwatch, inputs: &[(IpFamily, String)]) -> Result<(), Error> {
+fn apply_all<R: IptablesRunner>(
+    runner: &mut R,
+    kernel: &mut Stopwatch,
+    inputs: &[(IpFamily, String)],
+) -> Result<(), Error> {
     for (family, input) in inputs {
         kernel.time(|| runner.restore(*family, input))?;
     }
@@ -170,14 +182,20 @@ fn bisect_errors(
             false
         }
     });
-    bad.into_iter().map(|key| {
-        let why = errors.remove(&key).unwrap_or_default();
-        (key, why)
-    }).collect()
+    bad.into_iter()
+        .map(|key| {
+            let why = errors.remove(&key).unwrap_or_default();
+            (key, why)
+        })
+        .collect()
 }
 
 /// Checks every family's input (`--test`), timing the runner with `kernel`.
-fn check_all<R: IptablesRunner>(runner: &mut R, kernel: &mut Stopwatch, inputs: &[(IpFamily, String)]) -> Result<(), Error> {
+fn check_all<R: IptablesRunner>(
+    runner: &mut R,
+    kernel: &mut Stopwatch,
+    inputs: &[(IpFamily, String)],
+) -> Result<(), Error> {
     for (family, input) in inputs {
         kernel.time(|| runner.check(*family, input))?;
     }
@@ -220,7 +238,8 @@ impl<R: IptablesRunner> Backend for IptablesProxier<R> {
             let (runner, kernel) = (&mut self.runner, &mut self.state.kernel);
             // Without jumps: a subset applied for real must not insert them (the final input does).
             let no_jumps = BTreeMap::new();
-            let inputs_for = |subset: &[NamespacedName]| full_inputs(&contexts, &planned, Some(subset), &existing, &no_jumps);
+            let inputs_for =
+                |subset: &[NamespacedName]| full_inputs(&contexts, &planned, Some(subset), &existing, &no_jumps);
             if runner.check_is_reliable() {
                 refused = bisect_errors(&keys, &mut |subset| check_all(runner, kernel, &inputs_for(subset)));
             }
@@ -279,10 +298,8 @@ impl<R: IptablesRunner> Backend for IptablesProxier<R> {
         let families = self.runner.families();
         let contexts: Vec<PlanContext> = families.iter().map(|f| self.context(*f)).collect();
         let keys: Vec<NamespacedName> = candidates.keys().cloned().collect();
-        let inputs: Vec<(IpFamily, String)> = contexts
-            .iter()
-            .map(|ctx| (ctx.family, partial_input(ctx, &self.applied, &candidates, &keys)))
-            .collect();
+        let inputs: Vec<(IpFamily, String)> =
+            contexts.iter().map(|ctx| (ctx.family, partial_input(ctx, &self.applied, &candidates, &keys))).collect();
         let mut ops: usize = inputs.iter().map(|(_, i)| i.lines().count()).sum();
         let mut refused = Vec::new();
         // Families are restored one after the other: the ones before a failure hold all candidates.
@@ -297,7 +314,8 @@ impl<R: IptablesRunner> Backend for IptablesProxier<R> {
             tracing::warn!(error = %err, "partial sync refused by the kernel; looking for the offending Services");
             // What each family's kernel tables hold, updated with every successful restore, so
             // that every input below is consistent with the kernel.
-            let mut bases: Vec<BTreeMap<NamespacedName, ServicePlan>> = contexts.iter().map(|_| self.applied.clone()).collect();
+            let mut bases: Vec<BTreeMap<NamespacedName, ServicePlan>> =
+                contexts.iter().map(|_| self.applied.clone()).collect();
             for base in &mut bases[..failed_at] {
                 for (key, (_, plan)) in &candidates {
                     base.insert(key.clone(), plan.clone());
@@ -335,7 +353,8 @@ impl<R: IptablesRunner> Backend for IptablesProxier<R> {
                 }
                 tracing::error!(service = %key, error = %why, "kernel refused the rules of this Service; keeping its last good rules");
             }
-            let good: Vec<NamespacedName> = keys.iter().filter(|k| !refused.iter().any(|(b, _)| b == *k)).cloned().collect();
+            let good: Vec<NamespacedName> =
+                keys.iter().filter(|k| !refused.iter().any(|(b, _)| b == *k)).cloned().collect();
             apply_subset(&good)?;
             ops += good.len();
         }
@@ -346,7 +365,11 @@ impl<R: IptablesRunner> Backend for IptablesProxier<R> {
                 continue;
             }
             services_changed += 1;
-            if plan.is_empty() { self.applied.remove(&key) } else { self.applied.insert(key.clone(), plan) };
+            if plan.is_empty() {
+                self.applied.remove(&key)
+            } else {
+                self.applied.insert(key.clone(), plan)
+            };
             self.state.set_table(&key, ports);
         }
         Ok(SyncReport { full: false, services_changed, ops, refused, ..SyncReport::default() })
@@ -383,19 +406,31 @@ mod tests {
         assert!(full.contains(":KUBE-PROXY-CANARY - [0:0]"));
         assert_eq!(full.lines().filter(|l| l.starts_with(":KUBE-SEP-")).count(), 60);
         assert!(!p.runner().jumps.is_empty());
-        assert!(full.contains("\n-I PREROUTING -m comment --comment \"kubernetes service portals\" -j KUBE-SERVICES\n"), "{full}");
+        assert!(
+            full.contains("\n-I PREROUTING -m comment --comment \"kubernetes service portals\" -j KUBE-SERVICES\n"),
+            "{full}"
+        );
 
         let changed = BTreeSet::from([NamespacedName::new("default", "svc-1")]);
         let report = p.sync(&cluster(20, 1), &changed).unwrap();
         assert!(!report.full && report.services_changed == 1, "{report:?}");
         let partial = v4_inputs(&mut p).pop().unwrap();
-        let declared: Vec<&str> = partial.lines().filter(|l| l.starts_with(":KUBE-SVC-") || l.starts_with(":KUBE-SEP-")).collect();
+        let declared: Vec<&str> =
+            partial.lines().filter(|l| l.starts_with(":KUBE-SVC-") || l.starts_with(":KUBE-SEP-")).collect();
         // svc-1's chain, its 3 endpoints and the replaced endpoint's chain (deleted).
         assert_eq!(declared.len(), 1 + 3 + 1, "{partial}");
         assert_eq!(partial.lines().filter(|l| l.starts_with("-X ")).count(), 1, "{partial}");
-        assert!(partial.lines().filter(|l| l.starts_with("-A KUBE-SEP-") || l.starts_with("-A KUBE-SVC-")).all(|l| l.contains("default/svc-1")));
+        assert!(
+            partial
+                .lines()
+                .filter(|l| l.starts_with("-A KUBE-SEP-") || l.starts_with("-A KUBE-SVC-"))
+                .all(|l| l.contains("default/svc-1"))
+        );
         // Every Service keeps its KUBE-SERVICES rule.
-        assert_eq!(partial.lines().filter(|l| l.starts_with("-A KUBE-SERVICES") && l.contains("cluster IP")).count(), 20);
+        assert_eq!(
+            partial.lines().filter(|l| l.starts_with("-A KUBE-SERVICES") && l.contains("cluster IP")).count(),
+            20
+        );
 
         // Nothing changed: no restore at all.
         let before = p.runner().inputs.len();

@@ -87,7 +87,10 @@ impl FlavourEvidence {
     pub fn of(listing: &str) -> FlavourEvidence {
         let mut e = FlavourEvidence::default();
         for line in listing.lines() {
-            if line.starts_with(":KUBE-IPTABLES-HINT ") || line.starts_with(":KUBE-KUBELET-CANARY ") || line.starts_with(":KUBE-PROXY-CANARY ") {
+            if line.starts_with(":KUBE-IPTABLES-HINT ")
+                || line.starts_with(":KUBE-KUBELET-CANARY ")
+                || line.starts_with(":KUBE-PROXY-CANARY ")
+            {
                 e.hint = true;
             }
             if line.starts_with('-') {
@@ -407,7 +410,8 @@ mod tests {
         assert_eq!(choose_flavour(kube, busy), Flavour::Legacy);
         assert_eq!(choose_flavour(busy, none), Flavour::Legacy);
         assert_eq!(choose_flavour(none, busy), Flavour::Nft);
-        let listing = "*mangle\n:KUBE-IPTABLES-HINT - [0:0]\nCOMMIT\n*nat\n-A PREROUTING -j KUBE-SERVICES\n-A X -j Y\nCOMMIT\n";
+        let listing =
+            "*mangle\n:KUBE-IPTABLES-HINT - [0:0]\nCOMMIT\n*nat\n-A PREROUTING -j KUBE-SERVICES\n-A X -j Y\nCOMMIT\n";
         assert_eq!(FlavourEvidence::of(listing), FlavourEvidence { hint: true, kube_rules: 1, rules: 2 });
     }
 

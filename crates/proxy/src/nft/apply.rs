@@ -8,8 +8,8 @@
 
 use super::objects::Container;
 use super::rule::Op;
-use super::transaction::script;
 use super::transaction::Existing;
+use super::transaction::script;
 use crate::Error;
 use crate::table::IpFamily;
 use crate::tool::ToolError;

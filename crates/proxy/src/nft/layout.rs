@@ -66,7 +66,11 @@ impl Layout {
         let filter = |point, priority| Hook { chain_type: ChainType::Filter, point, priority };
         let nat = |point, priority| Hook { chain_type: ChainType::Nat, point, priority };
         vec![
-            BaseChain { name: "filter-prerouting", hook: filter(HookPoint::Prerouting, -110), rules: vec![new("firewall-check")] },
+            BaseChain {
+                name: "filter-prerouting",
+                hook: filter(HookPoint::Prerouting, -110),
+                rules: vec![new("firewall-check")],
+            },
             BaseChain {
                 name: "filter-input",
                 hook: filter(HookPoint::Input, -110),
@@ -77,7 +81,11 @@ impl Layout {
                 hook: filter(HookPoint::Forward, -110),
                 rules: vec![new("service-endpoints-check"), new("cluster-ips-check")],
             },
-            BaseChain { name: "filter-output", hook: filter(HookPoint::Output, -110), rules: vec![new("firewall-check")] },
+            BaseChain {
+                name: "filter-output",
+                hook: filter(HookPoint::Output, -110),
+                rules: vec![new("firewall-check")],
+            },
             // Host traffic is checked after DNAT, so that what the external chains short-circuit
             // to the Cluster set (eTP=Local without local endpoints) is not dropped. NodePorts need
             // no check here: undNATed traffic to a node IP goes through filter-input.
@@ -88,7 +96,11 @@ impl Layout {
             },
             BaseChain { name: "nat-prerouting", hook: nat(HookPoint::Prerouting, -100), rules: vec![jump("services")] },
             BaseChain { name: "nat-output", hook: nat(HookPoint::Output, -100), rules: vec![jump("services")] },
-            BaseChain { name: "nat-postrouting", hook: nat(HookPoint::Postrouting, 100), rules: vec![jump("masquerading")] },
+            BaseChain {
+                name: "nat-postrouting",
+                hook: nat(HookPoint::Postrouting, 100),
+                rules: vec![jump("masquerading")],
+            },
         ]
     }
 
@@ -101,7 +113,12 @@ impl Layout {
         let by_node_port = |map| self.rule(self.nodeport_match(), vmap(VmapKey::ProtoPort, map));
         let mut not_pod = Vec::new();
         for cidr in &self.cluster_cidrs {
-            not_pod.push(Rule::when(fam, vec![Match::SaddrIn(*cidr)], Action::Return, "pod traffic is not masqueraded"));
+            not_pod.push(Rule::when(
+                fam,
+                vec![Match::SaddrIn(*cidr)],
+                Action::Return,
+                "pod traffic is not masqueraded",
+            ));
         }
         not_pod.push(self.rule(Vec::new(), Action::Jump("mark-for-masquerade".into())));
         let mut cluster_ips_check = vec![Rule::when(
@@ -120,24 +137,33 @@ impl Layout {
         }
         let reject_note = "helper for @no-endpoint-services / @no-endpoint-nodeports";
         vec![
-            HelperChain { name: "services", rules: vec![by_address(Container::ServiceIps), by_node_port(Container::ServiceNodePorts)] },
+            HelperChain {
+                name: "services",
+                rules: vec![by_address(Container::ServiceIps), by_node_port(Container::ServiceNodePorts)],
+            },
             HelperChain { name: "firewall-check", rules: vec![by_address(Container::FirewallIps)] },
             HelperChain { name: "service-endpoints-check", rules: vec![by_address(Container::NoEndpointServices)] },
             HelperChain { name: "nodeport-endpoints-check", rules: vec![by_node_port(Container::NoEndpointNodePorts)] },
             HelperChain { name: "cluster-ips-check", rules: cluster_ips_check },
             // A TCP reset fails connections at once in both families (Linux retries a SYN that
             // got an ICMPv6 port-unreachable, so IPv6 clients would hang ~1 s per attempt).
-            HelperChain { name: "reject-chain", rules: vec![
-                Rule::when(fam, vec![Match::L4Proto(Protocol::Tcp)], Action::RejectTcpReset, reject_note),
-                Rule::always(fam, Action::Reject, reject_note),
-            ] },
+            HelperChain {
+                name: "reject-chain",
+                rules: vec![
+                    Rule::when(fam, vec![Match::L4Proto(Protocol::Tcp)], Action::RejectTcpReset, reject_note),
+                    Rule::always(fam, Action::Reject, reject_note),
+                ],
+            },
             HelperChain { name: "mark-for-masquerade", rules: vec![self.rule(Vec::new(), Action::MarkOr(mark))] },
             HelperChain { name: "mark-if-not-pod-traffic", rules: not_pod },
-            HelperChain { name: "masquerading", rules: vec![
-                self.rule(vec![Match::MarkUnset(mark)], Action::Return),
-                self.rule(Vec::new(), Action::MarkXor(mark)),
-                self.rule(Vec::new(), Action::MasqueradeFullyRandom),
-            ] },
+            HelperChain {
+                name: "masquerading",
+                rules: vec![
+                    self.rule(vec![Match::MarkUnset(mark)], Action::Return),
+                    self.rule(Vec::new(), Action::MarkXor(mark)),
+                    self.rule(Vec::new(), Action::MasqueradeFullyRandom),
+                ],
+            },
         ]
     }
 
@@ -157,10 +183,16 @@ impl Layout {
     /// The node-level sets.
     pub fn node_sets(&self) -> Vec<NodeSet> {
         vec![
-            NodeSet { container: Container::NodePortIps, elements: self.nodeport_ips.iter().map(|ip| ElementKey::Addr(*ip)).collect() },
+            NodeSet {
+                container: Container::NodePortIps,
+                elements: self.nodeport_ips.iter().map(|ip| ElementKey::Addr(*ip)).collect(),
+            },
             NodeSet {
                 container: Container::ServiceCidrs,
-                elements: merged_ranges(&self.service_cidrs).into_iter().map(|(a, b)| ElementKey::Range(a, b)).collect(),
+                elements: merged_ranges(&self.service_cidrs)
+                    .into_iter()
+                    .map(|(a, b)| ElementKey::Range(a, b))
+                    .collect(),
             },
         ]
     }
@@ -217,6 +249,8 @@ pub fn merged_ranges(cidrs: &[IpNet]) -> Vec<(IpAddr, IpAddr)> {
             _ => merged.push((first, last, v4)),
         }
     }
-    let to_ip = |n: u128, v4: bool| if v4 { IpAddr::from(std::net::Ipv4Addr::from(n as u32)) } else { IpAddr::from(std::net::Ipv6Addr::from(n)) };
+    let to_ip = |n: u128, v4: bool| {
+        if v4 { IpAddr::from(std::net::Ipv4Addr::from(n as u32)) } else { IpAddr::from(std::net::Ipv6Addr::from(n)) }
+    };
     merged.into_iter().map(|(a, b, v4)| (to_ip(a, v4), to_ip(b, v4))).collect()
 }

@@ -3,8 +3,8 @@
 pub mod apply;
 pub mod layout;
 pub mod netlink;
-pub mod proxier;
 pub mod objects;
+pub mod proxier;
 pub mod rule;
 pub mod service;
 pub mod transaction;

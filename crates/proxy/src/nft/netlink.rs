@@ -31,8 +31,8 @@ use super::objects::{Container, TABLE, TABLE_COMMENT};
 use super::rule::{Action, AffinitySet, ChainType, ElementKey, HookPoint, Match, Op, Rule, Verdict, VmapKey};
 use crate::Error;
 use crate::netlink_socket::{
-    self as nl, NLA_F_NESTED, NLM_F_ACK, NLM_F_DUMP, NLM_F_REQUEST, NLMSG_DONE, NLMSG_ERROR, NLMSG_HDRLEN, NetfilterSocket,
-    SocketError,
+    self as nl, NLA_F_NESTED, NLM_F_ACK, NLM_F_DUMP, NLM_F_REQUEST, NLMSG_DONE, NLMSG_ERROR, NLMSG_HDRLEN,
+    NetfilterSocket, SocketError,
 };
 use crate::table::{IpFamily, Protocol};
 
@@ -268,7 +268,10 @@ pub fn table_names(family: IpFamily) -> Result<(Vec<String>, Vec<String>), Error
             .filter_map(|attrs| attr_str(attrs, name_attr))
             .collect())
     };
-    Ok((names(NFT_MSG_GETCHAIN, NFTA_CHAIN_TABLE, NFTA_CHAIN_NAME)?, names(NFT_MSG_GETSET, NFTA_SET_TABLE, NFTA_SET_NAME)?))
+    Ok((
+        names(NFT_MSG_GETCHAIN, NFTA_CHAIN_TABLE, NFTA_CHAIN_NAME)?,
+        names(NFT_MSG_GETSET, NFTA_SET_TABLE, NFTA_SET_NAME)?,
+    ))
 }
 
 /// True when `chain` of our table in `family` has a rule looking up the set or map `set` (the
@@ -490,10 +493,13 @@ fn encode_op(b: &mut Buf, op: &Op, seq: u32, set_id: &mut u32) {
             let m = b.begin_msg(nft_type(NFT_MSG_NEWCHAIN), req | NLM_F_CREATE, seq, nfproto(*family), 0);
             b.str(NFTA_CHAIN_TABLE, TABLE);
             b.str(NFTA_CHAIN_NAME, name);
-            b.str(NFTA_CHAIN_TYPE, match hook.chain_type {
-                ChainType::Filter => "filter",
-                ChainType::Nat => "nat",
-            });
+            b.str(
+                NFTA_CHAIN_TYPE,
+                match hook.chain_type {
+                    ChainType::Filter => "filter",
+                    ChainType::Nat => "nat",
+                },
+            );
             let hooknum = match hook.point {
                 HookPoint::Prerouting => NF_INET_PRE_ROUTING,
                 HookPoint::Input => NF_INET_LOCAL_IN,
@@ -685,7 +691,13 @@ fn next_addr(addr: IpAddr) -> Option<IpAddr> {
     }
 }
 
-fn encode_elements(b: &mut Buf, container: Container, key: &ElementKey, value: Option<&Verdict>, comment: Option<&str>) {
+fn encode_elements(
+    b: &mut Buf,
+    container: Container,
+    key: &ElementKey,
+    value: Option<&Verdict>,
+    comment: Option<&str>,
+) {
     b.str(NFTA_SET_ELEM_LIST_TABLE, TABLE);
     b.str(NFTA_SET_ELEM_LIST_SET, container.name());
     b.nest(NFTA_SET_ELEM_LIST_ELEMENTS, |b| {
@@ -954,10 +966,14 @@ fn encode_rule(b: &mut Buf, rule: &Rule) {
         }
         Action::MasqueradeFullyRandom => b.expr("masq", |b| b.be32(NFTA_MASQ_FLAGS, NF_NAT_RANGE_PROTO_RANDOM_FULLY)),
         Action::RejectTcpReset => reject(b, NFT_REJECT_TCP_RST, 0),
-        Action::Reject => reject(b, NFT_REJECT_ICMP_UNREACH, match family {
-            IpFamily::V4 => ICMP_PORT_UNREACH,
-            IpFamily::V6 => ICMPV6_PORT_UNREACH,
-        }),
+        Action::Reject => reject(
+            b,
+            NFT_REJECT_ICMP_UNREACH,
+            match family {
+                IpFamily::V4 => ICMP_PORT_UNREACH,
+                IpFamily::V6 => ICMPV6_PORT_UNREACH,
+            },
+        ),
     }
 }
 
@@ -992,10 +1008,9 @@ fn recv(sock: &NetfilterSocket, buf: &mut [u8], timeout_ms: i32) -> Result<Optio
 
 fn socket_error(e: SocketError) -> Error {
     match e.call {
-        "recv" => Error::Nft(format!(
-            "netlink receive: {} (acknowledgements were lost; the batch outcome is unknown)",
-            e.err
-        )),
+        "recv" => {
+            Error::Nft(format!("netlink receive: {} (acknowledgements were lost; the batch outcome is unknown)", e.err))
+        }
         _ => Error::Nft(format!("netlink {e}")),
     }
 }
@@ -1041,7 +1056,8 @@ fn parse_answers(buf: &[u8], out: &mut Vec<Answer>) {
             let orig = NLMSG_HDRLEN + 4;
             let seq = u32_at(msg, orig + 8);
             let orig_len = u32_at(msg, orig) as usize;
-            let mut tlv = if flags & NLM_F_CAPPED != 0 { orig + NLMSG_HDRLEN } else { orig + orig_len.max(NLMSG_HDRLEN) };
+            let mut tlv =
+                if flags & NLM_F_CAPPED != 0 { orig + NLMSG_HDRLEN } else { orig + orig_len.max(NLMSG_HDRLEN) };
             tlv = (tlv + 3) & !3;
             let mut message = None;
             if flags & NLM_F_ACK_TLVS != 0 {
@@ -1070,10 +1086,8 @@ fn transact(ops: &[Op], commit: bool) -> Result<(), Error> {
         return Ok(());
     }
     // Any start works on a private socket; a varying one keeps traces of runs apart.
-    let seq_start = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map(|d| d.as_secs() as u32)
-        .unwrap_or(1);
+    let seq_start =
+        std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_secs() as u32).unwrap_or(1);
     let mut b = encode_without_end(ops, seq_start);
     let end_seq = seq_start.wrapping_add(1 + ops.len() as u32);
     if commit {
@@ -1173,11 +1187,25 @@ mod tests {
                 "30000000030a01040000000000000000020000000f000100726f61646b656570657200000a0003007376632d61000000",
             ),
             (
-                add_rule("svc-a", rule(IpFamily::V4, vec![Match::SaddrIs(v4("10.244.0.11"))], Action::Jump("mark-for-masquerade".into()))),
+                add_rule(
+                    "svc-a",
+                    rule(
+                        IpFamily::V4,
+                        vec![Match::SaddrIs(v4("10.244.0.11"))],
+                        Action::Jump("mark-for-masquerade".into()),
+                    ),
+                ),
                 "ec000000060a010c0000000000000000020000000f000100726f61646b656570657200000a0002007376632d61000000ac000480340001800c0001007061796c6f6164002400028008000100000000010800020000000001080003000000000c08000400000000042c00018008000100636d700020000280080001000000000108000200000000000c000380080001000af4000b480001800e000100696d6d656469617465000000340002800800010000000000280002802400028008000100fffffffd180002006d61726b2d666f722d6d617371756572616465000d00070000076e732f613a7000000000",
             ),
             (
-                add_rule("svc-a", rule(IpFamily::V4, vec![Match::SaddrIn("10.240.0.0/12".parse().unwrap())], Action::Goto("mark-for-masquerade".into()))),
+                add_rule(
+                    "svc-a",
+                    rule(
+                        IpFamily::V4,
+                        vec![Match::SaddrIn("10.240.0.0/12".parse().unwrap())],
+                        Action::Goto("mark-for-masquerade".into()),
+                    ),
+                ),
                 "30010000060a010c0000000000000000020000000f000100726f61646b656570657200000a0002007376632d61000000f0000480340001800c0001007061796c6f6164002400028008000100000000010800020000000001080003000000000c0800040000000004440001800c0001006269747769736500340002800800010000000001080002000000000108000300000000040c00048008000100fff000000c00058008000100000000002c00018008000100636d700020000280080001000000000108000200000000000c000380080001000af00000480001800e000100696d6d656469617465000000340002800800010000000000280002802400028008000100fffffffc180002006d61726b2d666f722d6d617371756572616465000d00070000076e732f613a7000000000",
             ),
             (
@@ -1185,7 +1213,10 @@ mod tests {
                 "c8000000060a010c0000000000000000020000000f000100726f61646b656570657200000a0002007376632d61000000880004802800018008000100666962001c0002800800030000000001080002000000000308000100000000012c00018008000100636d700020000280080001000000000108000200000000000c0003800800010002000000300001800e000100696d6d6564696174650000001c0002800800010000000000100002800c00028008000100000000000d00070000076e732f613a7000000000",
             ),
             (
-                add_rule("svc-b", rule(IpFamily::V4, vec![], Action::Dnat { protocol: Protocol::Tcp, ip: v4("10.0.0.1"), port: 80 })),
+                add_rule(
+                    "svc-b",
+                    rule(IpFamily::V4, vec![], Action::Dnat { protocol: Protocol::Tcp, ip: v4("10.0.0.1"), port: 80 }),
+                ),
                 "24010000060a010c0000000000000000020000000f000100726f61646b656570657200000a0002007376632d62000000e400048024000180090001006d6574610000000014000280080002000000001008000100000000012c00018008000100636d700020000280080001000000000108000200000000000c00038005000100060000002c0001800e000100696d6d6564696174650000001800028008000100000000010c000280080001000a0000012c0001800e000100696d6d6564696174650000001800028008000100000000020c000280060001000050000038000180080001006e6174002c000280080001000000000108000200000000020800030000000001080005000000000208000700000000020d00070000076e732f613a7000000000",
             ),
             (
@@ -1450,12 +1481,32 @@ mod tests {
             r(EP, vec![Match::SaddrIs(a.endpoint)], Action::Jump("mark-for-masquerade".into())),
             r(EP, vec![], Action::UpdateSaddr(AFF.into())),
             r(EP, vec![], Action::Dnat { protocol: Protocol::Tcp, ip: a.endpoint, port: 8080 }),
-            r(EP, vec![Match::Random { modulus: 3, value: 0 }], Action::Dnat { protocol: Protocol::Udp, ip: a.endpoint, port: 53 }),
+            r(
+                EP,
+                vec![Match::Random { modulus: 3, value: 0 }],
+                Action::Dnat { protocol: Protocol::Udp, ip: a.endpoint, port: 53 },
+            ),
             r(EP, vec![], Action::Dnat { protocol: Protocol::Sctp, ip: a.endpoint, port: 9 }),
-            el(Container::ServiceIps, ElementKey::AddrProtoPort(a.service, Protocol::Tcp, 80), Some(Verdict::Goto(SVC.into()))),
-            el(Container::ServiceIps, ElementKey::AddrProtoPort(a.service, Protocol::Udp, 53), Some(Verdict::Jump(SVC.into()))),
-            el(Container::ServiceNodePorts, ElementKey::ProtoPort(Protocol::Tcp, 30080), Some(Verdict::Goto(EXT.into()))),
-            el(Container::NoEndpointServices, ElementKey::AddrProtoPort(a.service, Protocol::Sctp, 9), Some(Verdict::Goto("reject-chain".into()))),
+            el(
+                Container::ServiceIps,
+                ElementKey::AddrProtoPort(a.service, Protocol::Tcp, 80),
+                Some(Verdict::Goto(SVC.into())),
+            ),
+            el(
+                Container::ServiceIps,
+                ElementKey::AddrProtoPort(a.service, Protocol::Udp, 53),
+                Some(Verdict::Jump(SVC.into())),
+            ),
+            el(
+                Container::ServiceNodePorts,
+                ElementKey::ProtoPort(Protocol::Tcp, 30080),
+                Some(Verdict::Goto(EXT.into())),
+            ),
+            el(
+                Container::NoEndpointServices,
+                ElementKey::AddrProtoPort(a.service, Protocol::Sctp, 9),
+                Some(Verdict::Goto("reject-chain".into())),
+            ),
             el(Container::NoEndpointNodePorts, ElementKey::ProtoPort(Protocol::Udp, 30053), Some(Verdict::Drop)),
             el(Container::FirewallIps, ElementKey::AddrProtoPort(a.lb, Protocol::Tcp, 443), Some(Verdict::Drop)),
             el(Container::ClusterIps, ElementKey::Addr(a.service), None),
@@ -1502,7 +1553,9 @@ mod tests {
                 Op::AddSet { name, set, .. } => {
                     let listing = nft(&["list", "set", family_kw(family), TABLE, name], None).unwrap();
                     let addr = if family == IpFamily::V4 { "ipv4_addr" } else { "ipv6_addr" };
-                    for want in [format!("type {addr}"), "flags dynamic,timeout".into(), format!("comment \"{}\"", set.comment)] {
+                    for want in
+                        [format!("type {addr}"), "flags dynamic,timeout".into(), format!("comment \"{}\"", set.comment)]
+                    {
                         assert!(listing.contains(&want), "`{want}` not in:\n{listing}");
                     }
                 }
@@ -1521,7 +1574,11 @@ mod tests {
         let rewrite = vec![
             Op::FlushChain { family, name: SVC.into() },
             Op::AddRule { chain: SVC.into(), rule: Rule::always(family, Action::Goto(EP.into()), "ns/web:http") },
-            Op::DeleteElement { family, container: Container::ServiceIps, key: ElementKey::AddrProtoPort(a.service, Protocol::Udp, 53) },
+            Op::DeleteElement {
+                family,
+                container: Container::ServiceIps,
+                key: ElementKey::AddrProtoPort(a.service, Protocol::Udp, 53),
+            },
             Op::AddElement {
                 family,
                 container: Container::ServiceIps,
@@ -1590,8 +1647,24 @@ mod tests {
         let a = addrs(family);
         let n = |s: &str| s.parse::<IpNet>().unwrap();
         let service_cidrs = match family {
-            IpFamily::V4 => ["10.96.0.0/16", "10.97.0.0/16", "10.100.0.0/16", "10.100.5.0/24", "10.101.0.0/16", "10.103.0.0/16", "10.104.0.0/16"],
-            IpFamily::V6 => ["fd00:10:96::/112", "fd00:10:96::1:0/112", "fd00:10:97::/64", "fd00:10:97::/80", "fd00:10:98::/64", "fd00:10:99:1::/64", "fd00:10:99:2::/64"],
+            IpFamily::V4 => [
+                "10.96.0.0/16",
+                "10.97.0.0/16",
+                "10.100.0.0/16",
+                "10.100.5.0/24",
+                "10.101.0.0/16",
+                "10.103.0.0/16",
+                "10.104.0.0/16",
+            ],
+            IpFamily::V6 => [
+                "fd00:10:96::/112",
+                "fd00:10:96::1:0/112",
+                "fd00:10:97::/64",
+                "fd00:10:97::/80",
+                "fd00:10:98::/64",
+                "fd00:10:99:1::/64",
+                "fd00:10:99:2::/64",
+            ],
         };
         Layout {
             family,
@@ -1640,7 +1713,9 @@ mod tests {
             apply(&ops).expect("apply");
             let (chains, sets) = table_names(family).expect("dump");
             let added = |op: &Op| match op {
-                Op::AddChain { name, .. } | Op::AddBaseChain { name, .. } | Op::AddSet { name, .. } => Some(name.clone()),
+                Op::AddChain { name, .. } | Op::AddBaseChain { name, .. } | Op::AddSet { name, .. } => {
+                    Some(name.clone())
+                }
                 Op::AddContainer { container, .. } => Some(container.name().to_string()),
                 _ => None,
             };
@@ -1713,7 +1788,11 @@ mod tests {
                 assert_eq!(list_table(family), base, "a failed batch must leave nothing behind");
 
                 // Deleting what is not there fails the same way, naming the op.
-                let ops = vec![Op::DeleteElement { family, container: Container::ClusterIps, key: ElementKey::Addr(a.service) }];
+                let ops = vec![Op::DeleteElement {
+                    family,
+                    container: Container::ClusterIps,
+                    key: ElementKey::Addr(a.service),
+                }];
                 let Err(Error::Nft(msg)) = apply(&ops) else { panic!("expected an error") };
                 assert_eq!(msg, format!("No such file or directory: {}", ops[0]));
                 assert_eq!(apply(&[]).ok(), Some(()));
@@ -1731,7 +1810,11 @@ mod tests {
                 .map(|i| Op::AddElement {
                     family: IpFamily::V6,
                     container: Container::ServiceIps,
-                    key: ElementKey::AddrProtoPort(IpAddr::V6(std::net::Ipv6Addr::from(0xfd00_u128 << 112 | u128::from(i))), Protocol::Tcp, 80),
+                    key: ElementKey::AddrProtoPort(
+                        IpAddr::V6(std::net::Ipv6Addr::from(0xfd00_u128 << 112 | u128::from(i))),
+                        Protocol::Tcp,
+                        80,
+                    ),
                     value: Some(Verdict::Goto("reject-chain".into())),
                     comment: format!("ns/svc-{i}:http"),
                 })

@@ -106,7 +106,9 @@ impl Container {
         };
         let ty = match self {
             _ if self.keyed_by_address_and_port() => format!("type {addr} . inet_proto . inet_service : verdict"),
-            Container::ServiceNodePorts | Container::NoEndpointNodePorts => "type inet_proto . inet_service : verdict".into(),
+            Container::ServiceNodePorts | Container::NoEndpointNodePorts => {
+                "type inet_proto . inet_service : verdict".into()
+            }
             Container::ServiceCidrs => format!("type {addr} ; flags interval ; auto-merge"),
             _ => format!("type {addr}"),
         };
@@ -141,7 +143,14 @@ impl Objects {
     }
 
     /// Adds an element to a shared container.
-    pub fn element(&mut self, family: IpFamily, container: Container, key: ElementKey, verdict: Option<Verdict>, comment: &str) {
+    pub fn element(
+        &mut self,
+        family: IpFamily,
+        container: Container,
+        key: ElementKey,
+        verdict: Option<Verdict>,
+        comment: &str,
+    ) {
         self.elements.insert((family, container, key), ElementValue { verdict, comment: comment.to_string() });
     }
 

@@ -68,7 +68,14 @@ impl<R: NftRunner> NftProxier<R> {
         PlanContext {
             cluster_cidrs: self.family_cidrs(family),
             masquerade_all: self.cfg.masquerade_all,
-            node_ips: self.state.node.primary_ips.iter().filter(|ip| IpFamily::of(ip) == family).copied().collect::<Vec<IpAddr>>(),
+            node_ips: self
+                .state
+                .node
+                .primary_ips
+                .iter()
+                .filter(|ip| IpFamily::of(ip) == family)
+                .copied()
+                .collect::<Vec<IpAddr>>(),
         }
     }
 
@@ -105,7 +112,8 @@ impl<R: NftRunner> Backend for NftProxier<R> {
             keys.iter().map(|key| (key.clone(), self.plan(key, store))).collect();
         let existing = self.state.kernel.time(|| self.runner.existing())?;
         let layouts = self.layouts();
-        let ops_for = |planned: &BTreeMap<NamespacedName, (Vec<ServicePort>, Objects)>, only: Option<&[NamespacedName]>| {
+        let ops_for = |planned: &BTreeMap<NamespacedName, (Vec<ServicePort>, Objects)>,
+                       only: Option<&[NamespacedName]>| {
             let included = |key: &NamespacedName| only.is_none_or(|keys| keys.contains(key));
             let objects = planned.iter().filter(|(k, _)| included(k)).map(|(_, (_, o))| o);
             transaction::full_sync(&layouts, objects, &existing)
@@ -161,7 +169,8 @@ impl<R: NftRunner> Backend for NftProxier<R> {
             }
             plans.insert(key.clone(), (ports, objects, ops));
         }
-        let join = |keys: &[&NamespacedName]| keys.iter().flat_map(|k| plans[*k].2.iter().cloned()).collect::<Vec<Op>>();
+        let join =
+            |keys: &[&NamespacedName]| keys.iter().flat_map(|k| plans[*k].2.iter().cloned()).collect::<Vec<Op>>();
         let keys: Vec<&NamespacedName> = plans.keys().collect();
         let mut ops = join(&keys);
         let mut refused = Vec::new();
@@ -196,7 +205,11 @@ impl<R: NftRunner> Backend for NftProxier<R> {
                 continue;
             }
             services_changed += 1;
-            if objects.is_empty() { self.applied.remove(&key) } else { self.applied.insert(key.clone(), objects) };
+            if objects.is_empty() {
+                self.applied.remove(&key)
+            } else {
+                self.applied.insert(key.clone(), objects)
+            };
             self.state.set_table(&key, ports);
         }
         Ok(SyncReport { full: false, services_changed, ops: ops.len(), refused, ..SyncReport::default() })
@@ -302,5 +315,4 @@ mod tests {
         assert_eq!(report.services_changed, 1);
         assert_ne!(p.applied[&NamespacedName::new("default", "bad")], bad_before);
     }
-
 }

@@ -127,14 +127,18 @@ impl fmt::Display for Rule {
         for m in &self.matches {
             match m {
                 Match::SaddrIs(addr) => write!(f, "{ip} saddr {addr} ")?,
-                Match::SaddrIn(net) if net.prefix_len() == net.max_prefix_len() => write!(f, "{ip} saddr {} ", net.addr())?,
+                Match::SaddrIn(net) if net.prefix_len() == net.max_prefix_len() => {
+                    write!(f, "{ip} saddr {} ", net.addr())?
+                }
                 Match::SaddrIn(net) => write!(f, "{ip} saddr {} ", net.trunc())?,
                 Match::SaddrInSet(set) => write!(f, "{ip} saddr @{set} ")?,
                 Match::FibSaddrLocal => write!(f, "fib saddr type local ")?,
                 Match::Random { modulus, value } => write!(f, "numgen random mod {modulus} {value} ")?,
                 Match::CtStateNew => write!(f, "ct state new ")?,
                 Match::DaddrInSet(set) => write!(f, "{ip} daddr @{set} ")?,
-                Match::DaddrNotIn(net) if net.prefix_len() == net.max_prefix_len() => write!(f, "{ip} daddr != {} ", net.addr())?,
+                Match::DaddrNotIn(net) if net.prefix_len() == net.max_prefix_len() => {
+                    write!(f, "{ip} daddr != {} ", net.addr())?
+                }
                 Match::DaddrNotIn(net) => write!(f, "{ip} daddr != {} ", net.trunc())?,
                 Match::FibDaddrLocal => write!(f, "fib daddr type local ")?,
                 Match::L4Proto(protocol) => write!(f, "meta l4proto {} ", protocol.as_str())?,
@@ -153,7 +157,9 @@ impl fmt::Display for Rule {
             Action::Dnat { protocol, ip: IpAddr::V6(addr), port } => {
                 write!(f, "meta l4proto {} dnat to [{addr}]:{port}", protocol.as_str())?
             }
-            Action::Vmap { key: VmapKey::DaddrProtoPort, map } => write!(f, "{ip} daddr . meta l4proto . th dport vmap @{map}")?,
+            Action::Vmap { key: VmapKey::DaddrProtoPort, map } => {
+                write!(f, "{ip} daddr . meta l4proto . th dport vmap @{map}")?
+            }
             Action::Vmap { key: VmapKey::ProtoPort, map } => write!(f, "meta l4proto . th dport vmap @{map}")?,
             Action::MarkOr(bits) => write!(f, "meta mark set meta mark | {bits:#x}")?,
             Action::MarkXor(bits) => write!(f, "meta mark set meta mark ^ {bits:#x}")?,
@@ -249,10 +255,7 @@ impl AffinitySet {
             IpFamily::V4 => "ipv4_addr",
             IpFamily::V6 => "ipv6_addr",
         };
-        format!(
-            "type {addr} ; flags dynamic,timeout ; timeout {}s ; comment \"{}\" ;",
-            self.timeout_secs, self.comment
-        )
+        format!("type {addr} ; flags dynamic,timeout ; timeout {}s ; comment \"{}\" ;", self.timeout_secs, self.comment)
     }
 }
 
@@ -420,12 +423,23 @@ impl fmt::Display for Op {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         let t = |family: &IpFamily| format!("{} {}", family_keyword(*family), super::objects::TABLE);
         match self {
-            Op::AddTable { family } => write!(f, "add table {} {{ comment \"{}\" ; }}", t(family), super::objects::TABLE_COMMENT),
+            Op::AddTable { family } => {
+                write!(f, "add table {} {{ comment \"{}\" ; }}", t(family), super::objects::TABLE_COMMENT)
+            }
             Op::AddBaseChain { family, name, hook } => write!(f, "add chain {} {name} {{ {hook} }}", t(family)),
             Op::AddContainer { family, container } => {
-                write!(f, "add {} {} {} {{ {} }}", container.keyword(), t(family), container.name(), container.declaration(*family))
+                write!(
+                    f,
+                    "add {} {} {} {{ {} }}",
+                    container.keyword(),
+                    t(family),
+                    container.name(),
+                    container.declaration(*family)
+                )
             }
-            Op::AddSet { family, name, set } => write!(f, "add set {} {name} {{ {} }}", t(family), set.declaration(*family)),
+            Op::AddSet { family, name, set } => {
+                write!(f, "add set {} {name} {{ {} }}", t(family), set.declaration(*family))
+            }
             Op::AddChain { family, name } => write!(f, "add chain {} {name}", t(family)),
             Op::FlushChain { family, name } => write!(f, "flush chain {} {name}", t(family)),
             Op::AddRule { chain, rule } => write!(f, "add rule {} {chain} {rule}", t(&rule.family)),

@@ -181,7 +181,13 @@ fn plan_port(sp: &ServicePort, ctx: &PlanContext, out: &mut Objects) {
         rules.push(always(Action::Drop));
         out.chain(fam, names.firewall.clone(), rules);
         for lb in &sp.load_balancer_ips {
-            out.element(fam, Container::FirewallIps, port_key(lb), Some(Verdict::Jump(names.firewall.clone())), &comment);
+            out.element(
+                fam,
+                Container::FirewallIps,
+                port_key(lb),
+                Some(Verdict::Jump(names.firewall.clone())),
+                &comment,
+            );
         }
     }
 }
@@ -251,7 +257,8 @@ mod tests {
         assert_eq!(value(&objects, Container::ServiceNodePorts, "tcp . 30080"), Some(format!("goto {external}")));
         assert_eq!(value(&objects, Container::NoEndpointServices, "203.0.113.7 . tcp . 80").as_deref(), Some("drop"));
         assert_eq!(value(&objects, Container::NoEndpointNodePorts, "tcp . 30080").as_deref(), Some("drop"));
-        let rules: Vec<String> = objects.chains[&(IpFamily::V4, external.to_string())].iter().map(ToString::to_string).collect();
+        let rules: Vec<String> =
+            objects.chains[&(IpFamily::V4, external.to_string())].iter().map(ToString::to_string).collect();
         assert!(rules[0].starts_with("ip saddr 10.244.0.0/16 goto service-"), "{rules:?}");
         assert!(!rules.iter().any(|r| r.contains("local-")), "nothing falls through to the empty Local set: {rules:?}");
     }
@@ -260,8 +267,14 @@ mod tests {
     fn external_frontends_without_any_endpoint_reject() {
         let objects = plan(local_policy_port(Vec::new()));
         assert_eq!(value(&objects, Container::ServiceIps, "203.0.113.7 . tcp . 80"), None);
-        assert_eq!(value(&objects, Container::NoEndpointServices, "203.0.113.7 . tcp . 80").as_deref(), Some("goto reject-chain"));
-        assert_eq!(value(&objects, Container::NoEndpointNodePorts, "tcp . 30080").as_deref(), Some("goto reject-chain"));
+        assert_eq!(
+            value(&objects, Container::NoEndpointServices, "203.0.113.7 . tcp . 80").as_deref(),
+            Some("goto reject-chain")
+        );
+        assert_eq!(
+            value(&objects, Container::NoEndpointNodePorts, "tcp . 30080").as_deref(),
+            Some("goto reject-chain")
+        );
         assert!(!objects.chains.keys().any(|(_, name)| name.starts_with("external-")));
     }
 }

@@ -43,14 +43,19 @@ pub fn layout_ops(layouts: &[Layout]) -> Vec<Op> {
 /// Service's chains, affinity sets (their contents kept) and map elements, and the deletion of
 /// whatever stale chains and sets `existing` lists. Applied atomically, traffic never sees a
 /// half-built table.
-pub fn full_sync<'a>(layouts: &[Layout], services: impl Iterator<Item = &'a Objects> + Clone, existing: &Existing) -> Vec<Op> {
+pub fn full_sync<'a>(
+    layouts: &[Layout],
+    services: impl Iterator<Item = &'a Objects> + Clone,
+    existing: &Existing,
+) -> Vec<Op> {
     let mut ops = layout_ops(layouts);
     let mut wanted_chains: BTreeSet<(IpFamily, String)> = BTreeSet::new();
     let mut wanted_sets: BTreeSet<(IpFamily, String)> = BTreeSet::new();
     for layout in layouts {
         let family = layout.family;
         wanted_sets.extend(Container::ALL.iter().map(|c| (family, c.name().to_string())));
-        let layout_chains = layout.helper_chains().into_iter().map(|c| c.name).chain(layout.base_chains().into_iter().map(|c| c.name));
+        let layout_chains =
+            layout.helper_chains().into_iter().map(|c| c.name).chain(layout.base_chains().into_iter().map(|c| c.name));
         wanted_chains.extend(layout_chains.map(|name| (family, name.to_string())));
     }
     for ((family, name), set) in services.clone().flat_map(|o| &o.sets) {
@@ -153,8 +158,15 @@ mod tests {
     use crate::table::{Endpoint, Protocol, ServicePort};
 
     fn port(name: &str, ip: &str, endpoints: &[&str]) -> ServicePort {
-        let endpoints = endpoints.iter().map(|e| Endpoint { ip: e.parse().unwrap(), port: 8080, is_local: true }).collect();
-        let mut sp = ServicePort::for_test(NamespacedName::new("default", name), Protocol::Tcp, ip.parse().unwrap(), 80, endpoints);
+        let endpoints =
+            endpoints.iter().map(|e| Endpoint { ip: e.parse().unwrap(), port: 8080, is_local: true }).collect();
+        let mut sp = ServicePort::for_test(
+            NamespacedName::new("default", name),
+            Protocol::Tcp,
+            ip.parse().unwrap(),
+            80,
+            endpoints,
+        );
         sp.name.port = "http".into();
         sp
     }

@@ -176,10 +176,8 @@ impl Cluster {
     /// Pod manifest with `labels` (YAML flow map body, e.g. `app: hello`) on `node`.
     pub fn add_pod(&mut self, name: &str, labels: &str, node: &str) -> usize {
         let pod = self.lab.add_pod(name).expect("pod");
-        let listen = [
-            SocketAddr::new(IpAddr::V4(pod.ipv4), ECHO_PORT),
-            SocketAddr::new(IpAddr::V6(pod.ipv6), ECHO_PORT),
-        ];
+        let listen =
+            [SocketAddr::new(IpAddr::V4(pod.ipv4), ECHO_PORT), SocketAddr::new(IpAddr::V6(pod.ipv6), ECHO_PORT)];
         let server = pod.ns.run(|| echo::serve(&listen, name)).expect("echo server");
         self.write(&format!("pod-{name}.yaml"), &manifests::pod(&pod, labels, node, PodState::Ready));
         self.pods.push(EchoPod { _server: server, pod });
@@ -191,7 +189,6 @@ impl Cluster {
         let pod = &self.pods[i].pod;
         self.write(&format!("pod-{}.yaml", pod.name), &manifests::pod(pod, labels, node, state));
     }
-
 
     /// Writes (or replaces) a manifest file atomically (rename), so the watcher never sees half a file.
     pub fn write(&self, file: &str, yaml: &str) {
@@ -447,7 +444,8 @@ pub fn probe(ns: &Netns, proto: Proto, target: SocketAddr) -> ProbeResult {
 /// matches [`ProbeResult::Reply`]).
 pub fn assert_outcome(ns: &Netns, cases: &[(Proto, SocketAddr)], expected: &ProbeResult) {
     let results: Vec<ProbeResult> = std::thread::scope(|scope| {
-        let running: Vec<_> = cases.iter().map(|&(proto, target)| scope.spawn(move || probe(ns, proto, target))).collect();
+        let running: Vec<_> =
+            cases.iter().map(|&(proto, target)| scope.spawn(move || probe(ns, proto, target))).collect();
         running.into_iter().map(|t| t.join().expect("probe thread")).collect()
     });
     let wrong: Vec<String> = cases
