@@ -22,7 +22,8 @@ pub struct Cli {
 pub enum Command {
     /// Run the node proxy: program Services into kernel rules and keep them up to date.
     Proxy(ProxyArgs),
-    /// Print the complete nft script the proxy would apply, touching nothing.
+    /// Print what a full sync would apply (the nft script, or the iptables-restore input with
+    /// `--proxy-mode iptables`), touching nothing.
     Rules(ProxyArgs),
     /// Remove everything roadkeeper installed in the kernel, and nothing else.
     Cleanup,
@@ -59,7 +60,7 @@ pub struct ProxyArgs {
     #[arg(long)]
     pub masquerade_all: bool,
     /// Addresses that accept NodePort traffic: comma-separated CIDRs, or `primary` (default: the
-    /// node's primary IPs).
+    /// node's primary IPs in nftables mode, every local address in iptables mode, as kube-proxy).
     #[arg(long, value_name = "CIDRS", value_delimiter = ',')]
     pub nodeport_addresses: Option<Vec<String>>,
     /// Kernel backend: `nftables` (default) or `iptables`.
