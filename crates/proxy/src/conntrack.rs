@@ -766,10 +766,12 @@ mod kernel_tests {
     const TARGET_PORT: u16 = 5353;
     const NODE_PORT: u16 = 30053;
     const OTHER_PORT: u16 = 7000;
-    const CLIENT_SVC_PORT: u16 = 40053;
-    const CLIENT_NODEPORT_PORT: u16 = 40054;
-    const CLIENT_OTHER_PORT: u16 = 40055;
-    const CLIENT_UNSERVED_PORT: u16 = 40056;
+    // Fixed client ports sit below the ephemeral range (32768-60999), so that no socket bound
+    // to port 0 in the namespace (echo servers, other clients) can hold them already.
+    const CLIENT_SVC_PORT: u16 = 20053;
+    const CLIENT_NODEPORT_PORT: u16 = 20054;
+    const CLIENT_OTHER_PORT: u16 = 20055;
+    const CLIENT_UNSERVED_PORT: u16 = 20056;
 
     /// nft's spelling of `ip:port` as a DNAT target.
     fn target(ip: IpAddr, port: u16) -> String {

@@ -13,8 +13,9 @@ per_backend!(a_udp_flow_pinned_to_a_removed_endpoint_moves_to_a_remaining_one_wi
 
 /// Service number of `dns`: ClusterIPs 10.96.0.53 / fd00:96::53.
 const DNS: u8 = 53;
-/// The client's fixed UDP source port: every datagram belongs to one conntrack flow.
-const CLIENT_PORT: u16 = 40053;
+/// The client's fixed UDP source port: every datagram belongs to one conntrack flow. Below the
+/// ephemeral range, so that no other socket of the client pod can hold it.
+const CLIENT_PORT: u16 = 20053;
 
 /// The pod that answers one datagram from the client's fixed port in `family`.
 fn answer(c: &Cluster, family: Family) -> Option<String> {
