@@ -1,6 +1,7 @@
 //! What a (re)load changed.
 
 use std::collections::BTreeSet;
+use std::time::SystemTime;
 
 use crate::NamespacedName;
 
@@ -16,6 +17,14 @@ pub struct Changes {
     pub nodes: BTreeSet<String>,
     /// Whether any ServiceCIDR was added, changed or removed.
     pub service_cidrs: bool,
+    /// Service objects added, changed or removed (kube-proxy's "service changes").
+    pub service_updates: usize,
+    /// EndpointSlices added, changed or removed, derived ones counted once per Service
+    /// (kube-proxy's "endpoint changes").
+    pub endpoint_updates: usize,
+    /// The `endpoints.kubernetes.io/last-change-trigger-time` of each changed EndpointSlice that
+    /// has it: when the change that led to it happened, for network programming latency.
+    pub trigger_times: Vec<SystemTime>,
 }
 
 impl Changes {
@@ -29,6 +38,9 @@ impl Changes {
         self.services.extend(other.services);
         self.nodes.extend(other.nodes);
         self.service_cidrs |= other.service_cidrs;
+        self.service_updates += other.service_updates;
+        self.endpoint_updates += other.endpoint_updates;
+        self.trigger_times.extend(other.trigger_times);
     }
 }
 
@@ -44,10 +56,12 @@ mod tests {
         b.services.insert(NamespacedName::new("default", "hello"));
         b.nodes.insert("n1".into());
         a.merge(b.clone());
-        a.merge(Changes { service_cidrs: true, ..Changes::default() });
+        a.merge(Changes { service_cidrs: true, endpoint_updates: 2, ..Changes::default() });
+        a.merge(Changes { endpoint_updates: 1, trigger_times: vec![SystemTime::UNIX_EPOCH], ..Changes::default() });
         assert!(!a.is_empty());
         assert_eq!(a.services, b.services);
         assert_eq!(a.nodes, b.nodes);
         assert!(a.service_cidrs);
+        assert_eq!((a.endpoint_updates, a.trigger_times.len()), (3, 1));
     }
 }

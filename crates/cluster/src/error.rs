@@ -23,6 +23,16 @@ pub enum Error {
         /// The underlying notify error.
         source: notify::Error,
     },
+    /// The Kubernetes API client could not be configured.
+    #[error("connecting to the Kubernetes API: {0}")]
+    Kube(String),
+}
+
+impl Error {
+    /// A [`Error::Kube`] from any kube-rs error.
+    pub(crate) fn kube(error: impl fmt::Display) -> Self {
+        Self::Kube(error.to_string())
+    }
 }
 
 /// One problem in a manifest: names the file, the object (e.g. `Service default/hello`) and the

@@ -1,13 +1,16 @@
-//! Typed cluster state for roadkeeper, read from a folder of Kubernetes manifests.
+//! Typed cluster state for roadkeeper, read from a folder of Kubernetes manifests or from a
+//! Kubernetes API server, through one interface: [`Feed`].
 //!
 //! [`ManifestSource`] loads `*.yaml`, `*.yml` and `*.json` files into a [`Store`] of Services,
 //! EndpointSlices, Pods, Nodes and ServiceCIDRs; [`watch`] reports changed files so that
 //! [`ManifestSource::reload`] can apply them incrementally. EndpointSlices for Services with a
 //! selector are derived from the Pods, like kube-controller-manager would.
 
+mod api_source;
 mod changes;
 mod endpointslices;
 mod error;
+mod feed;
 mod index;
 mod names;
 mod object;
@@ -21,8 +24,9 @@ pub use k8s_openapi;
 
 pub use changes::Changes;
 pub use error::{Error, ManifestError};
+pub use feed::{Feed, Interest, SourceSpec};
 pub use names::NamespacedName;
-pub use object::Object;
+pub use object::{Kind, Object};
 pub use source::ManifestSource;
 pub use store::Store;
 pub use watch::{Watcher, watch};

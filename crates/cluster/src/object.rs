@@ -45,13 +45,29 @@ impl Object {
     }
 }
 
+macro_rules! object_from {
+    ($($variant:ident($type:ty)),*) => {$(
+        impl From<Arc<$type>> for Object {
+            fn from(object: Arc<$type>) -> Self {
+                Self::$variant(object)
+            }
+        }
+    )*};
+}
+object_from!(Service(Service), EndpointSlice(EndpointSlice), Pod(Pod), Node(Node), ServiceCidr(ServiceCIDR));
+
 /// The kind of an [`Object`].
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
-pub(crate) enum Kind {
+pub enum Kind {
+    /// `v1 Service`.
     Service,
+    /// `discovery.k8s.io/v1 EndpointSlice`.
     EndpointSlice,
+    /// `v1 Pod`.
     Pod,
+    /// `v1 Node`.
     Node,
+    /// `networking.k8s.io/v1 ServiceCIDR`.
     ServiceCidr,
 }
 
@@ -73,7 +89,8 @@ impl Kind {
         !matches!(self, Self::Node | Self::ServiceCidr)
     }
 
-    fn as_str(self) -> &'static str {
+    /// The kind's name, as in manifests.
+    pub fn as_str(self) -> &'static str {
         match self {
             Self::Service => "Service",
             Self::EndpointSlice => "EndpointSlice",

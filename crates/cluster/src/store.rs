@@ -3,6 +3,7 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
+use std::time::SystemTime;
 
 use k8s_openapi::api::core::v1::{Node, Pod, Service};
 use k8s_openapi::api::discovery::v1::EndpointSlice;
@@ -15,6 +16,7 @@ use crate::validate::SERVICE_NAME_LABEL;
 use crate::{Changes, NamespacedName, Object};
 
 const ZONE_LABEL: &str = "topology.kubernetes.io/zone";
+const TRIGGER_TIME_ANNOTATION: &str = "endpoints.kubernetes.io/last-change-trigger-time";
 
 /// The current objects: a read-only view used by planners.
 #[derive(Default, Debug)]
@@ -86,6 +88,31 @@ impl Store {
         self.service_cidrs.values()
     }
 
+    /// The object `key`, if present (hand-written objects only, not derived slices).
+    pub(crate) fn get(&self, key: &ObjectKey) -> Option<Object> {
+        let name = &key.name;
+        Some(match key.kind {
+            Kind::Service => Object::Service(self.services.get(name)?.clone()),
+            Kind::EndpointSlice => Object::EndpointSlice(self.slices.get(name)?.clone()),
+            Kind::Pod => Object::Pod(self.pods.get(name)?.clone()),
+            Kind::Node => Object::Node(self.nodes.get(&name.name)?.clone()),
+            Kind::ServiceCidr => Object::ServiceCidr(self.service_cidrs.get(&name.name)?.clone()),
+        })
+    }
+
+    /// The identities of every object of `kind` (hand-written objects only).
+    pub(crate) fn keys(&self, kind: Kind) -> Vec<ObjectKey> {
+        let cluster_scoped = |name: &String| NamespacedName::new("", name.as_str());
+        let names: Vec<NamespacedName> = match kind {
+            Kind::Service => self.services.keys().cloned().collect(),
+            Kind::EndpointSlice => self.slices.keys().cloned().collect(),
+            Kind::Pod => self.pods.keys().cloned().collect(),
+            Kind::Node => self.nodes.keys().map(cluster_scoped).collect(),
+            Kind::ServiceCidr => self.service_cidrs.keys().map(cluster_scoped).collect(),
+        };
+        names.into_iter().map(|name| ObjectKey { kind, name }).collect()
+    }
+
     /// Sets (`Some`) or removes (`None`) the object `key`, recording the effects in `batch`.
     pub(crate) fn set(&mut self, key: &ObjectKey, object: Option<&Object>, batch: &mut Batch) {
         let name = &key.name;
@@ -118,6 +145,7 @@ impl Store {
                 continue;
             }
             changes.services.insert(key.clone());
+            changes.endpoint_updates += 1;
             if new.is_empty() {
                 self.derived.remove(&key);
             } else {
@@ -130,6 +158,7 @@ impl Store {
     fn set_service(&mut self, key: &NamespacedName, new: Option<&Arc<Service>>, batch: &mut Batch) {
         if replace(&mut self.services, key, new).is_some() {
             batch.changes.services.insert(key.clone());
+            batch.changes.service_updates += 1;
             batch.recompute.insert(key.clone());
         }
     }
@@ -138,6 +167,8 @@ impl Store {
         let Some(old) = replace(&mut self.slices, key, new) else {
             return;
         };
+        batch.changes.endpoint_updates += 1;
+        batch.changes.trigger_times.extend(new.and_then(|s| trigger_time(s)));
         if let Some(service) = old.as_deref().and_then(|s| owning_service(key, s)) {
             index::remove(&mut self.slices_by_service, &service, &key.name);
             batch.changes.services.insert(service);
@@ -211,6 +242,13 @@ fn in_namespace<'a, T>(
     namespace: &'a str,
 ) -> impl Iterator<Item = (&'a NamespacedName, &'a T)> {
     map.range(NamespacedName::new(namespace, "")..).take_while(move |(k, _)| k.namespace == namespace)
+}
+
+/// When the change behind this version of the slice happened, if the slice says so (the
+/// endpointslice controller sets it, as RFC 3339 in UTC).
+fn trigger_time(slice: &EndpointSlice) -> Option<SystemTime> {
+    let value = slice.metadata.annotations.as_ref()?.get(TRIGGER_TIME_ANNOTATION)?;
+    humantime::parse_rfc3339(value).ok()
 }
 
 /// The Service named by a slice's `kubernetes.io/service-name` label.
@@ -320,7 +358,19 @@ mod tests {
         assert_eq!(store.slices_for(&nn("b")).len(), 1);
         let changes = apply(&mut store, vec![(slice("s0", "a"), false)]);
         assert_eq!(changes.services, services(&["a"]));
+        assert_eq!((changes.endpoint_updates, changes.service_updates), (1, 0));
         assert!(!store.slices_by_service.contains_key(&nn("a")));
+    }
+
+    #[test]
+    fn slice_trigger_times_are_reported() {
+        let Object::EndpointSlice(mut s) = slice("s", "a") else { unreachable!() };
+        let annotations = [(TRIGGER_TIME_ANNOTATION.to_owned(), "2026-11-30T10:00:00.5Z".to_owned())];
+        Arc::make_mut(&mut s).metadata.annotations = Some(annotations.into());
+        let changes = apply(&mut Store::default(), vec![(Object::EndpointSlice(s), true), (service("a", "x"), true)]);
+        let expected = humantime::parse_rfc3339("2026-11-30T10:00:00.500Z").unwrap();
+        assert_eq!(changes.trigger_times, [expected]);
+        assert_eq!((changes.endpoint_updates, changes.service_updates), (1, 1));
     }
 
     #[test]

@@ -16,13 +16,15 @@ pub struct ProxyHealth {
     oldest_queued: Option<Instant>,
     /// Wall time of the last successful sync.
     last_updated: Option<SystemTime>,
+    /// False while this node is being deleted (see [`crate::node::node_eligible`]).
+    node_eligible: bool,
 }
 
 impl ProxyHealth {
     /// A proxier that has not synced yet and has nothing queued, with the given health timeout
     /// (kube-proxy uses 2 × `syncPeriod`).
     pub fn new(timeout: Duration) -> Self {
-        ProxyHealth { timeout, oldest_queued: None, last_updated: None }
+        ProxyHealth { timeout, oldest_queued: None, last_updated: None, node_eligible: true }
     }
 
     /// A change is waiting for a sync (kube-proxy's `QueuedUpdate`); only the oldest counts.
@@ -51,6 +53,17 @@ impl ProxyHealth {
     pub fn last_updated(&self) -> Option<SystemTime> {
         self.last_updated
     }
+
+    /// Records whether this node should still receive load-balancer traffic.
+    pub fn set_node_eligible(&mut self, eligible: bool) {
+        self.node_eligible = eligible;
+    }
+
+    /// Whether this node should still receive load-balancer traffic (`/healthz` fails when not;
+    /// `/livez` ignores it).
+    pub fn node_eligible(&self) -> bool {
+        self.node_eligible
+    }
 }
 
 #[cfg(test)]
@@ -64,6 +77,7 @@ mod tests {
         let health = ProxyHealth::new(TIMEOUT);
         assert!(health.healthy(Instant::now()));
         assert_eq!(health.last_updated(), None);
+        assert!(health.node_eligible());
     }
 
     #[test]

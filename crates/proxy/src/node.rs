@@ -41,6 +41,18 @@ pub fn node_info(name: &str, store: &Store, host_addresses: &[IpAddr]) -> NodeIn
     }
 }
 
+/// Taint the cluster autoscaler puts on a node it is about to delete.
+const TO_BE_DELETED_TAINT: &str = "ToBeDeletedByClusterAutoscaler";
+
+/// kube-proxy's node eligibility for `/healthz`: false while the Node is being deleted (it has a
+/// deletion timestamp or the cluster autoscaler's deletion taint), so that load balancers drain
+/// it first. A node without a Node object is eligible.
+pub fn node_eligible(name: &str, store: &Store) -> bool {
+    let Some(node) = store.node(name) else { return true };
+    let tainted = node.spec.as_ref().and_then(|s| s.taints.as_ref());
+    node.metadata.deletion_timestamp.is_none() && !tainted.into_iter().flatten().any(|t| t.key == TO_BE_DELETED_TAINT)
+}
+
 /// Neither loopback, link-local nor unspecified.
 fn is_global(ip: &IpAddr) -> bool {
     match ip {
@@ -71,4 +83,27 @@ pub fn hostname() -> String {
         .and_then(|h| h.into_string().ok())
         .map(|h| h.trim().to_lowercase())
         .unwrap_or_default()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use roadkeeper_cluster::Object;
+
+    fn store(node: serde_json::Value) -> Store {
+        Store::from_objects([Object::Node(std::sync::Arc::new(serde_json::from_value(node).unwrap()))])
+    }
+
+    #[test]
+    fn a_node_being_deleted_is_not_eligible() {
+        let healthy = store(serde_json::json!({"metadata": {"name": "n1"}}));
+        assert!(node_eligible("n1", &healthy));
+        assert!(node_eligible("unknown", &healthy));
+        let deleting =
+            store(serde_json::json!({"metadata": {"name": "n1", "deletionTimestamp": "2026-11-30T10:00:00Z"}}));
+        assert!(!node_eligible("n1", &deleting));
+        let tainted = store(serde_json::json!({"metadata": {"name": "n1"},
+            "spec": {"taints": [{"key": TO_BE_DELETED_TAINT, "effect": "NoSchedule"}]}}));
+        assert!(!node_eligible("n1", &tainted));
+    }
 }

@@ -196,6 +196,14 @@ impl ServicePort {
     pub fn external_endpoints(&self) -> &[Endpoint] {
         if self.external_policy_local { &self.local_endpoints } else { &self.cluster_endpoints }
     }
+
+    /// Whether (internal, external) traffic is dropped because its policy is Local and this node
+    /// has none of the port's endpoints (kube-proxy's `no_local_endpoints_total` cases).
+    pub fn lacks_local_endpoints(&self) -> (bool, bool) {
+        let lacking = self.local_endpoints.is_empty() && !self.cluster_endpoints.is_empty();
+        let external = self.external_policy_local && self.has_external_frontends();
+        (lacking && self.internal_policy_local, lacking && external)
+    }
 }
 
 #[cfg(test)]
@@ -494,6 +502,24 @@ mod tests {
 
     fn ips(eps: &[Endpoint]) -> Vec<String> {
         eps.iter().map(|e| e.to_string()).collect()
+    }
+
+    #[test]
+    fn lacking_local_endpoints_per_policy() {
+        let endpoint = Endpoint { ip: "10.244.1.5".parse().unwrap(), port: 80, is_local: false };
+        let service = NamespacedName::new("ns", "a");
+        let mut port = ServicePort::for_test(service, Protocol::Tcp, "10.96.0.1".parse().unwrap(), 80, vec![endpoint]);
+        assert_eq!(port.lacks_local_endpoints(), (false, false));
+        port.internal_policy_local = true;
+        port.external_policy_local = true;
+        assert_eq!(port.lacks_local_endpoints(), (true, false), "no external frontend");
+        port.node_port = Some(30080);
+        assert_eq!(port.lacks_local_endpoints(), (true, true));
+        port.local_endpoints = port.cluster_endpoints.clone();
+        assert_eq!(port.lacks_local_endpoints(), (false, false));
+        port.cluster_endpoints.clear();
+        port.local_endpoints.clear();
+        assert_eq!(port.lacks_local_endpoints(), (false, false), "no endpoints at all is another case");
     }
 
     #[test]

@@ -41,10 +41,14 @@ pub enum Command {
 /// Flags of `proxy` and `rules`, named as kube-proxy's.
 #[derive(Debug, Args, Clone)]
 pub struct ProxyArgs {
-    /// Folder of Kubernetes manifests (Services, EndpointSlices, Pods, Nodes, ServiceCIDRs),
-    /// watched for changes.
-    #[arg(long, value_name = "DIR")]
-    pub manifests: PathBuf,
+    /// Read the cluster from a folder of Kubernetes manifests (Services, EndpointSlices, Pods,
+    /// Nodes, ServiceCIDRs), watched for changes, instead of from a Kubernetes API server.
+    #[arg(long, value_name = "DIR", conflicts_with = "kubeconfig")]
+    pub manifests: Option<PathBuf>,
+    /// Kubeconfig file of the Kubernetes API server to watch. Without it and without
+    /// `--manifests`: `KUBECONFIG`, else `~/.kube/config`, else the in-cluster service account.
+    #[arg(long, value_name = "FILE")]
+    pub kubeconfig: Option<PathBuf>,
     /// A kube-proxy KubeProxyConfiguration file (kubeproxy.config.k8s.io/v1alpha1); flags
     /// override it.
     #[arg(long, value_name = "FILE")]

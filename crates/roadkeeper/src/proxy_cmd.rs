@@ -1,4 +1,4 @@
-//! `roadkeeper proxy`, `rules` and `cleanup`: wiring the manifest source to the nftables proxier.
+//! `roadkeeper proxy`, `rules` and `cleanup`: wiring the cluster state ([`Feed`]) to the proxier.
 
 use std::collections::BTreeSet;
 use std::net::IpAddr;
@@ -6,7 +6,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant, SystemTime};
 
 use anyhow::{Context, bail};
-use roadkeeper_cluster::{Changes, ManifestError, ManifestSource, Store, watch};
+use roadkeeper_cluster::{Changes, Feed, Interest, Kind, SourceSpec, Store};
 use roadkeeper_proxy::config::{NodePortAddresses, ProxyConfig, ProxyMode, parse_cidrs, parse_go_duration};
 use roadkeeper_proxy::conntrack;
 use roadkeeper_proxy::health::ProxyHealth;
@@ -14,16 +14,15 @@ use roadkeeper_proxy::iptables::{self, IptablesBinary, IptablesProxier};
 use roadkeeper_proxy::nft::apply::{NftBinary, NftRunner, Recorder};
 use roadkeeper_proxy::nft::proxier::NftProxier;
 use roadkeeper_proxy::nft::transaction;
-use roadkeeper_proxy::node::{host_addresses, hostname, node_info};
+use roadkeeper_proxy::node::{host_addresses, hostname, node_eligible, node_info};
 use roadkeeper_proxy::proxier::{Proxier, SyncReport, service_cidrs};
 use roadkeeper_proxy::table::{IpFamily, NodeInfo};
 
 use crate::cli::ProxyArgs;
 use crate::healthcheck::HealthCheckServers;
+use crate::proxy_metrics::{self, NoLocalEndpoints};
 use crate::serve::{self, SharedHealth};
 
-/// How long file events are collected before a reload.
-const WATCH_DEBOUNCE: Duration = Duration::from_millis(200);
 /// A full resync rewrites everything this often even when nothing seems wrong (upstream's
 /// nftables proxier does the same, hourly).
 const FULL_SYNC_PERIOD: Duration = Duration::from_secs(3600);
@@ -76,12 +75,6 @@ fn build_config(args: &ProxyArgs) -> anyhow::Result<ProxyConfig> {
     Ok(cfg)
 }
 
-fn log_manifest_errors(errors: &[ManifestError]) {
-    for error in errors {
-        tracing::error!("{error}");
-    }
-}
-
 fn log_sync(report: &SyncReport) {
     tracing::info!(
         full = report.full,
@@ -95,15 +88,33 @@ fn log_sync(report: &SyncReport) {
     );
 }
 
-/// Loads the config and the manifests, and works out this node's identity.
-fn load(args: &ProxyArgs) -> anyhow::Result<(ManifestSource, ProxyConfig, NodeInfo)> {
-    let cfg = build_config(args)?;
-    let (source, errors) = ManifestSource::load(&args.manifests)
-        .with_context(|| format!("reading manifests from {}", args.manifests.display()))?;
-    log_manifest_errors(&errors);
-    let node = node_info(&cfg.hostname, source.store(), &host_addresses());
-    tracing::info!(node = %node.name, ips = ?node.primary_ips, "node identity");
-    Ok((source, cfg, node))
+/// A runtime for the feed's watchers and the servers; the sync loop runs on the calling thread
+/// (in `block_on`), so a long sync never stalls them.
+fn runtime() -> anyhow::Result<tokio::runtime::Runtime> {
+    Ok(tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build()?)
+}
+
+/// The source named by the flags: `--manifests`, else the API server.
+fn source_spec(args: &ProxyArgs) -> SourceSpec {
+    match &args.manifests {
+        Some(dir) => SourceSpec::Manifests(dir.clone()),
+        None => SourceSpec::Kubernetes(args.kubeconfig.clone()),
+    }
+}
+
+/// What the proxy reads: as kube-proxy, Services, EndpointSlices, ServiceCIDRs and its own Node.
+fn interest(cfg: &ProxyConfig) -> Interest {
+    let kinds = [Kind::Service, Kind::EndpointSlice, Kind::Node, Kind::ServiceCidr].into();
+    Interest { kinds, node: Some(cfg.hostname.clone()) }
+}
+
+/// Opens the cluster state (following changes with `follow`) and works out this node's identity.
+async fn open(args: &ProxyArgs, cfg: &ProxyConfig, follow: bool) -> anyhow::Result<(Feed, NodeInfo)> {
+    let spec = source_spec(args);
+    let feed = Feed::open(&spec, &interest(cfg), follow).await.context("reading the cluster state")?;
+    let node = node_info(&cfg.hostname, feed.store(), &host_addresses());
+    tracing::info!(node = %node.name, ips = ?node.primary_ips, source = feed.describe(), "node identity");
+    Ok((feed, node))
 }
 
 /// The proxier of the configured backend, programming the kernel.
@@ -118,18 +129,20 @@ pub(crate) fn kernel_proxier(cfg: &ProxyConfig, node: NodeInfo, store: &Store) -
 
 /// `roadkeeper rules`: prints what a full sync would send, touching nothing.
 pub fn print_rules(args: ProxyArgs) -> anyhow::Result<()> {
-    let (source, cfg, node) = load(&args)?;
+    let cfg = build_config(&args)?;
+    let (feed, node) = runtime()?.block_on(open(&args, &cfg, false))?;
+    let store = feed.store();
     match cfg.mode {
         ProxyMode::Nftables => {
             let mut proxier = NftProxier::new(cfg, node, Recorder::default());
-            proxier.set_service_cidrs(service_cidrs(source.store()));
-            proxier.sync(source.store(), &BTreeSet::new())?;
+            proxier.set_service_cidrs(service_cidrs(store));
+            proxier.sync(store, &BTreeSet::new())?;
             print!("{}", proxier.runner().scripts.concat());
         }
         ProxyMode::Iptables => {
             let mut proxier = IptablesProxier::new(cfg, node, iptables::Recorder::default());
-            proxier.set_service_cidrs(service_cidrs(source.store()));
-            proxier.sync(source.store(), &BTreeSet::new())?;
+            proxier.set_service_cidrs(service_cidrs(store));
+            proxier.sync(store, &BTreeSet::new())?;
             print!("{}", proxier.runner().script());
         }
     }
@@ -176,28 +189,19 @@ fn health_of(health: &SharedHealth) -> std::sync::MutexGuard<'_, ProxyHealth> {
     health.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
 }
 
-/// Feeds the outcome of a sync to the health state and the metrics.
-fn record(health: &SharedHealth, result: &anyhow::Result<SyncReport>) {
-    match result {
-        Ok(report) => {
-            serve::record_sync(report);
-            health_of(health).synced(SystemTime::now());
-        }
-        Err(_) => health_of(health).sync_failed(Instant::now()),
-    }
-}
-
 /// `roadkeeper proxy`: first sync, then (unless `--once`) watch and re-sync until SIGTERM/SIGINT,
 /// leaving the rules in place on exit.
 pub fn run(args: ProxyArgs) -> anyhow::Result<()> {
-    if args.once { run_once(&args) } else { run_watching(&args) }
+    let cfg = build_config(&args)?;
+    let runtime = runtime()?;
+    if args.once { run_once(&runtime, &args, &cfg) } else { runtime.block_on(run_watching(&args, &cfg)) }
 }
 
 /// `--once`: one sync; an error names the Services the kernel refused.
-fn run_once(args: &ProxyArgs) -> anyhow::Result<()> {
-    let (source, cfg, mut node) = load(args)?;
-    let mut proxier = kernel_proxier(&cfg, node.clone(), source.store());
-    let report = sync_changes(proxier.as_mut(), source.store(), &cfg, &mut node, &Changes::default())
+fn run_once(runtime: &tokio::runtime::Runtime, args: &ProxyArgs, cfg: &ProxyConfig) -> anyhow::Result<()> {
+    let (feed, mut node) = runtime.block_on(open(args, cfg, false))?;
+    let mut proxier = kernel_proxier(cfg, node.clone(), feed.store());
+    let report = sync_changes(proxier.as_mut(), feed.store(), cfg, &mut node, &Changes::default())
         .context("programming the kernel")?;
     if !report.refused.is_empty() {
         let names: Vec<String> = report.refused.iter().map(|(k, e)| format!("{k}: {e}")).collect();
@@ -206,102 +210,129 @@ fn run_once(args: &ProxyArgs) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// Watch mode: the rate-limited sync loop, serving health and metrics (see [`serve`]) and the
-/// Services' health-check node ports (see [`crate::healthcheck`]).
-fn run_watching(args: &ProxyArgs) -> anyhow::Result<()> {
+/// What the sync loop updates after each sync besides the kernel.
+struct Observers {
+    health: SharedHealth,
+    health_checks: HealthCheckServers,
+    no_local_endpoints: NoLocalEndpoints,
+    /// When the proxy started (network programming latency is measured for later changes).
+    started: SystemTime,
+}
+
+impl Observers {
+    /// Feeds the outcome of a sync of `applied` to the health state, the health-check servers and
+    /// the metrics.
+    fn synced(&mut self, proxier: &dyn Proxier, applied: &Changes, result: &anyhow::Result<SyncReport>) {
+        match result {
+            Ok(report) => {
+                proxy_metrics::record_sync(report, applied, self.started);
+                let changed = (!report.full).then(|| applied.services.iter());
+                self.no_local_endpoints.update(proxier.table(), changed);
+                health_of(&self.health).synced(SystemTime::now());
+            }
+            Err(_) => health_of(&self.health).sync_failed(Instant::now()),
+        }
+        self.health_checks.reconcile(proxier.table());
+    }
+}
+
+/// Watch mode: serves health and metrics (see [`serve`]) from the start, opens the cluster state,
+/// then runs the rate-limited sync loop, with the Services' health-check node ports (see
+/// [`crate::healthcheck`]).
+async fn run_watching(args: &ProxyArgs, cfg: &ProxyConfig) -> anyhow::Result<()> {
     use tokio::signal::unix::{SignalKind, signal};
-    let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
-    // Signals are caught from the start: a SIGTERM during the first sync still stops cleanly.
-    let (mut sigterm, mut sigint) = {
-        let _context = runtime.enter();
-        (signal(SignalKind::terminate())?, signal(SignalKind::interrupt())?)
-    };
-    // Watch before reading, so that no edit between the first read and the watch goes unseen.
-    let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel();
-    let _watcher = watch(&args.manifests, WATCH_DEBOUNCE, move |paths| {
-        let _ = tx.send(paths);
-    })
-    .with_context(|| format!("watching {}", args.manifests.display()))?;
-    let (mut source, cfg, mut node) = load(args)?;
-    // Bound before the first sync: a bad address fails before the kernel is touched.
+    // Signals are caught from the start: a SIGTERM while waiting for the API server or during
+    // the first sync still stops cleanly.
+    let (mut sigterm, mut sigint) = (signal(SignalKind::terminate())?, signal(SignalKind::interrupt())?);
+    let started = SystemTime::now();
+    // Bound before anything else: a bad address fails before the kernel is touched.
     let healthz = serve::bind("--healthz-bind-address", &cfg.healthz_bind_address)?;
     let metrics = serve::bind("--metrics-bind-address", &cfg.metrics_bind_address)?;
-    let metrics = metrics.map(|listener| serve::install_metrics().map(|handle| (listener, handle))).transpose()?;
     let (sync_period, min_sync_period) = (cfg.sync_period, cfg.min_sync_period);
-    // kube-proxy's health timeout: a queued change older than two sync periods is unhealthy.
+    // kube-proxy's health timeout: a queued change older than two sync periods is unhealthy; the
+    // first sync is queued from the start, so a proxy that never gets its state turns unhealthy.
     let health: SharedHealth = Arc::new(Mutex::new(ProxyHealth::new(2 * sync_period)));
-    let mut proxier = kernel_proxier(&cfg, node.clone(), source.store());
     health_of(&health).queued(Instant::now());
-    let first = sync_changes(proxier.as_mut(), source.store(), &cfg, &mut node, &Changes::default());
-    record(&health, &first);
+    if let Some(listener) = healthz {
+        serve::spawn_health(listener, health.clone())?;
+    }
+    if let Some(listener) = metrics {
+        serve::spawn_metrics(listener, proxy_metrics::install()?)?;
+    }
+    let (mut feed, mut node) = tokio::select! {
+        opened = open(args, cfg, true) => opened?,
+        _ = sigterm.recv() => return Ok(()),
+        _ = sigint.recv() => return Ok(()),
+    };
+    let mut proxier = kernel_proxier(cfg, node.clone(), feed.store());
+    let mut observers = Observers {
+        health: health.clone(),
+        health_checks: HealthCheckServers::new(health.clone()),
+        no_local_endpoints: NoLocalEndpoints::default(),
+        started,
+    };
+    health_of(&health).set_node_eligible(node_eligible(&cfg.hostname, feed.store()));
+    let first = sync_changes(proxier.as_mut(), feed.store(), cfg, &mut node, &Changes::default());
+    observers.synced(proxier.as_ref(), &Changes::default(), &first);
     if let Err(err) = &first {
         tracing::error!("first sync failed, retrying in {sync_period:?}: {err:#}");
     }
 
-    runtime.block_on(async move {
-        if let Some(listener) = healthz {
-            serve::spawn_health(listener, health.clone())?;
+    let mut periodic = tokio::time::interval(sync_period);
+    periodic.tick().await;
+    let mut hourly = tokio::time::interval(FULL_SYNC_PERIOD);
+    hourly.tick().await;
+    let mut pending = Changes::default();
+    let mut sync_due = first.is_err();
+    let mut last_sync = Instant::now();
+    loop {
+        let due = tokio::time::Instant::from_std(last_sync + min_sync_period);
+        let work = !pending.is_empty() || sync_due;
+        if work {
+            health_of(&health).queued(Instant::now());
         }
-        if let Some((listener, handle)) = metrics {
-            serve::spawn_metrics(listener, handle)?;
-        }
-        let mut health_checks = HealthCheckServers::new(health.clone());
-        health_checks.reconcile(proxier.table());
-        let mut periodic = tokio::time::interval(sync_period);
-        periodic.tick().await;
-        let mut hourly = tokio::time::interval(FULL_SYNC_PERIOD);
-        hourly.tick().await;
-        let mut pending = Changes::default();
-        let mut sync_due = first.is_err();
-        let mut last_sync = Instant::now();
-        loop {
-            let due = tokio::time::Instant::from_std(last_sync + min_sync_period);
-            let work = !pending.is_empty() || sync_due;
-            if work {
-                health_of(&health).queued(Instant::now());
+        tokio::select! {
+            changes = feed.changed() => {
+                if changes.nodes.contains(&cfg.hostname) {
+                    health_of(&health).set_node_eligible(node_eligible(&cfg.hostname, feed.store()));
+                }
+                pending.merge(changes);
+                proxy_metrics::record_pending(&pending);
             }
-            tokio::select! {
-                Some(paths) = rx.recv() => {
-                    let (changes, errors) = source.reload(&paths);
-                    log_manifest_errors(&errors);
-                    pending.merge(changes);
-                }
-                _ = tokio::time::sleep_until(due), if work => {
-                    last_sync = Instant::now();
-                    let changes = std::mem::take(&mut pending);
-                    let result = sync_changes(proxier.as_mut(), source.store(), &cfg, &mut node, &changes);
-                    record(&health, &result);
-                    health_checks.reconcile(proxier.table());
-                    match result {
-                        Ok(_) => sync_due = false,
-                        Err(err) => {
-                            tracing::error!("sync failed, full resync in {sync_period:?}: {err:#}");
-                            proxier.force_full_sync();
-                            last_sync = Instant::now() + sync_period - min_sync_period.min(sync_period);
-                            sync_due = true;
-                        }
-                    }
-                }
-                _ = periodic.tick() => {
-                    if !proxier.healthy() {
-                        tracing::warn!("our nftables tables were removed or flushed by someone else; full resync");
+            _ = tokio::time::sleep_until(due), if work => {
+                last_sync = Instant::now();
+                let changes = std::mem::take(&mut pending);
+                let result = sync_changes(proxier.as_mut(), feed.store(), cfg, &mut node, &changes);
+                observers.synced(proxier.as_ref(), &changes, &result);
+                match result {
+                    Ok(_) => sync_due = false,
+                    Err(err) => {
+                        tracing::error!("sync failed, full resync in {sync_period:?}: {err:#}");
                         proxier.force_full_sync();
+                        last_sync = Instant::now() + sync_period - min_sync_period.min(sync_period);
                         sync_due = true;
                     }
-                    // Services the kernel refused are retried every syncPeriod, and so are
-                    // health-check ports that could not be bound.
-                    sync_due |= proxier.has_refused();
-                    health_checks.reconcile(proxier.table());
                 }
-                _ = hourly.tick() => {
+            }
+            _ = periodic.tick() => {
+                if !proxier.healthy() {
+                    tracing::warn!("our nftables tables were removed or flushed by someone else; full resync");
                     proxier.force_full_sync();
                     sync_due = true;
                 }
-                _ = sigterm.recv() => break,
-                _ = sigint.recv() => break,
+                // Services the kernel refused are retried every syncPeriod, and so are
+                // health-check ports that could not be bound.
+                sync_due |= proxier.has_refused();
+                observers.health_checks.reconcile(proxier.table());
             }
+            _ = hourly.tick() => {
+                proxier.force_full_sync();
+                sync_due = true;
+            }
+            _ = sigterm.recv() => break,
+            _ = sigint.recv() => break,
         }
-        tracing::info!("stopping; the rules stay in place");
-        Ok(())
-    })
+    }
+    tracing::info!("stopping; the rules stay in place");
+    Ok(())
 }

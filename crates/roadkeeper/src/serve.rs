@@ -1,12 +1,12 @@
 //! kube-proxy's health and metrics endpoints for `roadkeeper proxy` in watch mode: `/healthz` and
 //! `/livez` (JSON, 200 or 503) on `--healthz-bind-address`, Prometheus text at `/metrics` on
 //! `--metrics-bind-address`. Both are served by hyper on the sync loop's tokio runtime; the sync
-//! loop feeds them through [`SharedHealth`] and [`record_sync`].
+//! loop feeds them through [`SharedHealth`] and [`crate::proxy_metrics`].
 
 use std::convert::Infallible;
 use std::net::{SocketAddr, TcpListener};
 use std::sync::{Arc, Mutex};
-use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+use std::time::{Duration, Instant, SystemTime};
 
 use anyhow::Context;
 use http_body_util::Full;
@@ -14,10 +14,9 @@ use hyper::body::{Bytes, Incoming};
 use hyper::header::CONTENT_TYPE;
 use hyper::{Method, Request, Response, StatusCode};
 use hyper_util::rt::TokioIo;
-use metrics::{Unit, counter, describe_counter, describe_gauge, describe_histogram, gauge, histogram};
-use metrics_exporter_prometheus::{PrometheusBuilder, PrometheusHandle};
+use metrics::counter;
+use metrics_exporter_prometheus::PrometheusHandle;
 use roadkeeper_proxy::health::ProxyHealth;
-use roadkeeper_proxy::proxier::SyncReport;
 
 /// The proxier's health, shared by the sync loop (writer) and the health server (reader).
 pub type SharedHealth = Arc<Mutex<ProxyHealth>>;
@@ -25,16 +24,8 @@ pub type SharedHealth = Arc<Mutex<ProxyHealth>>;
 /// A response body.
 type Body = Full<Bytes>;
 
-const SYNC_DURATION: &str = "kubeproxy_sync_proxy_rules_duration_seconds";
-const SYNC_FULL_DURATION: &str = "kubeproxy_sync_full_proxy_rules_duration_seconds";
-const SYNC_PARTIAL_DURATION: &str = "kubeproxy_sync_partial_proxy_rules_duration_seconds";
-const SYNC_LAST_TIMESTAMP: &str = "kubeproxy_sync_proxy_rules_last_timestamp_seconds";
-const SERVICE_CHANGES: &str = "kubeproxy_sync_proxy_rules_service_changes_total";
-const ENDPOINT_CHANGES: &str = "kubeproxy_sync_proxy_rules_endpoint_changes_total";
-const CONNTRACK_DELETED: &str = "kubeproxy_conntrack_reconciler_deleted_entries_total";
-const HEALTHZ: &str = "kubeproxy_proxy_healthz_total";
-const LIVEZ: &str = "kubeproxy_proxy_livez_total";
-const KERNEL_DURATION: &str = "roadkeeper_sync_kernel_seconds";
+pub(crate) const HEALTHZ: &str = "kubeproxy_proxy_healthz_total";
+pub(crate) const LIVEZ: &str = "kubeproxy_proxy_livez_total";
 
 /// Binds `address` (`IP:PORT`) for the server of `flag`; `None` when the address is empty
 /// (server disabled). Called before the first sync so that a bad address fails at start.
@@ -46,49 +37,6 @@ pub fn bind(flag: &str, address: &str) -> anyhow::Result<Option<TcpListener>> {
     let listener = TcpListener::bind(addr).with_context(|| format!("{flag}: cannot listen on {addr}"))?;
     listener.set_nonblocking(true)?;
     Ok(Some(listener))
-}
-
-/// Installs the global Prometheus recorder (histogram buckets as kube-proxy's: 1 ms doubling
-/// to about 16 s) and describes every metric, so that they are listed from the start.
-pub fn install_metrics() -> anyhow::Result<PrometheusHandle> {
-    let buckets: Vec<f64> = (0..15).map(|i| 0.001 * f64::from(1u32 << i)).collect();
-    let handle = PrometheusBuilder::new()
-        .set_buckets(&buckets)?
-        .install_recorder()
-        .context("installing the metrics recorder")?;
-    describe_histogram!(SYNC_DURATION, Unit::Seconds, "SyncProxyRules latency in seconds");
-    describe_histogram!(SYNC_FULL_DURATION, Unit::Seconds, "SyncProxyRules latency in seconds for full resyncs");
-    describe_histogram!(SYNC_PARTIAL_DURATION, Unit::Seconds, "SyncProxyRules latency in seconds for partial resyncs");
-    describe_gauge!(SYNC_LAST_TIMESTAMP, Unit::Seconds, "The last time proxy rules were successfully synced");
-    describe_counter!(
-        SERVICE_CHANGES,
-        "Cumulative proxy rules Service changes; roadkeeper counts the Services whose rules changed, per sync"
-    );
-    describe_counter!(
-        ENDPOINT_CHANGES,
-        "Cumulative proxy rules EndpointSlice changes; roadkeeper counts the Services whose rules changed, per sync \
-         (it does not tell Service from EndpointSlice changes)"
-    );
-    describe_counter!(CONNTRACK_DELETED, "Cumulative conntrack flows deleted by conntrack reconciliation");
-    describe_counter!(HEALTHZ, "Cumulative proxy healthz HTTP status");
-    describe_counter!(LIVEZ, "Cumulative proxy livez HTTP status");
-    describe_histogram!(KERNEL_DURATION, Unit::Seconds, "Part of each sync spent in the kernel and its tools");
-    for name in [SERVICE_CHANGES, ENDPOINT_CHANGES, CONNTRACK_DELETED] {
-        counter!(name).absolute(0);
-    }
-    Ok(handle)
-}
-
-/// Records one successful sync into the metrics (no-ops without an installed recorder).
-pub fn record_sync(report: &SyncReport) {
-    let seconds = report.duration.as_secs_f64();
-    histogram!(SYNC_DURATION).record(seconds);
-    histogram!(if report.full { SYNC_FULL_DURATION } else { SYNC_PARTIAL_DURATION }).record(seconds);
-    histogram!(KERNEL_DURATION).record(report.kernel.as_secs_f64());
-    gauge!(SYNC_LAST_TIMESTAMP).set(SystemTime::now().duration_since(UNIX_EPOCH).unwrap_or_default().as_secs_f64());
-    counter!(SERVICE_CHANGES).increment(report.services_changed as u64);
-    counter!(ENDPOINT_CHANGES).increment(report.services_changed as u64);
-    counter!(CONNTRACK_DELETED).increment(report.conntrack_deleted);
 }
 
 /// Serves `/healthz` and `/livez` on `listener` (a task on the current runtime).
@@ -108,19 +56,18 @@ pub fn spawn_metrics(listener: TcpListener, handle: PrometheusHandle) -> anyhow:
     .map(drop)
 }
 
-/// kube-proxy's health answers: 200 when healthy else 503, with its JSON body; `/livez` leaves
-/// out node eligibility (always true here: without an API source no node is ever being deleted).
+/// kube-proxy's health answers: 200 when healthy (and, for `/healthz`, the node is not being
+/// deleted) else 503, with its JSON body.
 fn health_response(req: &Request<Incoming>, health: &SharedHealth) -> Response<Body> {
     let (counter_name, with_node) = match (req.method(), req.uri().path()) {
         (&Method::GET | &Method::HEAD, "/healthz") => (HEALTHZ, true),
         (&Method::GET | &Method::HEAD, "/livez") => (LIVEZ, false),
         _ => return not_found(),
     };
-    let (healthy, last_updated) = {
+    let (healthy, last_updated, node_eligible) = {
         let health = health.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
-        (health.healthy(Instant::now()), health.last_updated())
+        (health.healthy(Instant::now()), health.last_updated(), health.node_eligible())
     };
-    let node_eligible = true;
     let status =
         if healthy && (node_eligible || !with_node) { StatusCode::OK } else { StatusCode::SERVICE_UNAVAILABLE };
     counter!(counter_name, "code" => status.as_u16().to_string()).increment(1);

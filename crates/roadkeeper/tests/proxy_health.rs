@@ -89,13 +89,17 @@ fn health_and_metrics_are_served_after_the_first_sync(backend: Backend) {
     assert_eq!(get(&c, &SocketAddr::new(Family::V4.node_ip(), 10256).to_string(), "/healthz").0, 200);
     assert_eq!(get(&c, "127.0.0.1:10256", "/nope").0, 404);
 
-    // A change is synced and counted.
+    // Changes are synced and counted: an endpoint change and a Service change.
     c.add_pod("web-b", "app: web", NODE);
-    let synced_twice = eventually(SETTLE, || {
+    c.write("other.yaml", &service_manifest("other", 72, ""));
+    let synced_both = eventually(SETTLE, || {
         let (_, metrics) = get(&c, "127.0.0.1:10249", "/metrics");
-        try_sample(&metrics, "kubeproxy_sync_partial_proxy_rules_duration_seconds_count").is_some_and(|n| n >= 1.0)
+        ["service", "endpoint"].iter().all(|kind| {
+            let name = format!("kubeproxy_sync_proxy_rules_{kind}_changes_total");
+            try_sample(&metrics, &name).is_some_and(|n| n >= 1.0)
+        })
     });
-    assert!(synced_twice, "no partial sync recorded; proxy log:\n{}", c.proxy_log());
+    assert!(synced_both, "changes not counted; proxy log:\n{}", c.proxy_log());
     let (code, metrics) = get(&c, "127.0.0.1:10249", "/metrics");
     assert_eq!(code, 200);
     for name in [
@@ -113,6 +117,15 @@ fn health_and_metrics_are_served_after_the_first_sync(backend: Backend) {
     assert!(metrics.contains("# TYPE kubeproxy_sync_proxy_rules_duration_seconds histogram"), "{metrics}");
     assert!(metrics.contains("kubeproxy_sync_proxy_rules_duration_seconds_bucket{le=\"0.001\"}"), "{metrics}");
     assert!(metrics.contains("kubeproxy_conntrack_reconciler_deleted_entries_total "), "{metrics}");
+    for name in [
+        "kubeproxy_sync_proxy_rules_service_changes_pending",
+        "kubeproxy_sync_proxy_rules_endpoint_changes_pending",
+        "kubeproxy_sync_proxy_rules_no_local_endpoints_total{traffic_policy=\"internal\"}",
+        "kubeproxy_sync_proxy_rules_no_local_endpoints_total{traffic_policy=\"external\"}",
+    ] {
+        assert_eq!(sample(&metrics, name), 0.0, "{name}:\n{metrics}");
+    }
+    assert!(metrics.contains("# TYPE kubeproxy_network_programming_duration_seconds histogram"), "{metrics}");
     assert!(sample(&metrics, "kubeproxy_proxy_healthz_total{code=\"200\"}") >= 2.0, "{metrics}");
     // Metrics listen on loopback only, by default.
     let node_ip = SocketAddr::new(Family::V4.node_ip(), 10249);

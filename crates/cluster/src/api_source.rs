@@ -1,0 +1,300 @@
+//! The Kubernetes API source: kube-rs watchers feeding the [`Store`].
+//!
+//! One watcher task per kind (list, then watch from the list's resourceVersion with bookmarks;
+//! a relist on `410 Gone`; reconnects with kube-runtime's exponential backoff) sends its events
+//! to [`ApiSource`], which applies them to the store on the caller's task. The store plays the
+//! part of kube-rs' reflector (a second, reflector-owned copy of every object would only double
+//! the memory): a relist is buffered from `Init` to `InitDone` and then swapped in, so objects
+//! that vanished while the watch was down are deleted and nothing is flushed in between.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::fmt::Debug;
+use std::path::Path;
+use std::sync::Arc;
+
+use futures::StreamExt;
+use k8s_openapi::api::core::v1::{Node, Service};
+use k8s_openapi::api::discovery::v1::EndpointSlice;
+use k8s_openapi::api::networking::v1::ServiceCIDR;
+use kube::config::{KubeConfigOptions, Kubeconfig};
+use kube::runtime::watcher::{self, Event};
+use kube::runtime::{WatchStreamExt, watcher as watch_stream};
+use kube::{Api, Client, Config, Resource};
+use serde::de::DeserializeOwned;
+use tokio::sync::mpsc;
+use tokio::task::JoinHandle;
+
+use crate::object::{Kind, ObjectKey};
+use crate::store::Batch;
+use crate::validate::validate;
+use crate::{Changes, Error, Interest, Object, Store};
+
+/// One watcher event, typed as an [`Object`].
+type Update = (Kind, Event<Object>);
+
+/// Cluster state from a Kubernetes API server.
+#[derive(Debug)]
+pub(crate) struct ApiSource {
+    store: Store,
+    updates: mpsc::UnboundedReceiver<Update>,
+    /// Objects listed since a kind's `Init`, swapped in at its `InitDone`.
+    relists: BTreeMap<Kind, BTreeMap<ObjectKey, Object>>,
+    /// Kinds whose first list has not completed yet.
+    unsynced: BTreeSet<Kind>,
+    /// The watcher tasks, aborted on drop.
+    tasks: Vec<JoinHandle<()>>,
+    /// The API server's URL, for logs.
+    server: String,
+}
+
+impl Drop for ApiSource {
+    fn drop(&mut self) {
+        self.tasks.iter().for_each(JoinHandle::abort);
+    }
+}
+
+impl ApiSource {
+    /// Connects as kube-proxy does (`kubeconfig`, else `KUBECONFIG` or `~/.kube/config`, else the
+    /// in-cluster service account) and starts watching the kinds of `interest`. Must run inside a
+    /// tokio runtime.
+    pub(crate) async fn connect(kubeconfig: Option<&Path>, interest: &Interest) -> Result<Self, Error> {
+        let config = match kubeconfig {
+            Some(path) => {
+                let file = Kubeconfig::read_from(path).map_err(|e| Error::Kube(format!("{}: {e}", path.display())))?;
+                Config::from_custom_kubeconfig(file, &KubeConfigOptions::default()).await.map_err(Error::kube)?
+            }
+            None => Config::infer().await.map_err(Error::kube)?,
+        };
+        let server = config.cluster_url.to_string();
+        let client = Client::try_from(config).map_err(Error::kube)?;
+        let (tx, updates) = mpsc::unbounded_channel();
+        let mut tasks = Vec::new();
+        for &kind in &interest.kinds {
+            let task = match kind {
+                Kind::Service => spawn::<Service>(&client, kind, watcher::Config::default(), &tx),
+                Kind::EndpointSlice => spawn::<EndpointSlice>(&client, kind, watcher::Config::default(), &tx),
+                Kind::Node => {
+                    let mut config = watcher::Config::default();
+                    if let Some(node) = &interest.node {
+                        config = config.fields(&format!("metadata.name={node}"));
+                    }
+                    spawn::<Node>(&client, kind, config, &tx)
+                }
+                Kind::ServiceCidr => spawn::<ServiceCIDR>(&client, kind, watcher::Config::default(), &tx),
+                Kind::Pod => return Err(Error::Kube("Pods are not read from the API server".into())),
+            };
+            tasks.push(task);
+        }
+        let unsynced = interest.kinds.clone();
+        Ok(Self { store: Store::default(), updates, relists: BTreeMap::new(), unsynced, tasks, server })
+    }
+
+    /// The current objects.
+    pub(crate) fn store(&self) -> &Store {
+        &self.store
+    }
+
+    /// The API server's URL.
+    pub(crate) fn server(&self) -> &str {
+        &self.server
+    }
+
+    /// Whether every kind has been listed once.
+    pub(crate) fn synced(&self) -> bool {
+        self.unsynced.is_empty()
+    }
+
+    /// Kinds not listed yet, for logs.
+    pub(crate) fn unsynced(&self) -> impl Iterator<Item = Kind> + '_ {
+        self.unsynced.iter().copied()
+    }
+
+    /// Waits for the next events and applies them, with every event already queued behind them.
+    /// Cancel-safe: nothing is lost when the future is dropped while waiting.
+    pub(crate) async fn next(&mut self) -> Changes {
+        let Some(first) = self.updates.recv().await else {
+            // Every watcher task ended: only happens when they were aborted.
+            return std::future::pending().await;
+        };
+        let mut batch = Batch::default();
+        self.apply(first, &mut batch);
+        while let Ok(update) = self.updates.try_recv() {
+            self.apply(update, &mut batch);
+        }
+        self.store.finish(batch)
+    }
+
+    fn apply(&mut self, (kind, event): Update, batch: &mut Batch) {
+        match event {
+            Event::Apply(object) => {
+                if let Some(object) = self.checked(object) {
+                    self.store.set(&object.key(), Some(&object), batch);
+                }
+            }
+            Event::Delete(object) => self.store.set(&object.key(), None, batch),
+            Event::Init => {
+                self.relists.insert(kind, BTreeMap::new());
+            }
+            Event::InitApply(object) => {
+                let key = object.key();
+                let object = self.checked(object).or_else(|| self.store.get(&key));
+                if let (Some(object), Some(relist)) = (object, self.relists.get_mut(&kind)) {
+                    relist.insert(key, object);
+                }
+            }
+            Event::InitDone => {
+                let listed = self.relists.remove(&kind).unwrap_or_default();
+                for key in self.store.keys(kind) {
+                    if !listed.contains_key(&key) {
+                        self.store.set(&key, None, batch);
+                    }
+                }
+                for (key, object) in &listed {
+                    self.store.set(key, Some(object), batch);
+                }
+                if self.unsynced.remove(&kind) {
+                    tracing::info!(kind = kind.as_str(), objects = listed.len(), server = %self.server, "listed");
+                }
+            }
+        }
+    }
+
+    /// The object if it is valid; otherwise logs why and returns `None` (its previous version,
+    /// if any, stays).
+    fn checked(&self, object: Object) -> Option<Object> {
+        let errors = validate(&object);
+        if errors.is_empty() {
+            return Some(object);
+        }
+        let key = object.key();
+        for error in errors {
+            let field = error.field.map(|f| format!("{f}: ")).unwrap_or_default();
+            tracing::error!("{key}: {field}{}; keeping its previous version", error.message);
+        }
+        None
+    }
+}
+
+/// Starts the watcher task of one kind, sending its events to `tx` and logging its errors
+/// (the watcher retries them with backoff). A kind the server does not serve (404, e.g.
+/// ServiceCIDRs before Kubernetes 1.33) is reported as listed and empty.
+fn spawn<K>(client: &Client, kind: Kind, config: watcher::Config, tx: &mpsc::UnboundedSender<Update>) -> JoinHandle<()>
+where
+    K: Resource<DynamicType = ()> + Clone + DeserializeOwned + Debug + Send + Sync + 'static,
+    Object: From<Arc<K>>,
+{
+    let api: Api<K> = Api::all(client.clone());
+    let tx = tx.clone();
+    tokio::spawn(async move {
+        let mut events = std::pin::pin!(watch_stream(api, config).default_backoff());
+        while let Some(event) = events.next().await {
+            match event {
+                Ok(event) => {
+                    if tx.send((kind, typed(event))).is_err() {
+                        return;
+                    }
+                }
+                Err(watcher::Error::InitialListFailed(kube::Error::Api(status))) if status.code == 404 => {
+                    tracing::info!(kind = kind.as_str(), "not served by this API server; none used");
+                    let _ = tx.send((kind, Event::Init)).and_then(|()| tx.send((kind, Event::InitDone)));
+                    return;
+                }
+                Err(err) => tracing::warn!(kind = kind.as_str(), "watching the API server: {err}; retrying"),
+            }
+        }
+    })
+}
+
+/// The event with its object typed as an [`Object`].
+fn typed<K>(event: Event<K>) -> Event<Object>
+where
+    Object: From<Arc<K>>,
+{
+    let object = |o| Object::from(Arc::new(o));
+    match event {
+        Event::Apply(o) => Event::Apply(object(o)),
+        Event::Delete(o) => Event::Delete(object(o)),
+        Event::Init => Event::Init,
+        Event::InitApply(o) => Event::InitApply(object(o)),
+        Event::InitDone => Event::InitDone,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::NamespacedName;
+
+    fn service(name: &str, port: i32) -> Object {
+        let value =
+            serde_json::json!({"metadata": {"name": name, "namespace": "ns"}, "spec": {"ports": [{"port": port}]}});
+        Object::Service(Arc::new(serde_json::from_value(value).unwrap()))
+    }
+
+    fn source() -> (ApiSource, mpsc::UnboundedSender<Update>) {
+        let (tx, updates) = mpsc::unbounded_channel();
+        let unsynced = [Kind::Service].into();
+        let source = ApiSource {
+            store: Store::default(),
+            updates,
+            relists: BTreeMap::new(),
+            unsynced,
+            tasks: Vec::new(),
+            server: "test".into(),
+        };
+        (source, tx)
+    }
+
+    fn names(source: &ApiSource) -> Vec<String> {
+        source.store().services().map(|(k, _)| k.name.clone()).collect()
+    }
+
+    fn send(tx: &mpsc::UnboundedSender<Update>, events: Vec<Event<Object>>) {
+        events.into_iter().for_each(|e| tx.send((Kind::Service, e)).unwrap());
+    }
+
+    #[tokio::test]
+    async fn relist_replaces_the_kind_atomically_and_deletes_what_vanished() {
+        let (mut source, tx) = source();
+        send(&tx, vec![Event::Init, Event::InitApply(service("a", 80)), Event::InitApply(service("b", 80))]);
+        // Queued events are applied together; the list is not complete yet, so nothing shows.
+        let changes = source.next().await;
+        assert!(changes.is_empty() && !source.synced());
+        send(&tx, vec![Event::InitDone]);
+        assert_eq!(source.next().await.services.len(), 2);
+        assert!(source.synced());
+        assert_eq!(names(&source), ["a", "b"]);
+
+        // A watch event, then a relist (as after 410 Gone) in which b is gone and c appeared.
+        send(&tx, vec![Event::Apply(service("a", 81))]);
+        assert_eq!(source.next().await.services, [NamespacedName::new("ns", "a")].into());
+        send(&tx, vec![Event::Init, Event::InitApply(service("a", 81)), Event::InitApply(service("c", 80))]);
+        assert!(source.next().await.is_empty());
+        assert_eq!(names(&source), ["a", "b"], "nothing is flushed during a relist");
+        send(&tx, vec![Event::InitDone]);
+        let changes = source.next().await;
+        assert_eq!(changes.services, [NamespacedName::new("ns", "b"), NamespacedName::new("ns", "c")].into());
+        assert_eq!(names(&source), ["a", "c"]);
+
+        send(&tx, vec![Event::Delete(service("a", 81))]);
+        source.next().await;
+        assert_eq!(names(&source), ["c"]);
+    }
+
+    #[tokio::test]
+    async fn invalid_objects_keep_their_previous_version() {
+        let (mut source, tx) = source();
+        send(&tx, vec![Event::Apply(service("a", 80)), Event::Apply(service("a", 70000))]);
+        source.next().await;
+        let port = |s: &ApiSource| {
+            s.store().service(&NamespacedName::new("ns", "a")).unwrap().spec.as_ref().unwrap().ports.as_ref().unwrap()
+                [0]
+            .port
+        };
+        assert_eq!(port(&source), 80);
+        // Also through a relist: the invalid version is not listed, the old one stays.
+        send(&tx, vec![Event::Init, Event::InitApply(service("a", 70000)), Event::InitDone]);
+        source.next().await;
+        assert_eq!(port(&source), 80);
+    }
+}
