@@ -152,9 +152,9 @@ impl ApiSource {
                 for (key, object) in &listed {
                     self.store.set(key, Some(object), batch);
                 }
-                if self.unsynced.remove(&kind) {
-                    tracing::info!(kind = kind.as_str(), objects = listed.len(), server = %self.server, "listed");
-                }
+                // A relist after the first means the watch could not resume (e.g. 410 Gone).
+                let what = if self.unsynced.remove(&kind) { "listed" } else { "relisted" };
+                tracing::info!(kind = kind.as_str(), objects = listed.len(), server = %self.server, "{what}");
             }
         }
     }

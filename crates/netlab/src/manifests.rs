@@ -28,16 +28,18 @@ pub enum PodState {
 }
 
 /// The Pod object of a lab pod: `labels` is the body of a YAML flow map (`app: hello`), the pod
-/// runs on `node` and has both its addresses.
+/// runs on `node` and has both its addresses. Its Ready condition changed now, as a kubelet
+/// would write it (the endpointslice controller turns that into the slice's trigger time).
 pub fn pod(pod: &Pod, labels: &str, node: &str, state: PodState) -> String {
     let ready = if state == PodState::NotReady { "False" } else { "True" };
     let deleting = if state == PodState::Terminating { ", deletionTimestamp: \"2025-01-01T00:00:00Z\"" } else { "" };
     format!(
         "apiVersion: v1\nkind: Pod\nmetadata: {{name: {name}, labels: {{{labels}}}{deleting}}}\n\
          spec: {{nodeName: {node}, containers: [{{name: echo, image: roadkeeper, ports: [{{name: http, containerPort: {ECHO_PORT}}}, {{name: dns, containerPort: {ECHO_PORT}, protocol: UDP}}]}}]}}\n\
-         status:\n  phase: Running\n  podIP: {v4}\n  podIPs: [{{ip: {v4}}}, {{ip: \"{v6}\"}}]\n  conditions: [{{type: Ready, status: \"{ready}\"}}]\n",
+         status:\n  phase: Running\n  podIP: {v4}\n  podIPs: [{{ip: {v4}}}, {{ip: \"{v6}\"}}]\n  conditions: [{{type: Ready, status: \"{ready}\", lastTransitionTime: \"{now}\"}}]\n",
         name = pod.name,
         v4 = pod.ipv4,
         v6 = pod.ipv6,
+        now = humantime::format_rfc3339_seconds(std::time::SystemTime::now()),
     )
 }

@@ -2,9 +2,11 @@
 
 mod bench;
 mod cli;
+mod deploy_check;
 mod healthcheck;
 mod lab;
 mod proxy_cmd;
+mod proxy_metrics;
 mod serve;
 
 use clap::Parser;

@@ -69,7 +69,7 @@ pub fn install() -> anyhow::Result<PrometheusHandle> {
         counter!(name).absolute(0);
     }
     // Registered now so that it is listed (empty) before the first EndpointSlice change.
-    histogram!(NETWORK_PROGRAMMING);
+    let _ = histogram!(NETWORK_PROGRAMMING);
     record_pending(&Changes::default());
     Ok(handle)
 }

@@ -4,7 +4,8 @@
 
 #![allow(dead_code)] // each test binary uses a different part of the harness
 
-use std::collections::BTreeSet;
+use std::cell::RefCell;
+use std::collections::{BTreeMap, BTreeSet};
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
 use std::path::PathBuf;
 use std::process::Output;
@@ -14,6 +15,9 @@ use roadkeeper_netlab::addressing::{
     EXTERNAL_HOST_IPV4, EXTERNAL_HOST_IPV6, NODE_IPV4, NODE_IPV6, POD_GATEWAY_V4, POD_GATEWAY_V6,
 };
 use roadkeeper_netlab::{EchoServer, Lab, Netns, Pod, ProbeResult, Process, echo, manifests, probe};
+
+pub mod apiserver;
+pub mod http;
 
 /// The node's name in the manifests.
 pub const NODE: &str = "node-a";
@@ -147,11 +151,18 @@ macro_rules! per_backend {
     };
 }
 
-/// One lab cluster. Field order is drop order: proxy, pods, then the lab's namespaces.
+/// One lab cluster, its state in a manifest folder or (see [`Cluster::with_api`]) in a real API
+/// server. Field order is drop order: proxy, control plane, pods, then the lab's namespaces.
 pub struct Cluster {
     /// The backend every proxy run of this cluster uses.
     pub backend: Backend,
     proxy: Option<Process>,
+    /// The control plane running in the node, when the cluster state lives in an API server.
+    pub api: Option<apiserver::ControlPlane>,
+    /// The kubeconfig the proxy uses with an API server.
+    pub kubeconfig: Option<PathBuf>,
+    /// What [`Cluster::write`] applied to the API server, by file name (for [`Cluster::remove`]).
+    applied: RefCell<BTreeMap<String, String>>,
     pub pods: Vec<EchoPod>,
     pub client: Pod,
     pub lab: Lab,
@@ -167,9 +178,50 @@ impl Cluster {
         let client = lab.add_pod("client").expect("client pod");
         let manifests = tempfile::tempdir().expect("tempdir");
         let scratch = tempfile::tempdir().expect("tempdir");
-        let cluster = Cluster { backend, proxy: None, pods: Vec::new(), client, lab, manifests, scratch };
+        let cluster = Cluster {
+            backend,
+            proxy: None,
+            api: None,
+            kubeconfig: None,
+            applied: RefCell::default(),
+            pods: Vec::new(),
+            client,
+            lab,
+            manifests,
+            scratch,
+        };
         cluster.write("node.yaml", &manifests::node(NODE, "zone-a"));
         cluster
+    }
+
+    /// Like [`Cluster::new`], but the cluster state lives in a real control plane (etcd,
+    /// kube-apiserver, kube-controller-manager) started in the node: [`Cluster::write`] and
+    /// [`Cluster::remove`] go through kubectl, EndpointSlices come from the real controller, and
+    /// the proxy reads the API server with the admin kubeconfig unless `kubeconfig` is changed.
+    pub fn with_api(prefix: &str, backend: Backend) -> Cluster {
+        let lab = Lab::new(prefix).expect("lab");
+        let api = apiserver::ControlPlane::start(Some(lab.node().name()));
+        let kubeconfig = Some(api.admin_kubeconfig().to_owned());
+        let client = lab.add_pod("client").expect("client pod");
+        let cluster = Cluster {
+            backend,
+            proxy: None,
+            api: Some(api),
+            kubeconfig,
+            applied: RefCell::default(),
+            pods: Vec::new(),
+            client,
+            lab,
+            manifests: tempfile::tempdir().expect("tempdir"),
+            scratch: tempfile::tempdir().expect("tempdir"),
+        };
+        cluster.write("node.yaml", &manifests::node(NODE, "zone-a"));
+        cluster
+    }
+
+    /// The control plane of a cluster made by [`Cluster::with_api`].
+    pub fn api(&self) -> &apiserver::ControlPlane {
+        self.api.as_ref().expect("a cluster made with Cluster::with_api")
     }
 
     /// Adds a pod running an echo server on port 8080 (TCP and UDP, both families) and writes its
@@ -190,16 +242,31 @@ impl Cluster {
         self.write(&format!("pod-{}.yaml", pod.name), &manifests::pod(pod, labels, node, state));
     }
 
-    /// Writes (or replaces) a manifest file atomically (rename), so the watcher never sees half a file.
+    /// Writes (or replaces) a manifest file atomically (rename), so the watcher never sees half a
+    /// file. With an API server, applies it instead (its `status` too, through the subresource, as
+    /// a kubelet or a load-balancer controller would write it).
     pub fn write(&self, file: &str, yaml: &str) {
+        if let Some(api) = &self.api {
+            api.kubectl_stdin(&["apply", "-f", "-"], yaml);
+            if yaml.contains("\nstatus:") {
+                api.kubectl_stdin(&["replace", "--subresource=status", "-f", "-"], yaml);
+            }
+            self.applied.borrow_mut().insert(file.to_owned(), yaml.to_owned());
+            return;
+        }
         let path = self.manifests.path().join(file);
         let tmp = self.manifests.path().join(format!(".{file}.tmp"));
         std::fs::write(&tmp, yaml).expect("write manifest");
         std::fs::rename(&tmp, &path).expect("rename manifest");
     }
 
-    /// Deletes a manifest file.
+    /// Deletes a manifest file, or with an API server the objects it applied.
     pub fn remove(&self, file: &str) {
+        if let Some(api) = &self.api {
+            let yaml = self.applied.borrow_mut().remove(file).expect("a file written before");
+            api.kubectl_stdin(&["delete", "--wait=false", "-f", "-"], &yaml);
+            return;
+        }
         std::fs::remove_file(self.manifests.path().join(file)).expect("remove manifest");
     }
 
@@ -222,10 +289,14 @@ impl Cluster {
 
     /// The arguments of `roadkeeper <command>` (`proxy` or `rules`) for this lab.
     pub fn proxy_args_for(&self, command: &str, extra: &[&str]) -> Vec<String> {
+        let source = match &self.kubeconfig {
+            Some(kubeconfig) => ["--kubeconfig".into(), kubeconfig.display().to_string()],
+            None => ["--manifests".into(), self.manifests.path().display().to_string()],
+        };
         let mut args: Vec<String> = vec![
             command.into(),
-            "--manifests".into(),
-            self.manifests.path().display().to_string(),
+            source[0].clone(),
+            source[1].clone(),
             "--hostname-override".into(),
             NODE.into(),
             "--cluster-cidr".into(),
@@ -394,6 +465,7 @@ fn service_yaml(name: &str, n: u8, extra: &[&str]) -> String {
         format!("{{name: {name}, port: {SERVICE_PORT}, targetPort: {ECHO_PORT}, protocol: {protocol}{node_port}}}")
     };
     let mut spec = vec![
+        format!("clusterIP: {}", Family::V4.cluster_ip(n)),
         format!("clusterIPs: [{}, \"{}\"]", Family::V4.cluster_ip(n), Family::V6.cluster_ip(n)),
         "ipFamilies: [IPv4, IPv6]".into(),
         "ipFamilyPolicy: RequireDualStack".into(),

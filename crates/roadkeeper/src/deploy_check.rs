@@ -1,0 +1,433 @@
+//! Tests of the manifests in `deploy/`: real Kubernetes objects that run this binary with flags it accepts.
+
+#[cfg(test)]
+mod tests {
+    use std::collections::{BTreeMap, BTreeSet};
+    use std::net::SocketAddr;
+    use std::path::{Path, PathBuf};
+
+    use clap::Parser;
+    use roadkeeper_cluster::k8s_openapi;
+    use roadkeeper_proxy::config::{ProxyConfig, ProxyMode};
+    use serde_json::Value;
+
+    use k8s_openapi::api::apps::v1::DaemonSet;
+    use k8s_openapi::api::core::v1::{ConfigMap, Container, PodSpec, Probe, ServiceAccount};
+    use k8s_openapi::api::rbac::v1::{ClusterRole, ClusterRoleBinding};
+    use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
+    use k8s_openapi::serde::Serialize;
+    use k8s_openapi::serde::de::DeserializeOwned;
+
+    use crate::cli::{Cli, Command, ProxyArgs};
+
+    /// The node name the downward API gives `NODE_NAME` in these tests.
+    const NODE: &str = "node-a";
+
+    /// What roadkeeper reads from the API, each with exactly `list` and `watch`.
+    const READS: [(&str, &str); 4] = [
+        ("", "services"),
+        ("", "nodes"),
+        ("discovery.k8s.io", "endpointslices"),
+        ("networking.k8s.io", "servicecidrs"),
+    ];
+
+    fn deploy_dir() -> PathBuf {
+        Path::new(env!("CARGO_MANIFEST_DIR")).join("../../deploy")
+    }
+
+    /// Every object of `deploy/*.yaml`, typed.
+    #[derive(Default)]
+    struct Deploy {
+        service_accounts: Vec<ServiceAccount>,
+        cluster_roles: Vec<ClusterRole>,
+        bindings: Vec<ClusterRoleBinding>,
+        config_maps: Vec<ConfigMap>,
+        daemon_sets: Vec<DaemonSet>,
+    }
+
+    /// Reads every YAML document of the folder into its k8s-openapi type; panics on any other kind
+    /// and on any field the type does not know.
+    fn load() -> Deploy {
+        let mut files: Vec<PathBuf> = std::fs::read_dir(deploy_dir())
+            .expect("deploy/ exists")
+            .map(|entry| entry.expect("deploy/ is readable").path())
+            .filter(|path| path.extension().is_some_and(|ext| ext == "yaml"))
+            .collect();
+        files.sort();
+        assert!(!files.is_empty(), "no *.yaml in {}", deploy_dir().display());
+        let mut deploy = Deploy::default();
+        for file in &files {
+            let text = std::fs::read_to_string(file).unwrap_or_else(|e| panic!("{}: {e}", file.display()));
+            let documents: Vec<Value> =
+                serde_saphyr::from_multiple(&text).unwrap_or_else(|e| panic!("{}: {e}", file.display()));
+            for (index, document) in documents.into_iter().enumerate() {
+                let api_version = document["apiVersion"].as_str().unwrap_or_default().to_owned();
+                let kind = document["kind"].as_str().unwrap_or_default().to_owned();
+                let name = document["metadata"]["name"].as_str().unwrap_or_default();
+                let file_name = file.file_name().unwrap_or_default().to_string_lossy();
+                let what = format!("deploy/{file_name}, object {} ({kind} {name})", index + 1);
+                match (api_version.as_str(), kind.as_str()) {
+                    ("v1", "ServiceAccount") => deploy.service_accounts.push(strict(&what, document)),
+                    ("rbac.authorization.k8s.io/v1", "ClusterRole") => {
+                        deploy.cluster_roles.push(strict(&what, document))
+                    }
+                    ("rbac.authorization.k8s.io/v1", "ClusterRoleBinding") => {
+                        deploy.bindings.push(strict(&what, document))
+                    }
+                    ("v1", "ConfigMap") => deploy.config_maps.push(strict(&what, document)),
+                    ("apps/v1", "DaemonSet") => deploy.daemon_sets.push(strict(&what, document)),
+                    _ => panic!(
+                        "{what}: {api_version:?} {kind:?} is not a kind deploy/ should hold \
+                         (ServiceAccount, ClusterRole, ClusterRoleBinding, ConfigMap, DaemonSet)"
+                    ),
+                }
+            }
+        }
+        deploy
+    }
+
+    /// Deserializes `document` into `T` and serializes it back: whatever does not come back
+    /// unchanged is a field `T` does not know (a typo, a wrong indentation) or a mistyped value.
+    fn strict<T: DeserializeOwned + Serialize>(what: &str, document: Value) -> T {
+        let typed: T = serde_json::from_value(document.clone()).unwrap_or_else(|e| panic!("{what}: {e}"));
+        let again = serde_json::to_value(&typed).expect("typed objects serialize");
+        let mut differences = Vec::new();
+        diff("", &document, &again, &mut differences);
+        assert!(
+            differences.is_empty(),
+            "{what}: fields the API would not take as written:\n{}",
+            differences.join("\n")
+        );
+        typed
+    }
+
+    /// Collects the paths where `written` and its typed round trip differ.
+    fn diff(path: &str, written: &Value, typed: &Value, out: &mut Vec<String>) {
+        let child = |key: &str| if path.is_empty() { key.to_owned() } else { format!("{path}.{key}") };
+        match (written, typed) {
+            (Value::Object(written), Value::Object(typed)) => {
+                for (key, value) in written {
+                    match typed.get(key) {
+                        Some(other) => diff(&child(key), value, other, out),
+                        None => out.push(format!("{}: unknown field", child(key))),
+                    }
+                }
+                for key in typed.keys().filter(|key| !written.contains_key(*key)) {
+                    out.push(format!("{}: missing as written", child(key)));
+                }
+            }
+            (Value::Array(written), Value::Array(typed)) if written.len() == typed.len() => {
+                for (index, (value, other)) in written.iter().zip(typed).enumerate() {
+                    diff(&format!("{path}[{index}]"), value, other, out);
+                }
+            }
+            (written, typed) if written == typed => {}
+            (written, typed) => out.push(format!("{path}: written {written}, read as {typed}")),
+        }
+    }
+
+    fn only<'a, T>(what: &str, objects: &'a [T]) -> &'a T {
+        assert_eq!(objects.len(), 1, "deploy/ must hold exactly one {what}");
+        &objects[0]
+    }
+
+    fn pod_spec(ds: &DaemonSet) -> &PodSpec {
+        ds.spec.as_ref().and_then(|spec| spec.template.spec.as_ref()).expect("DaemonSet has a pod template spec")
+    }
+
+    fn container(ds: &DaemonSet) -> &Container {
+        let containers = &pod_spec(ds).containers;
+        assert_eq!(containers.len(), 1, "one container");
+        assert!(pod_spec(ds).init_containers.is_none(), "no init containers");
+        &containers[0]
+    }
+
+    /// The container's environment as the kubelet would set it on node [`NODE`].
+    fn env(container: &Container) -> BTreeMap<String, String> {
+        container
+            .env
+            .iter()
+            .flatten()
+            .map(|var| {
+                let field = var.value_from.as_ref().and_then(|from| from.field_ref.as_ref());
+                let value = match (&var.value, field) {
+                    (Some(value), None) => value.clone(),
+                    (None, Some(field)) if field.field_path == "spec.nodeName" => NODE.to_owned(),
+                    _ => panic!("env {}: only literal values and spec.nodeName are expected", var.name),
+                };
+                (var.name.clone(), value)
+            })
+            .collect()
+    }
+
+    /// The command line as the kubelet runs it: command + args, `$(VAR)` replaced from the env
+    /// (an unknown variable would be passed literally, so it is an error here).
+    fn command_line(container: &Container) -> Vec<String> {
+        let env = env(container);
+        let expand = |arg: &String| {
+            let (mut out, mut rest) = (String::new(), arg.as_str());
+            while let Some(start) = rest.find("$(") {
+                out.push_str(&rest[..start]);
+                let end = rest[start..].find(')').map(|end| start + end).unwrap_or_else(|| panic!("{arg}: open $("));
+                let name = &rest[start + 2..end];
+                out.push_str(env.get(name).unwrap_or_else(|| panic!("{arg}: $({name}) is not in the container's env")));
+                rest = &rest[end + 1..];
+            }
+            out + rest
+        };
+        container.command.iter().chain(container.args.iter()).flatten().map(expand).collect()
+    }
+
+    /// The DaemonSet's command line, parsed by roadkeeper's own flag parser.
+    fn proxy_args(container: &Container) -> ProxyArgs {
+        let argv = command_line(container);
+        assert!(
+            matches!(argv.first().map(String::as_str), Some("roadkeeper" | "/usr/local/bin/roadkeeper")),
+            "the command runs the roadkeeper binary of the image: {argv:?}"
+        );
+        let cli = Cli::try_parse_from(&argv)
+            .unwrap_or_else(|e| panic!("roadkeeper rejects the DaemonSet's command line {argv:?}:\n{e}"));
+        match cli.command {
+            Command::Proxy(args) => args,
+            other => panic!("the DaemonSet must run `roadkeeper proxy`, not {other:?}"),
+        }
+    }
+
+    /// The text of the file at `path` in the container: a key of a ConfigMap of deploy/ mounted
+    /// there (a whole-ConfigMap directory mount, with or without `items`, or a `subPath`).
+    fn mounted_file(deploy: &Deploy, ds: &DaemonSet, path: &Path) -> String {
+        let container = container(ds);
+        let (mount, relative) = container
+            .volume_mounts
+            .iter()
+            .flatten()
+            .find_map(|mount| Some((mount, path.strip_prefix(&mount.mount_path).ok()?)))
+            .unwrap_or_else(|| panic!("{} is not on a volume mount of the container", path.display()));
+        let volume = pod_spec(ds)
+            .volumes
+            .iter()
+            .flatten()
+            .find(|volume| volume.name == mount.name)
+            .unwrap_or_else(|| panic!("volume {} is not defined", mount.name));
+        let source = volume.config_map.as_ref().unwrap_or_else(|| panic!("volume {} is not a ConfigMap", volume.name));
+        let file_name = match mount.sub_path.as_deref().filter(|sub| !sub.is_empty()) {
+            Some(sub_path) => {
+                assert_eq!(relative, Path::new(""), "a subPath mount is the file itself");
+                sub_path.to_owned()
+            }
+            None => relative.to_str().expect("UTF-8 path").to_owned(),
+        };
+        let key = match &source.items {
+            Some(items) => items
+                .iter()
+                .find(|item| item.path == file_name)
+                .map(|item| item.key.clone())
+                .unwrap_or_else(|| panic!("no item of volume {} is mounted as {file_name}", volume.name)),
+            None => file_name,
+        };
+        let config_map = deploy
+            .config_maps
+            .iter()
+            .find(|cm| cm.metadata.name.as_deref() == Some(source.name.as_str()))
+            .unwrap_or_else(|| panic!("ConfigMap {} is not in deploy/", source.name));
+        assert_eq!(config_map.metadata.namespace, ds.metadata.namespace, "ConfigMap {} namespace", source.name);
+        config_map
+            .data
+            .as_ref()
+            .and_then(|data| data.get(&key))
+            .unwrap_or_else(|| panic!("ConfigMap {} has no key {key}", source.name))
+            .clone()
+    }
+
+    /// The settings the proxy starts with, for the fields checked here: the `--config` file as
+    /// mounted from the ConfigMap, then the flags (the order of `proxy_cmd::build_config`).
+    fn effective_config(deploy: &Deploy, ds: &DaemonSet, args: &ProxyArgs) -> ProxyConfig {
+        let mut cfg = ProxyConfig::default();
+        if let Some(path) = &args.config {
+            let text = mounted_file(deploy, ds, path);
+            let dir = tempfile::tempdir().expect("temp dir");
+            let file = dir.path().join("config.yaml");
+            std::fs::write(&file, text).expect("write config");
+            cfg.apply_file(&file).unwrap_or_else(|e| panic!("--config {}: {e}", path.display()));
+        }
+        if let Some(address) = &args.healthz_bind_address {
+            cfg.healthz_bind_address = address.clone();
+        }
+        if let Some(mode) = &args.proxy_mode {
+            cfg.mode = mode.parse().unwrap_or_else(|e| panic!("--proxy-mode: {e}"));
+        }
+        if cfg.mode == ProxyMode::Iptables
+            && let Some(on) = args.iptables_localhost_nodeports
+        {
+            cfg.localhost_nodeports = on;
+        }
+        cfg
+    }
+
+    #[test]
+    fn every_document_is_a_known_kind_without_unknown_fields() {
+        let deploy = load();
+        only("ServiceAccount", &deploy.service_accounts);
+        only("ClusterRole", &deploy.cluster_roles);
+        only("ClusterRoleBinding", &deploy.bindings);
+        only("DaemonSet", &deploy.daemon_sets);
+        assert!(deploy.config_maps.len() <= 1, "at most one ConfigMap");
+    }
+
+    #[test]
+    fn command_line_is_accepted_by_roadkeeper_proxy() {
+        let deploy = load();
+        let ds = only("DaemonSet", &deploy.daemon_sets);
+        let argv = command_line(container(ds));
+        assert!(
+            !argv.iter().any(|arg| arg.starts_with("--manifests") || arg.starts_with("--kubeconfig")),
+            "cluster state comes from the API through the in-cluster config: {argv:?}"
+        );
+        assert!(!argv.iter().any(|arg| arg == "--once"), "the proxy must keep running: {argv:?}");
+        let args = proxy_args(container(ds));
+        assert_eq!(args.hostname_override.as_deref(), Some(NODE), "--hostname-override=$(NODE_NAME)");
+    }
+
+    #[test]
+    fn probes_use_the_health_server() {
+        let deploy = load();
+        let ds = only("DaemonSet", &deploy.daemon_sets);
+        let container = container(ds);
+        let cfg = effective_config(&deploy, ds, &proxy_args(container));
+        let address: SocketAddr = cfg
+            .healthz_bind_address
+            .parse()
+            .unwrap_or_else(|e| panic!("healthz bind address {:?}: {e}", cfg.healthz_bind_address));
+        assert!(
+            address.ip().is_unspecified(),
+            "the kubelet probes the pod IP (the node's IP, host network): {address} must be 0.0.0.0 or [::]"
+        );
+        let probes: [(&str, Option<&Probe>, &str); 2] = [
+            ("livenessProbe", container.liveness_probe.as_ref(), "/livez"),
+            ("readinessProbe", container.readiness_probe.as_ref(), "/healthz"),
+        ];
+        for (name, probe, path) in probes {
+            let http = probe.and_then(|p| p.http_get.as_ref()).unwrap_or_else(|| panic!("{name}: httpGet expected"));
+            assert_eq!(http.path.as_deref(), Some(path), "{name}.httpGet.path");
+            assert_eq!(http.port, IntOrString::Int(address.port().into()), "{name}.httpGet.port vs {address}");
+            assert_eq!(http.host, None, "{name}.httpGet.host: the pod IP");
+            assert!(http.scheme.as_deref().is_none_or(|s| s == "HTTP"), "{name}.httpGet.scheme: HTTP");
+        }
+    }
+
+    #[test]
+    fn cluster_role_grants_only_list_and_watch_on_what_is_read() {
+        let deploy = load();
+        let role = only("ClusterRole", &deploy.cluster_roles);
+        assert!(role.aggregation_rule.is_none(), "no aggregation");
+        let mut granted: BTreeMap<(String, String), BTreeSet<String>> = BTreeMap::new();
+        for rule in role.rules.iter().flatten() {
+            assert!(rule.resource_names.is_none() && rule.non_resource_urls.is_none(), "{rule:?}");
+            let groups = rule.api_groups.as_deref().unwrap_or_default();
+            let resources = rule.resources.as_deref().unwrap_or_default();
+            assert!(!groups.is_empty() && !resources.is_empty(), "a rule names groups and resources: {rule:?}");
+            for group in groups {
+                for resource in resources {
+                    granted.entry((group.clone(), resource.clone())).or_default().extend(rule.verbs.iter().cloned());
+                }
+            }
+        }
+        let verbs: BTreeSet<String> = ["list".into(), "watch".into()].into();
+        let wanted: BTreeMap<(String, String), BTreeSet<String>> =
+            READS.iter().map(|(group, resource)| ((group.to_string(), resource.to_string()), verbs.clone())).collect();
+        assert_eq!(granted, wanted);
+    }
+
+    #[test]
+    fn binding_ties_the_service_account_of_the_daemon_set_to_the_role() {
+        let deploy = load();
+        let account = only("ServiceAccount", &deploy.service_accounts);
+        let role = only("ClusterRole", &deploy.cluster_roles);
+        let binding = only("ClusterRoleBinding", &deploy.bindings);
+        let ds = only("DaemonSet", &deploy.daemon_sets);
+        let role_ref = &binding.role_ref;
+        assert_eq!(
+            (role_ref.api_group.as_str(), role_ref.kind.as_str(), Some(role_ref.name.as_str())),
+            ("rbac.authorization.k8s.io", "ClusterRole", role.metadata.name.as_deref())
+        );
+        let subjects = binding.subjects.as_deref().unwrap_or_default();
+        assert_eq!(subjects.len(), 1, "one subject: {subjects:?}");
+        let subject = &subjects[0];
+        assert_eq!(
+            (subject.kind.as_str(), Some(subject.name.as_str()), subject.namespace.as_deref()),
+            ("ServiceAccount", account.metadata.name.as_deref(), account.metadata.namespace.as_deref())
+        );
+        assert_eq!(pod_spec(ds).service_account_name.as_deref(), account.metadata.name.as_deref());
+        assert_eq!(ds.metadata.namespace, account.metadata.namespace, "DaemonSet and ServiceAccount namespace");
+    }
+
+    #[test]
+    fn config_file_loads_and_is_mounted_at_the_config_path() {
+        let deploy = load();
+        let ds = only("DaemonSet", &deploy.daemon_sets);
+        let args = proxy_args(container(ds));
+        match &args.config {
+            // Reads the file through the mount and loads it as the proxy does.
+            Some(_) => {
+                effective_config(&deploy, ds, &args);
+            }
+            None => assert!(deploy.config_maps.is_empty(), "a ConfigMap but no --config"),
+        }
+        for config_map in &deploy.config_maps {
+            let name = config_map.metadata.name.as_deref();
+            let used =
+                pod_spec(ds).volumes.iter().flatten().any(|v| v.config_map.as_ref().map(|c| c.name.as_str()) == name);
+            assert!(used, "ConfigMap {name:?} is not mounted");
+        }
+    }
+
+    #[test]
+    fn pod_runs_on_the_host_network_unprivileged_with_only_the_capabilities_it_needs() {
+        let deploy = load();
+        let ds = only("DaemonSet", &deploy.daemon_sets);
+        let pod = pod_spec(ds);
+        let container = container(ds);
+        let cfg = effective_config(&deploy, ds, &proxy_args(container));
+        assert_eq!(pod.host_network, Some(true), "hostNetwork: the rules are the node's");
+        assert_eq!(pod.priority_class_name.as_deref(), Some("system-node-critical"));
+        assert_eq!(
+            pod.node_selector.as_ref().and_then(|s| s.get("kubernetes.io/os")).map(String::as_str),
+            Some("linux")
+        );
+        let tolerates_all = pod
+            .tolerations
+            .iter()
+            .flatten()
+            .any(|t| t.operator.as_deref() == Some("Exists") && t.key.is_none() && t.effect.is_none());
+        assert!(tolerates_all, "tolerates every taint, as kube-proxy");
+
+        let security = container.security_context.as_ref().expect("securityContext");
+        assert_ne!(security.privileged, Some(true), "not privileged");
+        let capabilities = security.capabilities.as_ref().expect("capabilities");
+        let dropped: BTreeSet<&str> = capabilities.drop.iter().flatten().map(String::as_str).collect();
+        assert!(dropped.contains("ALL"), "drop ALL: {dropped:?}");
+        let added: BTreeSet<&str> = capabilities.add.iter().flatten().map(String::as_str).collect();
+        let mut needed = BTreeSet::from(["NET_ADMIN"]);
+        if cfg.mode == ProxyMode::Iptables {
+            // Legacy iptables uses a raw socket, and detecting the flavour lists the legacy tables.
+            needed.insert("NET_RAW");
+            // route_localnet is a sysctl, read-only for a non-privileged container.
+            assert!(!cfg.localhost_nodeports, "iptables mode: localhost NodePorts need privileges");
+            let lock = container.volume_mounts.iter().flatten().any(|m| m.mount_path == "/run/xtables.lock");
+            assert!(lock, "iptables mode: the host's /run/xtables.lock must be mounted");
+        }
+        // NET_BIND_SERVICE only matters to a cluster whose NodePort range reaches below 1024.
+        let allowed: BTreeSet<&str> = needed.iter().copied().chain(["NET_BIND_SERVICE"]).collect();
+        assert!(
+            needed.is_subset(&added) && added.is_subset(&allowed),
+            "capabilities.add for {:?} mode: {added:?}, needed {needed:?}",
+            cfg.mode
+        );
+
+        // The API server is reached directly: its Service's ClusterIP is what this pod programs.
+        let env = env(container);
+        assert!(env.get("KUBERNETES_SERVICE_HOST").is_some_and(|host| !host.is_empty()), "KUBERNETES_SERVICE_HOST");
+        let port = env.get("KUBERNETES_SERVICE_PORT").map(|port| port.parse::<u16>());
+        assert!(matches!(port, Some(Ok(_))), "KUBERNETES_SERVICE_PORT: {port:?}");
+    }
+}
