@@ -1,6 +1,6 @@
 //! Proxy settings: kube-proxy's flags and its `KubeProxyConfiguration` file, merged.
 
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use ipnet::IpNet;
@@ -103,6 +103,8 @@ pub struct ProxyConfig {
     /// Where `/metrics` is served (`metricsBindAddress`, default `127.0.0.1:10249`; empty: not
     /// served).
     pub metrics_bind_address: String,
+    /// `clientConnection.kubeconfig`: the API server's kubeconfig (the `--kubeconfig` flag wins).
+    pub kubeconfig: Option<PathBuf>,
 }
 
 impl Default for ProxyConfig {
@@ -119,6 +121,7 @@ impl Default for ProxyConfig {
             localhost_nodeports: true,
             healthz_bind_address: "0.0.0.0:10256".into(),
             metrics_bind_address: "127.0.0.1:10249".into(),
+            kubeconfig: None,
         }
     }
 }
@@ -202,8 +205,7 @@ struct KubeProxyConfiguration {
     // Known to kube-proxy, accepted so that its files load, not used by roadkeeper.
     #[allow(dead_code)]
     feature_gates: Option<serde_json::Value>,
-    #[allow(dead_code)]
-    client_connection: Option<serde_json::Value>,
+    client_connection: Option<ClientConnection>,
     #[allow(dead_code)]
     bind_address: Option<serde_json::Value>,
     #[allow(dead_code)]
@@ -228,6 +230,22 @@ struct KubeProxyConfiguration {
     port_range: Option<serde_json::Value>,
     #[allow(dead_code)]
     logging: Option<serde_json::Value>,
+}
+
+/// `clientConnection:` of the file: only `kubeconfig` is used (kube-rs sets its own content
+/// type and has no client-side rate limit).
+#[derive(Debug, Default, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+struct ClientConnection {
+    kubeconfig: Option<String>,
+    #[allow(dead_code)]
+    accept_content_types: Option<serde_json::Value>,
+    #[allow(dead_code)]
+    content_type: Option<serde_json::Value>,
+    #[allow(dead_code)]
+    qps: Option<serde_json::Value>,
+    #[allow(dead_code)]
+    burst: Option<serde_json::Value>,
 }
 
 /// `iptables:` / `nftables:` sections of the file.
@@ -283,6 +301,9 @@ impl KubeProxyConfiguration {
         }
         if let Some(address) = self.metrics_bind_address {
             cfg.metrics_bind_address = address;
+        }
+        if let Some(kubeconfig) = self.client_connection.and_then(|c| c.kubeconfig).filter(|k| !k.is_empty()) {
+            cfg.kubeconfig = Some(kubeconfig.into());
         }
         if let Some(localhost) = self.iptables.as_ref().and_then(|s| s.localhost_node_ports) {
             cfg.localhost_nodeports = localhost;
@@ -351,10 +372,11 @@ mod tests {
              mode: nftables\nclusterCIDR: 10.244.0.0/16,fd00:244::/48\nhostnameOverride: node-a\n\
              nodePortAddresses: [\"192.168.0.0/16\"]\nbindAddress: 0.0.0.0\n\
              healthzBindAddress: \"[::]:10256\"\nmetricsBindAddress: \"\"\n\
-             conntrack: {maxPerCore: 32768}\nnftables: {masqueradeAll: true, masqueradeBit: 15, minSyncPeriod: 2s, syncPeriod: 1m0s}\n",
+             conntrack: {maxPerCore: 32768}\nclientConnection: {kubeconfig: /var/lib/kube-proxy/kubeconfig.conf, qps: 5}\nnftables: {masqueradeAll: true, masqueradeBit: 15, minSyncPeriod: 2s, syncPeriod: 1m0s}\n",
         )
         .unwrap();
         assert_eq!(cfg.hostname, "node-a");
+        assert_eq!(cfg.kubeconfig, Some("/var/lib/kube-proxy/kubeconfig.conf".into()));
         assert_eq!(cfg.cluster_cidrs.len(), 2);
         assert!(cfg.masquerade_all);
         assert_eq!(cfg.masquerade_mark(), 0x8000);

@@ -94,11 +94,12 @@ fn runtime() -> anyhow::Result<tokio::runtime::Runtime> {
     Ok(tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build()?)
 }
 
-/// The source named by the flags: `--manifests`, else the API server.
-fn source_spec(args: &ProxyArgs) -> SourceSpec {
+/// The source named by the flags: `--manifests`, else the API server of `--kubeconfig`, else of
+/// the config file's `clientConnection.kubeconfig`, else the default one.
+fn source_spec(args: &ProxyArgs, cfg: &ProxyConfig) -> SourceSpec {
     match &args.manifests {
         Some(dir) => SourceSpec::Manifests(dir.clone()),
-        None => SourceSpec::Kubernetes(args.kubeconfig.clone()),
+        None => SourceSpec::Kubernetes(args.kubeconfig.clone().or_else(|| cfg.kubeconfig.clone())),
     }
 }
 
@@ -110,7 +111,7 @@ fn interest(cfg: &ProxyConfig) -> Interest {
 
 /// Opens the cluster state (following changes with `follow`) and works out this node's identity.
 async fn open(args: &ProxyArgs, cfg: &ProxyConfig, follow: bool) -> anyhow::Result<(Feed, NodeInfo)> {
-    let spec = source_spec(args);
+    let spec = source_spec(args, cfg);
     let feed = Feed::open(&spec, &interest(cfg), follow).await.context("reading the cluster state")?;
     let node = node_info(&cfg.hostname, feed.store(), &host_addresses());
     tracing::info!(node = %node.name, ips = ?node.primary_ips, source = feed.describe(), "node identity");
