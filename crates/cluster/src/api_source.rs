@@ -13,7 +13,7 @@ use std::path::Path;
 use std::sync::Arc;
 
 use futures::StreamExt;
-use k8s_openapi::api::core::v1::{Node, Service};
+use k8s_openapi::api::core::v1::{Namespace, Node, Pod, Service};
 use k8s_openapi::api::discovery::v1::EndpointSlice;
 use k8s_openapi::api::networking::v1::ServiceCIDR;
 use kube::config::{KubeConfigOptions, Kubeconfig};
@@ -81,12 +81,13 @@ impl ApiSource {
                     spawn::<Node>(&client, kind, config, &tx)
                 }
                 Kind::ServiceCidr => spawn::<ServiceCIDR>(&client, kind, watcher::Config::default(), &tx),
-                Kind::Pod => return Err(Error::Kube("Pods are not read from the API server".into())),
+                Kind::Pod => spawn::<Pod>(&client, kind, watcher::Config::default(), &tx),
+                Kind::Namespace => spawn::<Namespace>(&client, kind, watcher::Config::default(), &tx),
             };
             tasks.push(task);
         }
         let unsynced = interest.kinds.clone();
-        Ok(Self { store: Store::default(), updates, relists: BTreeMap::new(), unsynced, tasks, server })
+        Ok(Self { store: Store::without_derived_slices(), updates, relists: BTreeMap::new(), unsynced, tasks, server })
     }
 
     /// The current objects.

@@ -17,6 +17,10 @@ pub struct Changes {
     pub nodes: BTreeSet<String>,
     /// Whether any ServiceCIDR was added, changed or removed.
     pub service_cidrs: bool,
+    /// Pods added, changed or removed.
+    pub pods: BTreeSet<NamespacedName>,
+    /// Names of Namespaces added, changed or removed.
+    pub namespaces: BTreeSet<String>,
     /// Service objects added, changed or removed (kube-proxy's "service changes").
     pub service_updates: usize,
     /// EndpointSlices added, changed or removed, derived ones counted once per Service
@@ -30,7 +34,11 @@ pub struct Changes {
 impl Changes {
     /// True when nothing changed.
     pub fn is_empty(&self) -> bool {
-        self.services.is_empty() && self.nodes.is_empty() && !self.service_cidrs
+        self.services.is_empty()
+            && self.nodes.is_empty()
+            && !self.service_cidrs
+            && self.pods.is_empty()
+            && self.namespaces.is_empty()
     }
 
     /// Adds everything in `other` to `self`.
@@ -38,6 +46,8 @@ impl Changes {
         self.services.extend(other.services);
         self.nodes.extend(other.nodes);
         self.service_cidrs |= other.service_cidrs;
+        self.pods.extend(other.pods);
+        self.namespaces.extend(other.namespaces);
         self.service_updates += other.service_updates;
         self.endpoint_updates += other.endpoint_updates;
         self.trigger_times.extend(other.trigger_times);
@@ -55,12 +65,15 @@ mod tests {
         let mut b = Changes::default();
         b.services.insert(NamespacedName::new("default", "hello"));
         b.nodes.insert("n1".into());
+        b.pods.insert(NamespacedName::new("default", "p"));
+        b.namespaces.insert("default".into());
         a.merge(b.clone());
         a.merge(Changes { service_cidrs: true, endpoint_updates: 2, ..Changes::default() });
         a.merge(Changes { endpoint_updates: 1, trigger_times: vec![SystemTime::UNIX_EPOCH], ..Changes::default() });
         assert!(!a.is_empty());
         assert_eq!(a.services, b.services);
         assert_eq!(a.nodes, b.nodes);
+        assert_eq!((&a.pods, &a.namespaces), (&b.pods, &b.namespaces));
         assert!(a.service_cidrs);
         assert_eq!((a.endpoint_updates, a.trigger_times.len()), (3, 1));
     }

@@ -3,7 +3,7 @@
 use std::fmt;
 use std::sync::Arc;
 
-use k8s_openapi::api::core::v1::{Node, Pod, Service};
+use k8s_openapi::api::core::v1::{Namespace, Node, Pod, Service};
 use k8s_openapi::api::discovery::v1::EndpointSlice;
 use k8s_openapi::api::networking::v1::ServiceCIDR;
 
@@ -23,6 +23,8 @@ pub enum Object {
     Node(Arc<Node>),
     /// `networking.k8s.io/v1 ServiceCIDR`.
     ServiceCidr(Arc<ServiceCIDR>),
+    /// `v1 Namespace`.
+    Namespace(Arc<Namespace>),
 }
 
 impl Object {
@@ -34,6 +36,7 @@ impl Object {
             Self::Pod(o) => (Kind::Pod, &o.metadata),
             Self::Node(o) => (Kind::Node, &o.metadata),
             Self::ServiceCidr(o) => (Kind::ServiceCidr, &o.metadata),
+            Self::Namespace(o) => (Kind::Namespace, &o.metadata),
         };
         let namespace = match &metadata.namespace {
             _ if !kind.namespaced() => "",
@@ -54,7 +57,14 @@ macro_rules! object_from {
         }
     )*};
 }
-object_from!(Service(Service), EndpointSlice(EndpointSlice), Pod(Pod), Node(Node), ServiceCidr(ServiceCIDR));
+object_from!(
+    Service(Service),
+    EndpointSlice(EndpointSlice),
+    Pod(Pod),
+    Node(Node),
+    ServiceCidr(ServiceCIDR),
+    Namespace(Namespace)
+);
 
 /// The kind of an [`Object`].
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
@@ -69,6 +79,8 @@ pub enum Kind {
     Node,
     /// `networking.k8s.io/v1 ServiceCIDR`.
     ServiceCidr,
+    /// `v1 Namespace`.
+    Namespace,
 }
 
 impl Kind {
@@ -80,13 +92,14 @@ impl Kind {
             ("v1", "Pod") => Self::Pod,
             ("v1", "Node") => Self::Node,
             ("networking.k8s.io/v1", "ServiceCIDR") => Self::ServiceCidr,
+            ("v1", "Namespace") => Self::Namespace,
             _ => return None,
         })
     }
 
     /// Whether objects of this kind live in a namespace.
     pub(crate) fn namespaced(self) -> bool {
-        !matches!(self, Self::Node | Self::ServiceCidr)
+        !matches!(self, Self::Node | Self::ServiceCidr | Self::Namespace)
     }
 
     /// The kind's name, as in manifests.
@@ -97,6 +110,7 @@ impl Kind {
             Self::Pod => "Pod",
             Self::Node => "Node",
             Self::ServiceCidr => "ServiceCIDR",
+            Self::Namespace => "Namespace",
         }
     }
 }

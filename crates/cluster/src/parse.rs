@@ -137,6 +137,7 @@ fn typed(kind: Kind, value: Value) -> Result<Object, Vec<FieldError>> {
         Kind::Pod => Object::Pod(Arc::new(strict(value)?)),
         Kind::Node => Object::Node(Arc::new(strict(value)?)),
         Kind::ServiceCidr => Object::ServiceCidr(Arc::new(strict(value)?)),
+        Kind::Namespace => Object::Namespace(Arc::new(strict(value)?)),
     })
 }
 

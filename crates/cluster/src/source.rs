@@ -355,7 +355,9 @@ mod tests {
 
         write(tmp.path(), "pod.yaml", &pod("removed"));
         let (changes, _) = source.reload(std::slice::from_ref(&pod_path));
-        assert_eq!(changes, Changes { services: svc_set(&["web"]), endpoint_updates: 1, ..Changes::default() });
+        let expected =
+            Changes { services: svc_set(&["web"]), pods: svc_set(&["p"]), endpoint_updates: 1, ..Changes::default() };
+        assert_eq!(changes, expected);
         assert!(source.store().slices_for(&web).is_empty());
         write(tmp.path(), "pod.yaml", &pod("web"));
         assert_eq!(source.reload(&[pod_path]).0.services, svc_set(&["web"]));

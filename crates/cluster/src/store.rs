@@ -5,7 +5,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 use std::time::SystemTime;
 
-use k8s_openapi::api::core::v1::{Node, Pod, Service};
+use k8s_openapi::api::core::v1::{Namespace, Node, Pod, Service};
 use k8s_openapi::api::discovery::v1::EndpointSlice;
 use k8s_openapi::api::networking::v1::ServiceCIDR;
 
@@ -19,7 +19,7 @@ const ZONE_LABEL: &str = "topology.kubernetes.io/zone";
 const TRIGGER_TIME_ANNOTATION: &str = "endpoints.kubernetes.io/last-change-trigger-time";
 
 /// The current objects: a read-only view used by planners.
-#[derive(Default, Debug)]
+#[derive(Debug)]
 pub struct Store {
     services: BTreeMap<NamespacedName, Arc<Service>>,
     /// Hand-written EndpointSlices.
@@ -32,6 +32,27 @@ pub struct Store {
     pods_by_node: Index<String, NamespacedName>,
     nodes: BTreeMap<String, Arc<Node>>,
     service_cidrs: BTreeMap<String, Arc<ServiceCIDR>>,
+    namespaces: BTreeMap<String, Arc<Namespace>>,
+    /// Whether EndpointSlices are derived from Pods (a manifest folder has no controller to make
+    /// them; an API server has).
+    derive_slices: bool,
+}
+
+impl Default for Store {
+    fn default() -> Self {
+        Self {
+            services: BTreeMap::new(),
+            slices: BTreeMap::new(),
+            slices_by_service: Index::new(),
+            derived: BTreeMap::new(),
+            pods: BTreeMap::new(),
+            pods_by_node: Index::new(),
+            nodes: BTreeMap::new(),
+            service_cidrs: BTreeMap::new(),
+            namespaces: BTreeMap::new(),
+            derive_slices: true,
+        }
+    }
 }
 
 /// Effects of a batch of updates, completed by [`Store::finish`].
@@ -78,6 +99,27 @@ impl Store {
         slices
     }
 
+    /// A store that never derives EndpointSlices from Pods: for sources whose slices come from
+    /// the real controller.
+    pub(crate) fn without_derived_slices() -> Self {
+        Self { derive_slices: false, ..Self::default() }
+    }
+
+    /// One Pod.
+    pub fn pod(&self, key: &NamespacedName) -> Option<&Arc<Pod>> {
+        self.pods.get(key)
+    }
+
+    /// The Pods of `namespace`, ordered by name.
+    pub fn pods_in<'a>(&'a self, namespace: &'a str) -> impl Iterator<Item = (&'a NamespacedName, &'a Arc<Pod>)> {
+        in_namespace(&self.pods, namespace)
+    }
+
+    /// Whether Namespace `name` exists.
+    pub fn has_namespace(&self, name: &str) -> bool {
+        self.namespaces.contains_key(name)
+    }
+
     /// One Node.
     pub fn node(&self, name: &str) -> Option<&Arc<Node>> {
         self.nodes.get(name)
@@ -97,6 +139,7 @@ impl Store {
             Kind::Pod => Object::Pod(self.pods.get(name)?.clone()),
             Kind::Node => Object::Node(self.nodes.get(&name.name)?.clone()),
             Kind::ServiceCidr => Object::ServiceCidr(self.service_cidrs.get(&name.name)?.clone()),
+            Kind::Namespace => Object::Namespace(self.namespaces.get(&name.name)?.clone()),
         })
     }
 
@@ -109,6 +152,7 @@ impl Store {
             Kind::Pod => self.pods.keys().cloned().collect(),
             Kind::Node => self.nodes.keys().map(cluster_scoped).collect(),
             Kind::ServiceCidr => self.service_cidrs.keys().map(cluster_scoped).collect(),
+            Kind::Namespace => self.namespaces.keys().map(cluster_scoped).collect(),
         };
         names.into_iter().map(|name| ObjectKey { kind, name }).collect()
     }
@@ -122,17 +166,22 @@ impl Store {
             (_, Some(Object::Pod(p))) => self.set_pod(name, Some(p), batch),
             (_, Some(Object::Node(n))) => self.set_node(&name.name, Some(n), batch),
             (_, Some(Object::ServiceCidr(c))) => self.set_service_cidr(&name.name, Some(c), batch),
+            (_, Some(Object::Namespace(n))) => self.set_namespace(&name.name, Some(n), batch),
             (Kind::Service, None) => self.set_service(name, None, batch),
             (Kind::EndpointSlice, None) => self.set_slice(name, None, batch),
             (Kind::Pod, None) => self.set_pod(name, None, batch),
             (Kind::Node, None) => self.set_node(&name.name, None, batch),
             (Kind::ServiceCidr, None) => self.set_service_cidr(&name.name, None, batch),
+            (Kind::Namespace, None) => self.set_namespace(&name.name, None, batch),
         }
     }
 
     /// Recomputes derived slices where needed and returns everything the batch changed.
     pub(crate) fn finish(&mut self, batch: Batch) -> Changes {
         let Batch { mut changes, recompute } = batch;
+        if !self.derive_slices {
+            return changes;
+        }
         for key in recompute {
             let new: Vec<EndpointSlice> = match self.services.get(&key) {
                 Some(service) => derive(service, in_namespace(&self.pods, &key.namespace).map(|(_, p)| &**p), |node| {
@@ -183,6 +232,7 @@ impl Store {
         let Some(old) = replace(&mut self.pods, key, new) else {
             return;
         };
+        batch.changes.pods.insert(key.clone());
         let node_of = |pod: &Pod| pod.spec.as_ref()?.node_name.clone();
         if let Some(node) = old.as_deref().and_then(node_of) {
             index::remove(&mut self.pods_by_node, &node, key);
@@ -203,6 +253,12 @@ impl Store {
         // Zones of endpoints on this node may change.
         for pod in self.pods_by_node.get(name).into_iter().flatten().filter_map(|p| self.pods.get(p)) {
             self.recompute_selecting(pod, batch);
+        }
+    }
+
+    fn set_namespace(&mut self, name: &str, new: Option<&Arc<Namespace>>, batch: &mut Batch) {
+        if replace(&mut self.namespaces, &name.to_owned(), new).is_some() {
+            batch.changes.namespaces.insert(name.to_owned());
         }
     }
 
@@ -269,6 +325,7 @@ mod tests {
             "EndpointSlice" => Object::EndpointSlice(serde_json::from_value(value).unwrap()),
             "Pod" => Object::Pod(serde_json::from_value(value).unwrap()),
             "Node" => Object::Node(serde_json::from_value(value).unwrap()),
+            "Namespace" => Object::Namespace(serde_json::from_value(value).unwrap()),
             _ => Object::ServiceCidr(serde_json::from_value(value).unwrap()),
         }
     }
@@ -326,11 +383,32 @@ mod tests {
         assert!(apply(&mut store, vec![(pod("p", "b", "n1"), true)]).is_empty());
         let Object::Pod(mut annotated) = pod("p", "b", "n1") else { unreachable!() };
         Arc::make_mut(&mut annotated).metadata.annotations = Some([("x".to_owned(), "y".to_owned())].into());
-        assert!(apply(&mut store, vec![(Object::Pod(annotated.clone()), true)]).is_empty());
+        let changes = apply(&mut store, vec![(Object::Pod(annotated.clone()), true)]);
+        assert_eq!((changes.services.len(), changes.pods.len()), (0, 1));
 
         let changes = apply(&mut store, vec![(Object::Pod(annotated), false)]);
         assert_eq!(changes.services, services(&["b"]));
         assert!(store.slices_for(&nn("b")).is_empty());
+    }
+
+    #[test]
+    fn without_derivation_pods_are_kept_but_make_no_slices() {
+        let mut store = Store::without_derived_slices();
+        let changes = apply(&mut store, vec![(service("a", "a"), true), (pod("p", "a", "n1"), true)]);
+        assert_eq!(changes.pods, [nn("p")].into());
+        assert!(store.slices_for(&nn("a")).is_empty());
+        assert_eq!(store.pods_in("ns").count(), 1);
+        assert!(store.pod(&nn("p")).is_some());
+    }
+
+    #[test]
+    fn namespaces_are_tracked() {
+        let ns = object(json!({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": "team"}}));
+        let mut store = Store::default();
+        assert_eq!(apply(&mut store, vec![(ns.clone(), true)]).namespaces, ["team".to_owned()].into());
+        assert!(store.has_namespace("team"));
+        apply(&mut store, vec![(ns, false)]);
+        assert!(!store.has_namespace("team"));
     }
 
     #[test]

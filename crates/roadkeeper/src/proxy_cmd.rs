@@ -75,9 +75,12 @@ fn build_config(args: &ProxyArgs) -> anyhow::Result<ProxyConfig> {
     Ok(cfg)
 }
 
-fn log_sync(report: &SyncReport) {
+/// The one line logged per sync: what changed, what was rewritten, how long it took.
+fn log_sync(report: &SyncReport, changes: &Changes) {
     tracing::info!(
         full = report.full,
+        service_changes = changes.service_updates,
+        endpoint_changes = changes.endpoint_updates,
         services = report.services_changed,
         ops = report.ops,
         refused = report.refused.len(),
@@ -181,7 +184,7 @@ fn sync_changes(
         Ok(deleted) => report.conntrack_deleted = deleted,
         Err(err) => tracing::warn!("cleaning up stale conntrack entries: {err}"),
     }
-    log_sync(&report);
+    log_sync(&report, changes);
     Ok(report)
 }
 
