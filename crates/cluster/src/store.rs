@@ -105,6 +105,16 @@ impl Store {
         Self { derive_slices: false, ..Self::default() }
     }
 
+    /// All Pods, ordered by namespace and name.
+    pub fn pods(&self) -> impl Iterator<Item = (&NamespacedName, &Arc<Pod>)> {
+        self.pods.iter()
+    }
+
+    /// Names of all Namespaces.
+    pub fn namespaces(&self) -> impl Iterator<Item = &String> {
+        self.namespaces.keys()
+    }
+
     /// One Pod.
     pub fn pod(&self, key: &NamespacedName) -> Option<&Arc<Pod>> {
         self.pods.get(key)

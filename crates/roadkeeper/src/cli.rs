@@ -36,6 +36,9 @@ pub enum Command {
     /// Build the hello example in network namespaces (a node, three echo pods, a client), run
     /// the proxy there and show which pod answers the Service (needs root).
     Lab(LabArgs),
+    /// Run the cluster DNS server: the Kubernetes DNS specification for the cluster zone,
+    /// everything else forwarded upstream (options named as CoreDNS's kubernetes plugin).
+    Dns(DnsArgs),
 }
 
 /// Flags of `proxy` and `rules`, named as kube-proxy's.
@@ -140,4 +143,55 @@ pub struct LabArgs {
     /// Keep the lab up until Enter is pressed, to look around.
     #[arg(long)]
     pub keep: bool,
+}
+
+/// Flags of `dns`.
+#[derive(Debug, Args, Clone)]
+pub struct DnsArgs {
+    /// Read the cluster from a folder of manifests (Services, EndpointSlices, Pods, Namespaces)
+    /// instead of from a Kubernetes API server.
+    #[arg(long, value_name = "DIR", conflicts_with = "kubeconfig")]
+    pub manifests: Option<PathBuf>,
+    /// Kubeconfig file of the Kubernetes API server to watch. Without it and without
+    /// `--manifests`: `KUBECONFIG`, else `~/.kube/config`, else the in-cluster service account.
+    #[arg(long, value_name = "FILE")]
+    pub kubeconfig: Option<PathBuf>,
+    /// Address to serve DNS on, over UDP and TCP; repeatable.
+    #[arg(long, value_name = "ADDR:PORT", default_values = ["0.0.0.0:53"])]
+    pub listen: Vec<SocketAddr>,
+    /// Zones answered from the cluster, repeatable: the first is the cluster domain; reverse
+    /// zones (`in-addr.arpa`, `ip6.arpa`) answer PTR for Service and endpoint addresses.
+    #[arg(long, value_name = "ZONE", default_values = ["cluster.local", "in-addr.arpa", "ip6.arpa"])]
+    pub zone: Vec<String>,
+    /// Zones whose names unknown to the cluster are forwarded upstream instead of NXDOMAIN;
+    /// repeatable.
+    #[arg(long, value_name = "ZONE", default_values = ["in-addr.arpa", "ip6.arpa"], conflicts_with = "no_fallthrough")]
+    pub fallthrough: Vec<String>,
+    /// Never forward names of our zones: unknown ones are NXDOMAIN.
+    #[arg(long)]
+    pub no_fallthrough: bool,
+    /// Upstream resolver (IP or IP:PORT), repeatable (default: the nameservers of
+    /// /etc/resolv.conf).
+    #[arg(long, value_name = "ADDR")]
+    pub upstream: Vec<String>,
+    /// TTL of the cluster zone's answers, in seconds (0-3600).
+    #[arg(long, default_value_t = 5, value_parser = clap::value_parser!(u32).range(0..=3600))]
+    pub ttl: u32,
+    /// Pod records `a-b-c-d.<ns>.pod.<zone>`: disabled, insecure (any address) or verified (only
+    /// addresses of existing Pods in that namespace).
+    #[arg(long, value_name = "MODE", default_value = "disabled")]
+    pub pods: String,
+    /// Name endpoints without a hostname after their Pod instead of their dashed address.
+    #[arg(long)]
+    pub endpoint_pod_names: bool,
+    /// A ClusterIP Service without ready endpoints is NXDOMAIN.
+    #[arg(long)]
+    pub ignore_empty_service: bool,
+    /// Address of the health server (`/health`: alive; `/ready`: the cluster state is loaded);
+    /// empty disables it.
+    #[arg(long, value_name = "IP:PORT", default_value = "0.0.0.0:8080")]
+    pub health_bind_address: String,
+    /// Address of the Prometheus metrics server (`/metrics`); empty disables it.
+    #[arg(long, value_name = "IP:PORT", default_value = "0.0.0.0:9153")]
+    pub metrics_bind_address: String,
 }

@@ -3,6 +3,7 @@
 mod bench;
 mod cli;
 mod deploy_check;
+mod dns_cmd;
 mod healthcheck;
 mod lab;
 mod proxy_cmd;
@@ -39,6 +40,7 @@ fn main() -> std::process::ExitCode {
         Command::Cleanup => proxy_cmd::cleanup(),
         Command::Bench(args) => bench::run(args),
         Command::Lab(args) => lab::run(args),
+        Command::Dns(args) => dns_cmd::run(args),
         Command::Echo(args) => {
             let name = args.name.unwrap_or_else(roadkeeper_proxy::node::hostname);
             roadkeeper_netlab::echo::run_forever(&args.listen, &name)

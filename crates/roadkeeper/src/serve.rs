@@ -93,7 +93,8 @@ pub(crate) fn respond(status: StatusCode, content_type: &str, body: String) -> R
     response
 }
 
-fn not_found() -> Response<Body> {
+/// The 404 answer of every server here.
+pub(crate) fn not_found() -> Response<Body> {
     respond(StatusCode::NOT_FOUND, "text/plain; charset=utf-8", "404 page not found\n".into())
 }
 

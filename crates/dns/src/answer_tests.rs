@@ -1,0 +1,292 @@
+//! Every record form and negative answer of the specification, against a small cluster.
+
+use std::sync::Arc;
+
+use hickory_proto::op::ResponseCode;
+use hickory_proto::rr::{Name, RData, RecordType};
+use roadkeeper_cluster::{Changes, NamespacedName, Object, Store};
+use serde_json::{Value, json};
+
+use super::*;
+use crate::zone::{ZoneData, ZoneOptions};
+
+fn object(value: Value) -> Object {
+    match value["kind"].as_str().unwrap() {
+        "Service" => Object::Service(Arc::new(serde_json::from_value(value).unwrap())),
+        "EndpointSlice" => Object::EndpointSlice(Arc::new(serde_json::from_value(value).unwrap())),
+        "Pod" => Object::Pod(Arc::new(serde_json::from_value(value).unwrap())),
+        _ => Object::Namespace(Arc::new(serde_json::from_value(value).unwrap())),
+    }
+}
+
+fn service(name: &str, spec: Value) -> Object {
+    object(json!({"kind": "Service", "metadata": {"name": name, "namespace": "default"}, "spec": spec}))
+}
+
+fn slice(name: &str, service: &str, family: &str, endpoints: Value) -> Object {
+    object(json!({"kind": "EndpointSlice", "apiVersion": "discovery.k8s.io/v1",
+        "metadata": {"name": name, "namespace": "default", "labels": {"kubernetes.io/service-name": service}},
+        "addressType": family, "ports": [{"name": "pg", "port": 5432, "protocol": "TCP"}], "endpoints": endpoints}))
+}
+
+/// web (dual-stack ClusterIP, named ports), v4only (one unnamed port, no endpoints), db
+/// (headless: db-0 with a hostname in both families, one without, one not ready), empty
+/// (headless, no endpoints), ext (ExternalName), Pod p1, Namespace quiet.
+fn objects() -> Vec<Object> {
+    vec![
+        service(
+            "web",
+            json!({"clusterIP": "10.96.0.10", "clusterIPs": ["10.96.0.10", "fd00:96::10"],
+            "ports": [{"name": "http", "port": 80}, {"name": "dns", "port": 53, "protocol": "UDP"}]}),
+        ),
+        slice("web-x", "web", "IPv4", json!([{"addresses": ["10.244.0.20"]}])),
+        service("v4only", json!({"clusterIP": "10.96.0.11", "ports": [{"port": 80}]})),
+        service("db", json!({"clusterIP": "None", "ports": [{"name": "pg", "port": 5432}]})),
+        slice(
+            "db-4",
+            "db",
+            "IPv4",
+            json!([
+            {"addresses": ["10.244.0.5"], "hostname": "db-0", "conditions": {"ready": true}},
+            {"addresses": ["10.244.0.6"], "targetRef": {"kind": "Pod", "name": "db-pod-b"}},
+            {"addresses": ["10.244.0.7"], "hostname": "db-2", "conditions": {"ready": false}}]),
+        ),
+        slice("db-6", "db", "IPv6", json!([{"addresses": ["fd00:244::5"], "hostname": "db-0"}])),
+        service("empty", json!({"clusterIP": "None"})),
+        service("ext", json!({"type": "ExternalName", "externalName": "Example.COM."})),
+        object(json!({"kind": "Pod", "metadata": {"name": "p1", "namespace": "default"},
+            "status": {"podIP": "10.244.0.9", "podIPs": [{"ip": "10.244.0.9"}]}})),
+        object(json!({"kind": "Namespace", "metadata": {"name": "quiet"}})),
+    ]
+}
+
+fn store() -> Store {
+    Store::from_objects(objects())
+}
+
+fn zones() -> Zones {
+    let name = |n: &str| Name::from_ascii(n).unwrap();
+    Zones {
+        cluster: vec![name("cluster.local.")],
+        reverse: vec![name("in-addr.arpa."), name("ip6.arpa.")],
+        fallthrough: vec![name("in-addr.arpa."), name("ip6.arpa.")],
+        ttl: 5,
+        pods: PodMode::Disabled,
+        ignore_empty_service: false,
+    }
+}
+
+fn data(options: &ZoneOptions) -> ZoneData {
+    ZoneData::build(&store(), options)
+}
+
+fn ask(zones: &Zones, data: &ZoneData, name: &str, qtype: RecordType) -> Answer {
+    match zones.answer(data, &Name::from_ascii(name).unwrap(), qtype) {
+        Outcome::Answer(answer) => answer,
+        Outcome::Forward => panic!("{name} {qtype} was forwarded"),
+    }
+}
+
+/// The answer's rcode and its records as `name TYPE data` text.
+fn text(answer: &Answer) -> (ResponseCode, Vec<String>) {
+    let lines = answer.answers.iter().map(|r| format!("{} {} {}", r.name, r.record_type(), r.data)).collect();
+    (answer.rcode, lines)
+}
+
+fn lookup(name: &str, qtype: RecordType) -> (ResponseCode, Vec<String>) {
+    text(&ask(&zones(), &data(&ZoneOptions::default()), name, qtype))
+}
+
+fn assert_negative(name: &str, qtype: RecordType, rcode: ResponseCode) {
+    let answer = ask(&zones(), &data(&ZoneOptions::default()), name, qtype);
+    assert_eq!((answer.rcode, answer.answers.len()), (rcode, 0), "{name} {qtype}");
+    let soa = &answer.authority[0];
+    assert_eq!(soa.record_type(), RecordType::SOA, "{name}: negative answers carry the SOA");
+    let RData::SOA(soa_data) = &soa.data else { unreachable!() };
+    assert_eq!(soa_data.mname.to_string(), format!("ns.dns.{}", soa.name));
+    assert_eq!(soa_data.minimum, 5);
+}
+
+const OK: ResponseCode = ResponseCode::NoError;
+const NX: ResponseCode = ResponseCode::NXDomain;
+
+#[test]
+fn cluster_ip_services_answer_a_and_aaaa_echoing_the_case() {
+    assert_eq!(
+        lookup("web.default.svc.cluster.local.", RecordType::A).1,
+        ["web.default.svc.cluster.local. A 10.96.0.10"]
+    );
+    assert_eq!(
+        lookup("WEB.Default.svc.Cluster.Local.", RecordType::AAAA).1,
+        ["WEB.Default.svc.Cluster.Local. AAAA fd00:96::10"]
+    );
+    assert_negative("v4only.default.svc.cluster.local.", RecordType::AAAA, OK);
+    assert_negative("v4only.default.svc.cluster.local.", RecordType::MX, OK);
+    assert_negative("nope.default.svc.cluster.local.", RecordType::A, NX);
+    assert_negative("web.nope.svc.cluster.local.", RecordType::A, NX);
+    assert_negative("x.y.web.default.svc.cluster.local.", RecordType::A, NX);
+}
+
+#[test]
+fn structural_names_are_nodata_and_unknown_namespaces_nxdomain() {
+    for existing in
+        ["svc.cluster.local.", "pod.cluster.local.", "default.svc.cluster.local.", "quiet.svc.cluster.local."]
+    {
+        assert_negative(existing, RecordType::A, OK);
+    }
+    assert_negative("nope.svc.cluster.local.", RecordType::A, NX);
+    assert_negative("other.cluster.local.", RecordType::A, NX);
+    assert_eq!(lookup("dns-version.cluster.local.", RecordType::TXT).1, ["dns-version.cluster.local. TXT 1.1.0"]);
+    assert_negative("dns-version.cluster.local.", RecordType::A, OK);
+    assert_eq!(lookup("cluster.local.", RecordType::SOA).1.len(), 1);
+    assert_eq!(lookup("cluster.local.", RecordType::NS).1, ["cluster.local. NS ns.dns.cluster.local."]);
+}
+
+#[test]
+fn headless_services_answer_ready_endpoints_and_their_names() {
+    assert_eq!(
+        lookup("db.default.svc.cluster.local.", RecordType::A).1,
+        ["db.default.svc.cluster.local. A 10.244.0.5", "db.default.svc.cluster.local. A 10.244.0.6"]
+    );
+    assert_eq!(lookup("db.default.svc.cluster.local.", RecordType::AAAA).1.len(), 1);
+    assert_eq!(
+        lookup("db-0.db.default.svc.cluster.local.", RecordType::A).1,
+        ["db-0.db.default.svc.cluster.local. A 10.244.0.5"]
+    );
+    assert_eq!(lookup("db-0.db.default.svc.cluster.local.", RecordType::AAAA).1.len(), 1);
+    assert_eq!(lookup("10-244-0-6.db.default.svc.cluster.local.", RecordType::A).1.len(), 1);
+    assert_negative("db-2.db.default.svc.cluster.local.", RecordType::A, NX);
+    assert_negative("10-244-0-7.db.default.svc.cluster.local.", RecordType::A, NX);
+    assert_negative("empty.default.svc.cluster.local.", RecordType::A, NX);
+    assert_negative("x.web.default.svc.cluster.local.", RecordType::A, NX);
+}
+
+#[test]
+fn srv_for_named_ports_in_cluster_ip_and_headless_forms() {
+    let answer =
+        ask(&zones(), &data(&ZoneOptions::default()), "_http._tcp.web.default.svc.cluster.local.", RecordType::SRV);
+    assert_eq!(
+        text(&answer).1,
+        ["_http._tcp.web.default.svc.cluster.local. SRV 0 100 80 web.default.svc.cluster.local."]
+    );
+    let additionals: Vec<String> = answer.additionals.iter().map(|r| r.data.to_string()).collect();
+    assert_eq!(additionals, ["10.96.0.10", "fd00:96::10"]);
+    assert_eq!(lookup("_dns._udp.web.default.svc.cluster.local.", RecordType::SRV).1.len(), 1);
+    assert_eq!(lookup("web.default.svc.cluster.local.", RecordType::SRV).1.len(), 2, "every port");
+
+    let (rcode, records) = lookup("_pg._tcp.db.default.svc.cluster.local.", RecordType::SRV);
+    assert_eq!(rcode, OK);
+    let targets: Vec<&str> = records.iter().map(|r| r.rsplit(' ').next().unwrap()).collect();
+    assert_eq!(
+        targets,
+        [
+            "db-0.db.default.svc.cluster.local.",
+            "10-244-0-6.db.default.svc.cluster.local.",
+            "db-0.db.default.svc.cluster.local."
+        ]
+    );
+    assert!(records.iter().all(|r| r.contains("SRV 0 33 5432 ")), "{records:?}");
+
+    assert_negative("_nope._tcp.web.default.svc.cluster.local.", RecordType::SRV, NX);
+    assert_negative("_http._udp.web.default.svc.cluster.local.", RecordType::SRV, NX);
+    assert_negative("_http._tcp.web.default.svc.cluster.local.", RecordType::A, OK);
+}
+
+#[test]
+fn external_name_is_a_cname_and_nothing_lives_below_it() {
+    assert_eq!(
+        lookup("ext.default.svc.cluster.local.", RecordType::A).1,
+        ["ext.default.svc.cluster.local. CNAME example.com."]
+    );
+    assert_negative("www.ext.default.svc.cluster.local.", RecordType::A, NX);
+    assert_negative("_http._tcp.ext.default.svc.cluster.local.", RecordType::SRV, NX);
+}
+
+#[test]
+fn ptr_for_service_and_endpoint_addresses_and_fallthrough() {
+    assert_eq!(
+        lookup("10.0.96.10.in-addr.arpa.", RecordType::PTR).1,
+        ["10.0.96.10.in-addr.arpa. PTR web.default.svc.cluster.local."]
+    );
+    assert_eq!(
+        lookup("5.0.244.10.In-Addr.Arpa.", RecordType::PTR).1,
+        ["5.0.244.10.In-Addr.Arpa. PTR db-0.db.default.svc.cluster.local."]
+    );
+    let v6 = "0.1.0.0.0.0.0.0.0.0.0.0.0.0.0.0.0.0.0.0.0.0.0.0.6.9.0.0.0.0.d.f.ip6.arpa.";
+    assert_eq!(lookup(v6, RecordType::PTR).1, [format!("{v6} PTR web.default.svc.cluster.local.")]);
+    assert_negative("10.0.96.10.in-addr.arpa.", RecordType::A, OK);
+    // Unknown addresses fall through to the upstream resolvers, or are NXDOMAIN without.
+    let unknown = Name::from_ascii("1.2.3.4.in-addr.arpa.").unwrap();
+    let data = data(&ZoneOptions::default());
+    assert_eq!(zones().answer(&data, &unknown, RecordType::PTR), Outcome::Forward);
+    let strict = Zones { fallthrough: Vec::new(), ..zones() };
+    let Outcome::Answer(answer) = strict.answer(&data, &unknown, RecordType::PTR) else { panic!("forwarded") };
+    assert_eq!(answer.rcode, NX);
+    assert_eq!(answer.authority[0].name.to_string(), "in-addr.arpa.");
+}
+
+#[test]
+fn pod_records_by_mode() {
+    let name = "10-244-0-9.default.pod.cluster.local.";
+    assert_negative(name, RecordType::A, NX);
+    let options = ZoneOptions { pods: PodMode::Verified, ..ZoneOptions::default() };
+    let verified = Zones { pods: PodMode::Verified, ..zones() };
+    let data = data(&options);
+    assert_eq!(text(&ask(&verified, &data, name, RecordType::A)).1, [format!("{name} A 10.244.0.9")]);
+    assert_eq!(ask(&verified, &data, "10-244-0-8.default.pod.cluster.local.", RecordType::A).rcode, NX);
+    assert_eq!(ask(&verified, &data, "10-244-0-9.quiet.pod.cluster.local.", RecordType::A).rcode, NX);
+    let insecure = Zones { pods: PodMode::Insecure, ..zones() };
+    let answer = ask(&insecure, &data, "fd00-244--8.any.pod.cluster.local.", RecordType::AAAA);
+    assert_eq!(text(&answer).1, ["fd00-244--8.any.pod.cluster.local. AAAA fd00:244::8"]);
+    assert_eq!(ask(&insecure, &data, "not-an-ip.any.pod.cluster.local.", RecordType::A).rcode, NX);
+}
+
+#[test]
+fn options_ignore_empty_service_and_endpoint_pod_names() {
+    let ignoring = Zones { ignore_empty_service: true, ..zones() };
+    let data_default = data(&ZoneOptions::default());
+    assert_eq!(ask(&ignoring, &data_default, "v4only.default.svc.cluster.local.", RecordType::A).rcode, NX);
+    assert_eq!(ask(&ignoring, &data_default, "web.default.svc.cluster.local.", RecordType::A).answers.len(), 1);
+    let named = data(&ZoneOptions { endpoint_pod_names: true, ..ZoneOptions::default() });
+    assert_eq!(ask(&zones(), &named, "db-pod-b.db.default.svc.cluster.local.", RecordType::A).answers.len(), 1);
+}
+
+#[test]
+fn names_outside_the_zones_are_forwarded() {
+    let data = data(&ZoneOptions::default());
+    assert_eq!(zones().answer(&data, &Name::from_ascii("example.com.").unwrap(), RecordType::A), Outcome::Forward);
+}
+
+#[test]
+fn incremental_updates_follow_changes_and_keep_old_snapshots() {
+    let options = ZoneOptions::default();
+    let before = ZoneData::build(&store(), &options);
+    let mut after = before.clone();
+    // Service web goes away (its slice stays, as it would for a moment in a cluster).
+    let web = |o: &Object| matches!(o, Object::Service(s) if s.metadata.name.as_deref() == Some("web"));
+    let store = Store::from_objects(objects().into_iter().filter(|o| !web(o)));
+    let changes = Changes { services: [NamespacedName::new("default", "web")].into(), ..Changes::default() };
+    after.apply(&store, &changes, &options);
+    let zones = zones();
+    assert_eq!(ask(&zones, &after, "web.default.svc.cluster.local.", RecordType::A).rcode, NX);
+    assert!(after.reverse(&"10.96.0.10".parse().unwrap()).is_empty(), "its PTR went with it");
+    assert_eq!(ask(&zones, &before, "web.default.svc.cluster.local.", RecordType::A).answers.len(), 1);
+    assert_ne!(before.version(), after.version(), "the SOA serial moves");
+    // A snapshot built from scratch agrees with the updated one.
+    let rebuilt = ZoneData::build(&store, &options);
+    for name in ["db.default.svc.cluster.local.", "10.0.96.10.in-addr.arpa.", "5.0.244.10.in-addr.arpa."] {
+        for qtype in [RecordType::A, RecordType::PTR] {
+            let name = Name::from_ascii(name).unwrap();
+            let (updated, fresh) = (zones.answer(&after, &name, qtype), zones.answer(&rebuilt, &name, qtype));
+            assert_eq!(outcome_text(&updated), outcome_text(&fresh), "{name} {qtype}");
+        }
+    }
+}
+
+/// An outcome without the SOA serial (which differs between snapshots by design).
+fn outcome_text(outcome: &Outcome) -> Option<(ResponseCode, Vec<String>)> {
+    match outcome {
+        Outcome::Answer(answer) => Some(text(answer)),
+        Outcome::Forward => None,
+    }
+}

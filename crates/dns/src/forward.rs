@@ -1,0 +1,587 @@
+//! Forwarding of names outside the cluster zones to upstream resolvers, with a cache: what
+//! CoreDNS's `forward` and `cache` plugins do.
+
+use std::hash::{BuildHasher, RandomState};
+use std::io;
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
+use std::path::Path;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+
+use hickory_proto::op::{Edns, Message, MessageType, Metadata, ResponseCode};
+use hickory_proto::rr::{DNSClass, LowerName, RData, RecordType};
+use metrics::{counter, histogram};
+use moka::Expiry;
+use moka::sync::Cache;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::{TcpStream, UdpSocket};
+use tokio::time::timeout_at;
+use tracing::{debug, warn};
+
+/// Counter: queries answered from the cache.
+pub const CACHE_HITS_TOTAL: &str = "roadkeeper_dns_cache_hits_total";
+/// Counter: queries not in the cache, hence forwarded.
+pub const CACHE_MISSES_TOTAL: &str = "roadkeeper_dns_cache_misses_total";
+/// Counter of upstream attempts, labelled `to` (the upstream address) and `rcode` (the upstream's
+/// response code such as `NOERROR` or `NXDOMAIN`, `timeout` when it did not answer in time,
+/// `error` when the exchange failed, e.g. ICMP port unreachable or a TCP reset).
+pub const FORWARD_REQUESTS_TOTAL: &str = "roadkeeper_dns_forward_requests_total";
+/// Histogram: seconds a cache miss took to get its response from the upstreams (failover included).
+pub const FORWARD_DURATION_SECONDS: &str = "roadkeeper_dns_forward_duration_seconds";
+
+/// Timeouts and cache limits.
+#[derive(Clone, Debug)]
+pub struct ForwardConfig {
+    /// Bound of one upstream try (UDP and, after a truncated answer, TCP); default 1s.
+    pub attempt_timeout: Duration,
+    /// Bound of the whole query; SERVFAIL when no upstream answered by then. Default 2s.
+    pub total_timeout: Duration,
+    /// Most entries the cache holds; default 10 000.
+    pub cache_entries: u64,
+    /// Longest time a positive answer is cached; default 1 hour.
+    pub max_ttl: Duration,
+    /// Longest time an NXDOMAIN or NODATA answer is cached; default 30 minutes.
+    pub max_negative_ttl: Duration,
+}
+
+impl Default for ForwardConfig {
+    /// 1s per try, 2s in all, 10 000 entries, positive answers up to 1h, negative up to 30min.
+    fn default() -> Self {
+        Self {
+            attempt_timeout: Duration::from_secs(1),
+            total_timeout: Duration::from_secs(2),
+            cache_entries: 10_000,
+            max_ttl: Duration::from_secs(3600),
+            max_negative_ttl: Duration::from_secs(1800),
+        }
+    }
+}
+
+/// Forwards queries to upstream resolvers and caches their responses.
+///
+/// Upstreams are tried in the order given, the next one only when the previous one failed or did
+/// not answer within `attempt_timeout` (CoreDNS picks them at random; in-order failover keeps the
+/// resolv.conf semantics).
+pub struct Forwarder {
+    upstreams: Vec<SocketAddr>,
+    config: ForwardConfig,
+    cache: Cache<CacheKey, Entry>,
+    /// Query IDs are SipHash (keyed at random per process) of a counter: unpredictable off-path.
+    id_keys: RandomState,
+    id_counter: AtomicU64,
+}
+
+/// What a cached response answers: the question, and whether DNSSEC records were asked for.
+#[derive(Clone, Debug, Hash, PartialEq, Eq)]
+struct CacheKey {
+    name: LowerName,
+    query_type: RecordType,
+    query_class: DNSClass,
+    dnssec_ok: bool,
+}
+
+#[derive(Clone)]
+struct Entry {
+    response: Arc<Message>,
+    inserted: Instant,
+    ttl: Duration,
+}
+
+/// Expires each cache entry after its own TTL.
+struct EntryTtl;
+
+impl Expiry<CacheKey, Entry> for EntryTtl {
+    fn expire_after_create(&self, _: &CacheKey, entry: &Entry, _: Instant) -> Option<Duration> {
+        Some(entry.ttl)
+    }
+
+    fn expire_after_update(&self, _: &CacheKey, entry: &Entry, _: Instant, _: Option<Duration>) -> Option<Duration> {
+        Some(entry.ttl)
+    }
+}
+
+impl Forwarder {
+    /// A forwarder to `upstreams` (tried in this order) with an empty cache.
+    pub fn new(upstreams: Vec<SocketAddr>, config: ForwardConfig) -> Self {
+        let cache = Cache::builder().max_capacity(config.cache_entries).expire_after(EntryTtl).build();
+        Self { upstreams, config, cache, id_keys: RandomState::new(), id_counter: AtomicU64::new(0) }
+    }
+
+    /// The response to `request` (a parsed query Message with one question): from the cache (TTLs
+    /// decremented by the entry's age, request's ID), else from the first upstream that answers
+    /// (UDP; retried over TCP with the same upstream when the UDP answer is truncated); SERVFAIL
+    /// when no upstream answers within total_timeout, FORMERR when the request does not hold
+    /// exactly one question. Never hangs.
+    pub async fn forward(&self, request: &Message) -> Message {
+        let [question] = request.queries.as_slice() else {
+            return error_reply(request, ResponseCode::FormErr);
+        };
+        let key = CacheKey {
+            name: question.name().into(),
+            query_type: question.query_type(),
+            query_class: question.query_class(),
+            dnssec_ok: request.edns.as_ref().is_some_and(|edns| edns.flags().dnssec_ok),
+        };
+        if let Some(entry) = self.cache.get(&key) {
+            counter!(CACHE_HITS_TOTAL).increment(1);
+            return entry.reply_to(request);
+        }
+        counter!(CACHE_MISSES_TOTAL).increment(1);
+        let started = Instant::now();
+        let response = self.ask_upstreams(request).await;
+        histogram!(FORWARD_DURATION_SECONDS).record(started.elapsed());
+        let Some(response) = response else {
+            return error_reply(request, ResponseCode::ServFail);
+        };
+        let ttl = cache_ttl(&response, &self.config);
+        let entry = Entry { response: Arc::new(response), inserted: Instant::now(), ttl };
+        let reply = entry.reply_to(request);
+        if !ttl.is_zero() {
+            self.cache.insert(key, entry);
+        }
+        reply
+    }
+
+    /// The first upstream's response, each upstream given `attempt_timeout`, all `total_timeout`.
+    async fn ask_upstreams(&self, request: &Message) -> Option<Message> {
+        let deadline = Instant::now() + self.config.total_timeout;
+        let mut query = request.clone();
+        for &upstream in &self.upstreams {
+            let now = Instant::now();
+            if now >= deadline {
+                break;
+            }
+            query.metadata.id = self.id_keys.hash_one(self.id_counter.fetch_add(1, Ordering::Relaxed)) as u16;
+            let attempt_deadline = (now + self.config.attempt_timeout).min(deadline);
+            let outcome = timeout_at(attempt_deadline.into(), exchange(upstream, &query)).await;
+            let rcode = match &outcome {
+                Ok(Ok(response)) => format!("{:?}", response.metadata.response_code).to_uppercase(),
+                Ok(Err(error)) => {
+                    debug!(%upstream, %error, "upstream failed");
+                    "error".to_owned()
+                }
+                Err(_) => {
+                    debug!(%upstream, "upstream timed out");
+                    "timeout".to_owned()
+                }
+            };
+            counter!(FORWARD_REQUESTS_TOTAL, "to" => upstream.to_string(), "rcode" => rcode).increment(1);
+            if let Ok(Ok(response)) = outcome {
+                return Some(response);
+            }
+        }
+        None
+    }
+}
+
+impl Entry {
+    /// The cached response as the answer to `request`: its ID and question (the client's spelling),
+    /// TTLs decremented by the entry's age, no OPT record when the request had none.
+    fn reply_to(&self, request: &Message) -> Message {
+        let age = u32::try_from(self.inserted.elapsed().as_secs()).unwrap_or(u32::MAX);
+        let mut reply = Message::clone(&self.response);
+        reply.metadata.id = request.metadata.id;
+        reply.queries = request.queries.clone();
+        if request.edns.is_none() {
+            reply.edns = None;
+        }
+        for record in reply.answers.iter_mut().chain(&mut reply.authorities).chain(&mut reply.additionals) {
+            record.decrement_ttl(age);
+        }
+        reply
+    }
+}
+
+/// How long `response` may be cached: the lowest answer TTL for a positive answer, the SOA's
+/// TTL or minimum, whichever is lower, for NXDOMAIN and NODATA (RFC 2308); zero (not cached) for
+/// other response codes, truncated responses and negative ones without SOA.
+fn cache_ttl(response: &Message, config: &ForwardConfig) -> Duration {
+    let seconds = |ttl: u32| Duration::from_secs(ttl.into());
+    if response.metadata.truncation {
+        return Duration::ZERO;
+    }
+    match response.metadata.response_code {
+        ResponseCode::NoError if !response.answers.is_empty() => {
+            response.answers.iter().map(|record| seconds(record.ttl)).min().unwrap_or_default().min(config.max_ttl)
+        }
+        ResponseCode::NoError | ResponseCode::NXDomain => response
+            .authorities
+            .iter()
+            .find_map(|record| match &record.data {
+                RData::SOA(soa) => Some(seconds(record.ttl.min(soa.minimum))),
+                _ => None,
+            })
+            .unwrap_or_default()
+            .min(config.max_negative_ttl),
+        _ => Duration::ZERO,
+    }
+}
+
+/// A response with `rcode` and the request's ID, flags and question.
+fn error_reply(request: &Message, rcode: ResponseCode) -> Message {
+    let mut reply = Message::response(request.metadata.id, request.metadata.op_code);
+    reply.metadata = Metadata::response_from_request(&request.metadata);
+    reply.metadata.response_code = rcode;
+    reply.metadata.recursion_available = true;
+    reply.queries = request.queries.clone();
+    reply.edns = request.edns.as_ref().map(|_| Edns::new());
+    reply
+}
+
+/// `query` sent to `upstream` over UDP, and over TCP when the UDP answer is truncated.
+async fn exchange(upstream: SocketAddr, query: &Message) -> io::Result<Message> {
+    let bytes = query.to_vec().map_err(io::Error::other)?;
+    let response = exchange_udp(upstream, &bytes, query).await?;
+    if !response.metadata.truncation {
+        return Ok(response);
+    }
+    debug!(%upstream, "truncated answer, retrying over TCP");
+    let response = exchange_tcp(upstream, &bytes).await?;
+    if answers(query, &response) {
+        Ok(response)
+    } else {
+        Err(io::Error::new(io::ErrorKind::InvalidData, "the TCP response does not answer the query"))
+    }
+}
+
+/// Sends `bytes` from a fresh ephemeral port and waits for a datagram answering `query`; others
+/// (a wrong ID or question: late or spoofed) are ignored.
+async fn exchange_udp(upstream: SocketAddr, bytes: &[u8], query: &Message) -> io::Result<Message> {
+    let local = if upstream.is_ipv4() { IpAddr::V4(Ipv4Addr::UNSPECIFIED) } else { IpAddr::V6(Ipv6Addr::UNSPECIFIED) };
+    let socket = UdpSocket::bind((local, 0)).await?;
+    socket.connect(upstream).await?;
+    socket.send(bytes).await?;
+    let mut buffer = vec![0; usize::from(u16::MAX)];
+    loop {
+        let len = socket.recv(&mut buffer).await?;
+        match Message::from_vec(&buffer[..len]) {
+            Ok(response) if answers(query, &response) => return Ok(response),
+            _ => debug!(%upstream, "ignoring a datagram that does not answer the query"),
+        }
+    }
+}
+
+/// Sends `bytes` over a new TCP connection (2-byte length prefix) and reads one response.
+async fn exchange_tcp(upstream: SocketAddr, bytes: &[u8]) -> io::Result<Message> {
+    let len = u16::try_from(bytes.len()).map_err(io::Error::other)?;
+    let mut stream = TcpStream::connect(upstream).await?;
+    stream.write_all(&[&len.to_be_bytes(), bytes].concat()).await?;
+    let mut buffer = vec![0; usize::from(stream.read_u16().await?)];
+    stream.read_exact(&mut buffer).await?;
+    Message::from_vec(&buffer).map_err(|error| io::Error::new(io::ErrorKind::InvalidData, error))
+}
+
+/// Whether `response` is the response to `query`: same ID, a response, the same question.
+fn answers(query: &Message, response: &Message) -> bool {
+    response.metadata.id == query.metadata.id
+        && response.metadata.message_type == MessageType::Response
+        && response.queries == query.queries
+}
+
+/// The `nameserver` lines of a resolv.conf (port 53), in order; an error names the file.
+/// Unparsable addresses (e.g. with a `%zone`) are skipped with a warning; no nameserver line gives
+/// an empty list (glibc would then use 127.0.0.1: the caller decides).
+pub fn upstreams_from_resolv_conf(path: &Path) -> io::Result<Vec<SocketAddr>> {
+    let text = std::fs::read_to_string(path)
+        .map_err(|error| io::Error::new(error.kind(), format!("{}: {error}", path.display())))?;
+    let addresses = text.lines().filter_map(|line| {
+        let mut words = line.split_whitespace();
+        if words.next() != Some("nameserver") {
+            return None;
+        }
+        let address = words.next()?;
+        let parsed = address.parse::<IpAddr>();
+        if parsed.is_err() {
+            warn!(file = %path.display(), address, "skipping an unparsable nameserver");
+        }
+        parsed.ok()
+    });
+    Ok(addresses.map(|ip| SocketAddr::new(ip, 53)).collect())
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::atomic::AtomicUsize;
+
+    use hickory_proto::op::{OpCode, Query};
+    use hickory_proto::rr::rdata::{A, SOA};
+    use hickory_proto::rr::{Name, Record};
+    use tokio::net::TcpListener;
+    use tokio::time::sleep;
+
+    use super::*;
+
+    /// A stub upstream on 127.0.0.1 that counts the UDP queries it gets.
+    struct Stub {
+        addr: SocketAddr,
+        queries: Arc<AtomicUsize>,
+    }
+
+    impl Stub {
+        fn queries(&self) -> usize {
+            self.queries.load(Ordering::SeqCst)
+        }
+    }
+
+    /// A stub answering each UDP query with the datagrams `respond` makes (none: silent).
+    async fn udp_stub(respond: impl Fn(&Message) -> Vec<Message> + Send + 'static) -> Stub {
+        serve_udp(UdpSocket::bind("127.0.0.1:0").await.unwrap(), respond)
+    }
+
+    fn serve_udp(socket: UdpSocket, respond: impl Fn(&Message) -> Vec<Message> + Send + 'static) -> Stub {
+        let stub = Stub { addr: socket.local_addr().unwrap(), queries: Arc::default() };
+        let queries = stub.queries.clone();
+        tokio::spawn(async move {
+            let mut buffer = vec![0; 65535];
+            loop {
+                let (len, from) = socket.recv_from(&mut buffer).await.unwrap();
+                queries.fetch_add(1, Ordering::SeqCst);
+                for response in respond(&Message::from_vec(&buffer[..len]).unwrap()) {
+                    socket.send_to(&response.to_vec().unwrap(), from).await.unwrap();
+                }
+            }
+        });
+        stub
+    }
+
+    /// A stub answering over UDP with `udp` and over TCP, on the same port, with `tcp`.
+    async fn udp_tcp_stub(
+        udp: impl Fn(&Message) -> Vec<Message> + Send + 'static,
+        tcp: impl Fn(&Message) -> Message + Send + 'static,
+    ) -> Stub {
+        let (listener, socket) = loop {
+            let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+            if let Ok(socket) = UdpSocket::bind(listener.local_addr().unwrap()).await {
+                break (listener, socket);
+            }
+        };
+        tokio::spawn(async move {
+            loop {
+                let (mut stream, _) = listener.accept().await.unwrap();
+                let mut buffer = vec![0; usize::from(stream.read_u16().await.unwrap())];
+                stream.read_exact(&mut buffer).await.unwrap();
+                let response = tcp(&Message::from_vec(&buffer).unwrap()).to_vec().unwrap();
+                let len = u16::try_from(response.len()).unwrap().to_be_bytes();
+                stream.write_all(&[&len, response.as_slice()].concat()).await.unwrap();
+            }
+        });
+        serve_udp(socket, udp)
+    }
+
+    fn config(attempt_ms: u64, total_ms: u64) -> ForwardConfig {
+        ForwardConfig {
+            attempt_timeout: Duration::from_millis(attempt_ms),
+            total_timeout: Duration::from_millis(total_ms),
+            ..ForwardConfig::default()
+        }
+    }
+
+    fn query(name: &str, query_type: RecordType, id: u16) -> Message {
+        let mut query = Message::query();
+        query.metadata.id = id;
+        query.metadata.recursion_desired = true;
+        query.add_query(Query::query(Name::from_ascii(name).unwrap(), query_type));
+        query
+    }
+
+    fn response(query: &Message, rcode: ResponseCode) -> Message {
+        let mut response = Message::response(query.metadata.id, OpCode::Query);
+        response.metadata.response_code = rcode;
+        response.queries = query.queries.clone();
+        response
+    }
+
+    /// A NOERROR response to `query` with one A record per address.
+    fn answer(query: &Message, addresses: &[[u8; 4]], ttl: u32) -> Message {
+        let mut response = response(query, ResponseCode::NoError);
+        for &address in addresses {
+            let data = RData::A(A(address.into()));
+            response.add_answer(Record::from_rdata(query.queries[0].name().clone(), ttl, data));
+        }
+        response
+    }
+
+    fn soa(ttl: u32, minimum: u32) -> Record {
+        let name = Name::from_ascii("example.com.").unwrap();
+        let data = SOA::new(Name::from_ascii("ns.example.com.").unwrap(), name.clone(), 1, 3600, 600, 86400, minimum);
+        Record::from_rdata(name, ttl, RData::SOA(data))
+    }
+
+    fn addresses(response: &Message) -> Vec<Ipv4Addr> {
+        let address = |record: &Record| match record.data {
+            RData::A(A(address)) => address,
+            ref other => panic!("not an A record: {other:?}"),
+        };
+        response.answers.iter().map(address).collect()
+    }
+
+    #[tokio::test]
+    async fn relays_the_answer_with_the_request_id_and_caches_it() {
+        let stub = udp_stub(|query| vec![answer(query, &[[192, 0, 2, 1]], 300)]).await;
+        let forwarder = Forwarder::new(vec![stub.addr], ForwardConfig::default());
+
+        let first = forwarder.forward(&query("www.example.com.", RecordType::A, 0x1234)).await;
+        assert_eq!(first.metadata.id, 0x1234);
+        assert_eq!(first.metadata.response_code, ResponseCode::NoError);
+        assert_eq!(addresses(&first), [Ipv4Addr::new(192, 0, 2, 1)]);
+        assert_eq!(first.answers[0].ttl, 300);
+
+        sleep(Duration::from_millis(1100)).await;
+        let second = forwarder.forward(&query("WWW.Example.COM.", RecordType::A, 0x4321)).await;
+        assert_eq!(stub.queries(), 1, "a cache hit");
+        assert_eq!(second.metadata.id, 0x4321);
+        assert_eq!(second.queries[0].name().to_string(), "WWW.Example.COM.", "the client's question");
+        assert_eq!(addresses(&second), [Ipv4Addr::new(192, 0, 2, 1)]);
+        assert!((298..=299).contains(&second.answers[0].ttl), "TTL {}", second.answers[0].ttl);
+
+        forwarder.forward(&query("www.example.com.", RecordType::AAAA, 1)).await;
+        assert_eq!(stub.queries(), 2, "another type is another entry");
+    }
+
+    #[tokio::test]
+    async fn nxdomain_is_relayed_with_its_soa_and_cached_per_rfc_2308() {
+        let stub = udp_stub(|query| {
+            let mut response = response(query, ResponseCode::NXDomain);
+            response.add_authority(soa(600, 30));
+            vec![response]
+        })
+        .await;
+        let forwarder = Forwarder::new(vec![stub.addr], ForwardConfig::default());
+        for id in [1, 2] {
+            let reply = forwarder.forward(&query("nope.example.com.", RecordType::A, id)).await;
+            assert_eq!((reply.metadata.id, reply.metadata.response_code), (id, ResponseCode::NXDomain));
+            assert_eq!(reply.authorities, [soa(600, 30)]);
+        }
+        assert_eq!(stub.queries(), 1);
+        let ttls: Vec<_> = forwarder.cache.iter().map(|(_, entry)| entry.ttl).collect();
+        assert_eq!(ttls, [Duration::from_secs(30)]);
+    }
+
+    #[tokio::test]
+    async fn an_entry_expires_after_its_ttl() {
+        let stub = udp_stub(|query| vec![answer(query, &[[192, 0, 2, 1]], 1)]).await;
+        let forwarder = Forwarder::new(vec![stub.addr], ForwardConfig::default());
+        let request = query("short.example.com.", RecordType::A, 1);
+        forwarder.forward(&request).await;
+        forwarder.forward(&request).await;
+        assert_eq!(stub.queries(), 1);
+        sleep(Duration::from_millis(1100)).await;
+        assert_eq!(forwarder.forward(&request).await.answers[0].ttl, 1, "fresh from the upstream");
+        assert_eq!(stub.queries(), 2);
+    }
+
+    #[test]
+    fn cache_ttl_follows_the_response() {
+        let config = ForwardConfig::default();
+        let request = query("a.example.com.", RecordType::A, 1);
+        let ttl = |response: &Message| cache_ttl(response, &config).as_secs();
+        let with_soa = |rcode, soa: Record| {
+            let mut response = response(&request, rcode);
+            response.add_authority(soa);
+            response
+        };
+        assert_eq!(ttl(&answer(&request, &[[192, 0, 2, 1], [192, 0, 2, 2]], 300)), 300);
+        let mut mixed = answer(&request, &[[192, 0, 2, 1], [192, 0, 2, 2]], 300);
+        mixed.answers[1].ttl = 100;
+        assert_eq!(ttl(&mixed), 100, "the lowest answer TTL");
+        assert_eq!(ttl(&answer(&request, &[[192, 0, 2, 1]], 86400)), 3600, "capped by max_ttl");
+        assert_eq!(ttl(&answer(&request, &[[192, 0, 2, 1]], 0)), 0);
+        assert_eq!(ttl(&with_soa(ResponseCode::NoError, soa(20, 60))), 20, "NODATA: the SOA's TTL is lower");
+        assert_eq!(ttl(&with_soa(ResponseCode::NXDomain, soa(600, 30))), 30, "the SOA's minimum is lower");
+        assert_eq!(ttl(&with_soa(ResponseCode::NXDomain, soa(86400, 86400))), 1800, "max_negative_ttl");
+        assert_eq!(ttl(&response(&request, ResponseCode::NXDomain)), 0, "no SOA: not cached");
+        assert_eq!(ttl(&with_soa(ResponseCode::ServFail, soa(600, 30))), 0);
+        assert_eq!(ttl(&with_soa(ResponseCode::Refused, soa(600, 30))), 0);
+    }
+
+    #[tokio::test]
+    async fn a_silent_upstream_fails_over_to_the_next() {
+        let silent = udp_stub(|_| vec![]).await;
+        let good = udp_stub(|query| vec![answer(query, &[[192, 0, 2, 1]], 300)]).await;
+        let forwarder = Forwarder::new(vec![silent.addr, good.addr], config(300, 2000));
+        let started = Instant::now();
+        let reply = forwarder.forward(&query("www.example.com.", RecordType::A, 7)).await;
+        let elapsed = started.elapsed();
+        assert_eq!(addresses(&reply), [Ipv4Addr::new(192, 0, 2, 1)]);
+        assert!(elapsed >= Duration::from_millis(300) && elapsed < Duration::from_millis(1000), "{elapsed:?}");
+        assert_eq!((silent.queries(), good.queries()), (1, 1));
+    }
+
+    #[tokio::test]
+    async fn silent_upstreams_give_servfail_within_the_total_timeout() {
+        let mut silent = Vec::new();
+        for _ in 0..3 {
+            silent.push(udp_stub(|_| vec![]).await);
+        }
+        let forwarder = Forwarder::new(silent.iter().map(|stub| stub.addr).collect(), config(200, 500));
+        let request = query("www.example.com.", RecordType::A, 9);
+        let started = Instant::now();
+        let reply = forwarder.forward(&request).await;
+        let elapsed = started.elapsed();
+        assert_eq!((reply.metadata.id, reply.metadata.response_code), (9, ResponseCode::ServFail));
+        assert_eq!(reply.queries, request.queries);
+        assert!(elapsed >= Duration::from_millis(500) && elapsed < Duration::from_millis(900), "{elapsed:?}");
+        assert_eq!(silent.iter().map(Stub::queries).collect::<Vec<_>>(), [1, 1, 1], "the third got the last 100ms");
+        assert!(forwarder.cache.iter().next().is_none(), "SERVFAIL is not cached");
+    }
+
+    #[tokio::test]
+    async fn a_truncated_answer_is_retried_over_tcp() {
+        let full = [[192, 0, 2, 1], [192, 0, 2, 2], [192, 0, 2, 3]];
+        let stub = udp_tcp_stub(
+            |query| {
+                let mut truncated = response(query, ResponseCode::NoError);
+                truncated.metadata.truncation = true;
+                vec![truncated]
+            },
+            move |query| answer(query, &full, 300),
+        )
+        .await;
+        let forwarder = Forwarder::new(vec![stub.addr], ForwardConfig::default());
+        let reply = forwarder.forward(&query("many.example.com.", RecordType::A, 3)).await;
+        assert_eq!(reply.metadata.id, 3);
+        assert!(!reply.metadata.truncation);
+        assert_eq!(addresses(&reply), full.map(Ipv4Addr::from));
+    }
+
+    #[tokio::test]
+    async fn responses_with_a_wrong_id_or_question_are_ignored() {
+        let stub = udp_stub(|query| {
+            let mut wrong_id = answer(query, &[[6, 6, 6, 6]], 300);
+            wrong_id.metadata.id = query.metadata.id.wrapping_add(1);
+            let mut wrong_question = answer(query, &[[6, 6, 6, 7]], 300);
+            wrong_question.queries = vec![Query::query(Name::from_ascii("evil.example.").unwrap(), RecordType::A)];
+            vec![wrong_id, wrong_question, answer(query, &[[192, 0, 2, 1]], 300)]
+        })
+        .await;
+        let forwarder = Forwarder::new(vec![stub.addr], ForwardConfig::default());
+        let reply = forwarder.forward(&query("www.example.com.", RecordType::A, 5)).await;
+        assert_eq!(addresses(&reply), [Ipv4Addr::new(192, 0, 2, 1)]);
+    }
+
+    #[tokio::test]
+    async fn a_request_without_one_question_gets_formerr() {
+        let forwarder = Forwarder::new(vec![], ForwardConfig::default());
+        let mut request = Message::query();
+        request.metadata.id = 4;
+        let reply = forwarder.forward(&request).await;
+        assert_eq!((reply.metadata.id, reply.metadata.response_code), (4, ResponseCode::FormErr));
+    }
+
+    #[test]
+    fn resolv_conf_nameservers() {
+        let path = std::env::temp_dir().join(format!("roadkeeper-dns-resolv-{}.conf", std::process::id()));
+        let text = "# nameserver 9.9.9.9\n; nameserver 8.8.8.8\n#nameserver 7.7.7.7\n\
+                    search default.svc.cluster.local svc.cluster.local\noptions ndots:5\n\
+                    nameserver 1.2.3.4\n  nameserver\t2001:db8::1  # second\nnameserver not-an-address\nnameserver\n";
+        std::fs::write(&path, text).unwrap();
+        let upstreams = upstreams_from_resolv_conf(&path);
+        std::fs::remove_file(&path).unwrap();
+        let expected: [SocketAddr; 2] = ["1.2.3.4:53".parse().unwrap(), "[2001:db8::1]:53".parse().unwrap()];
+        assert_eq!(upstreams.unwrap(), expected);
+
+        let error = upstreams_from_resolv_conf(&path).unwrap_err();
+        assert!(error.to_string().contains(&path.display().to_string()), "{error}");
+    }
+}

@@ -1,0 +1,10 @@
+//! roadkeeper dns: cluster DNS per the Kubernetes DNS specification, with CoreDNS's behaviour.
+//!
+//! [`zone`] keeps a snapshot of what the cluster zone holds, updated per changed object;
+//! [`answer`] answers a question from a snapshot (pure); [`forward`] asks upstream resolvers for
+//! everything else, with a cache; [`server`] serves UDP and TCP with hickory-server.
+
+pub mod answer;
+pub mod forward;
+pub mod server;
+pub mod zone;

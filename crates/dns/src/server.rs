@@ -1,0 +1,175 @@
+//! Serving: hickory-server's UDP and TCP front ends (wire format, EDNS0, truncation with the TC
+//! bit, FORMERR for malformed requests) calling [`Handler`], which answers from the current
+//! [`ZoneData`] snapshot or forwards upstream.
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use arc_swap::ArcSwap;
+use hickory_proto::op::{Edns, Message, MessageType, Metadata, OpCode, Query, ResponseCode};
+use hickory_proto::rr::{DNSClass, Record};
+use hickory_server::net::runtime::Time;
+use hickory_server::server::{Request, RequestHandler, ResponseHandler, ResponseInfo, Server};
+use hickory_server::zone_handler::MessageResponseBuilder;
+use metrics::{counter, histogram};
+
+use crate::answer::{Outcome, Zones};
+use crate::forward::Forwarder;
+use crate::zone::ZoneData;
+
+/// `roadkeeper_dns_requests_total{proto, type}`: requests by transport and question type.
+pub const REQUESTS_TOTAL: &str = "roadkeeper_dns_requests_total";
+/// `roadkeeper_dns_responses_total{rcode}`: responses by response code.
+pub const RESPONSES_TOTAL: &str = "roadkeeper_dns_responses_total";
+/// `roadkeeper_dns_request_duration_seconds{source}`: time to answer, from the zone or upstream.
+pub const REQUEST_DURATION_SECONDS: &str = "roadkeeper_dns_request_duration_seconds";
+/// How long a TCP connection may stay idle.
+const TCP_IDLE_TIMEOUT: Duration = Duration::from_secs(10);
+/// Largest UDP payload we accept to send when a client advertises more (RFC 9715's advice).
+const MAX_UDP_PAYLOAD: u16 = 1232;
+
+/// The current zone snapshot, replaced as a whole on every change (readers never lock).
+pub type SharedZone = Arc<ArcSwap<ZoneData>>;
+
+/// Answers each request from the zone snapshot, or through the forwarder.
+pub struct Handler {
+    zones: Zones,
+    data: SharedZone,
+    forwarder: Forwarder,
+}
+
+impl Handler {
+    /// A handler answering `zones` from `data`, forwarding the rest with `forwarder`.
+    pub fn new(zones: Zones, data: SharedZone, forwarder: Forwarder) -> Self {
+        Self { zones, data, forwarder }
+    }
+
+    /// The response to `request`, sent on `response`.
+    async fn respond<R: ResponseHandler>(&self, request: &Request, mut response: R) -> (ResponseInfo, &'static str) {
+        let edns = request.edns.as_ref().map(|asked| {
+            let mut edns = Edns::new();
+            edns.set_max_payload(asked.max_payload().clamp(512, MAX_UDP_PAYLOAD));
+            edns
+        });
+        let mut builder = MessageResponseBuilder::from_message_request(request);
+        if let Some(edns) = &edns {
+            builder.edns(edns);
+        }
+        let mut metadata = Metadata::response_from_request(&request.metadata);
+        metadata.recursion_available = true;
+        let query = match request.request_info() {
+            Ok(info) if request.metadata.op_code == OpCode::Query => info.query.original().clone(),
+            Ok(_) => {
+                return (send(builder.error_msg(&request.metadata, ResponseCode::NotImp), &mut response).await, "zone");
+            }
+            Err(_) => {
+                return (send(builder.error_msg(&request.metadata, ResponseCode::FormErr), &mut response).await, "zone");
+            }
+        };
+        let outcome = if query.query_class() == DNSClass::IN {
+            self.zones.answer(&self.data.load(), query.name(), query.query_type())
+        } else {
+            Outcome::Forward
+        };
+        match outcome {
+            Outcome::Answer(answer) => {
+                metadata.authoritative = true;
+                metadata.response_code = answer.rcode;
+                let message = builder.build(metadata, &answer.answers, &answer.authority, [], &answer.additionals);
+                (send(message, &mut response).await, "zone")
+            }
+            Outcome::Forward => {
+                let upstream = self.forwarder.forward(&forwarded(request, query)).await;
+                metadata.response_code = upstream.metadata.response_code;
+                let message = builder.build(
+                    metadata,
+                    &upstream.answers,
+                    &upstream.authorities,
+                    [],
+                    upstream.additionals.iter().filter(|r| r.record_type() != hickory_proto::rr::RecordType::OPT),
+                );
+                (send(message, &mut response).await, "upstream")
+            }
+        }
+    }
+}
+
+/// The request as sent upstream: the same question, recursion and DNSSEC-OK bits.
+fn forwarded(request: &Request, query: Query) -> Message {
+    let mut message = Message::new(request.metadata.id, MessageType::Query, OpCode::Query);
+    message.metadata.recursion_desired = request.metadata.recursion_desired;
+    message.metadata.checking_disabled = request.metadata.checking_disabled;
+    message.queries.push(query);
+    if let Some(asked) = &request.edns {
+        let mut edns = Edns::new();
+        edns.set_max_payload(asked.max_payload().max(512));
+        edns.set_dnssec_ok(asked.flags().dnssec_ok);
+        message.edns = Some(edns);
+    }
+    message
+}
+
+/// Sends `message`; a response that cannot be sent (client gone) is logged at debug level.
+async fn send<'a, R: ResponseHandler>(
+    message: hickory_server::zone_handler::MessageResponse<
+        '_,
+        'a,
+        impl Iterator<Item = &'a Record> + Send + 'a,
+        impl Iterator<Item = &'a Record> + Send + 'a,
+        impl Iterator<Item = &'a Record> + Send + 'a,
+        impl Iterator<Item = &'a Record> + Send + 'a,
+    >,
+    response: &mut R,
+) -> ResponseInfo {
+    let metadata = *message.metadata();
+    response.send_response(message).await.unwrap_or_else(|err| {
+        tracing::debug!("sending a response: {err}");
+        let mut failed = metadata;
+        failed.response_code = ResponseCode::ServFail;
+        hickory_proto::op::Header { metadata: failed, counts: Default::default() }.into()
+    })
+}
+
+#[async_trait::async_trait]
+impl RequestHandler for Handler {
+    async fn handle_request<R: ResponseHandler, T: Time>(&self, request: &Request, response: R) -> ResponseInfo {
+        let started = Instant::now();
+        let qtype = request.queries.queries().first().map_or("none", |q| q.query_type().into());
+        let proto = if request.protocol() == hickory_server::net::xfer::Protocol::Tcp { "tcp" } else { "udp" };
+        counter!(REQUESTS_TOTAL, "proto" => proto, "type" => qtype).increment(1);
+        let (info, source) = self.respond(request, response).await;
+        counter!(RESPONSES_TOTAL, "rcode" => rcode_label(info.response_code)).increment(1);
+        histogram!(REQUEST_DURATION_SECONDS, "source" => source).record(started.elapsed().as_secs_f64());
+        info
+    }
+}
+
+/// The response code's mnemonic (`NOERROR`, `NXDOMAIN`, ...), as CoreDNS labels it.
+fn rcode_label(code: ResponseCode) -> &'static str {
+    match code {
+        ResponseCode::NoError => "NOERROR",
+        ResponseCode::FormErr => "FORMERR",
+        ResponseCode::ServFail => "SERVFAIL",
+        ResponseCode::NXDomain => "NXDOMAIN",
+        ResponseCode::NotImp => "NOTIMP",
+        ResponseCode::Refused => "REFUSED",
+        _ => "OTHER",
+    }
+}
+
+/// Binds UDP and TCP on every address of `listen` and serves `handler` there (tasks on the current
+/// tokio runtime). A port 0 is bound once, so UDP and TCP share the port the kernel picked.
+pub async fn serve(listen: &[SocketAddr], handler: Handler) -> std::io::Result<(Server<Handler>, Vec<SocketAddr>)> {
+    let mut server = Server::new(handler);
+    let mut bound = Vec::new();
+    for &addr in listen {
+        let udp = tokio::net::UdpSocket::bind(addr).await?;
+        let local = udp.local_addr()?;
+        let tcp = tokio::net::TcpListener::bind(local).await?;
+        server.register_socket(udp);
+        server.register_listener(tcp, TCP_IDLE_TIMEOUT, 64 * 1024);
+        bound.push(local);
+    }
+    Ok((server, bound))
+}

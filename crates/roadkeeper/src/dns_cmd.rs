@@ -1,0 +1,173 @@
+//! `roadkeeper dns`: wiring the cluster state ([`Feed`]) to the DNS zone snapshot and the
+//! server, with health and metrics endpoints.
+
+use std::net::{IpAddr, SocketAddr};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+
+use anyhow::{Context, bail};
+use arc_swap::ArcSwap;
+use hickory_proto::rr::Name;
+use hyper::{Method, StatusCode};
+use metrics::{Unit, describe_counter, describe_histogram};
+use metrics_exporter_prometheus::PrometheusBuilder;
+use roadkeeper_cluster::{Feed, Interest, Kind, SourceSpec};
+use roadkeeper_dns::answer::Zones;
+use roadkeeper_dns::forward::{self, ForwardConfig, Forwarder};
+use roadkeeper_dns::server::{self, Handler};
+use roadkeeper_dns::zone::{PodMode, ZoneData, ZoneOptions};
+
+use crate::cli::DnsArgs;
+use crate::serve;
+
+/// Where upstream resolvers are read from when `--upstream` is not given.
+const RESOLV_CONF: &str = "/etc/resolv.conf";
+
+/// `roadkeeper dns`: loads the cluster state, serves DNS, follows changes until SIGTERM/SIGINT.
+pub fn run(args: DnsArgs) -> anyhow::Result<()> {
+    let zones = zones(&args)?;
+    let options = ZoneOptions { endpoint_pod_names: args.endpoint_pod_names, pods: zones.pods };
+    let upstreams = upstreams(&args.upstream)?;
+    let runtime = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build()?;
+    runtime.block_on(async move {
+        use tokio::signal::unix::{SignalKind, signal};
+        let (mut sigterm, mut sigint) = (signal(SignalKind::terminate())?, signal(SignalKind::interrupt())?);
+        let ready = Arc::new(AtomicBool::new(false));
+        if let Some(listener) = serve::bind("--health-bind-address", &args.health_bind_address)? {
+            let ready = ready.clone();
+            serve::spawn_server(listener, move |req| health_response(req.method(), req.uri().path(), &ready))?;
+        }
+        if let Some(listener) = serve::bind("--metrics-bind-address", &args.metrics_bind_address)? {
+            serve::spawn_metrics(listener, install_metrics()?)?;
+        }
+
+        let spec = match &args.manifests {
+            Some(dir) => SourceSpec::Manifests(dir.clone()),
+            None => SourceSpec::Kubernetes(args.kubeconfig.clone()),
+        };
+        let mut kinds = vec![Kind::Service, Kind::EndpointSlice, Kind::Namespace];
+        if options.pods == PodMode::Verified {
+            kinds.push(Kind::Pod);
+        }
+        let interest = Interest { kinds: kinds.into_iter().collect(), node: None };
+        let mut feed = tokio::select! {
+            feed = Feed::open(&spec, &interest, true) => feed.context("reading the cluster state")?,
+            _ = sigterm.recv() => return Ok(()),
+            _ = sigint.recv() => return Ok(()),
+        };
+        let mut data = ZoneData::build(feed.store(), &options);
+        let shared = Arc::new(ArcSwap::from_pointee(data.clone()));
+        let forwarder = Forwarder::new(upstreams.clone(), ForwardConfig::default());
+        let (mut dns, bound) = server::serve(&args.listen, Handler::new(zones, shared.clone(), forwarder))
+            .await
+            .context("binding --listen")?;
+        ready.store(true, Ordering::Relaxed);
+        tracing::info!(listen = ?bound, ?upstreams, source = feed.describe(), "serving DNS");
+        loop {
+            tokio::select! {
+                changes = feed.changed() => {
+                    data.apply(feed.store(), &changes, &options);
+                    shared.store(Arc::new(data.clone()));
+                    tracing::debug!(services = changes.services.len(), "zone updated");
+                }
+                _ = sigterm.recv() => break,
+                _ = sigint.recv() => break,
+            }
+        }
+        dns.shutdown_gracefully().await.context("stopping the DNS server")?;
+        Ok(())
+    })
+}
+
+/// The zones of `--zone`, `--fallthrough` and the record options.
+fn zones(args: &DnsArgs) -> anyhow::Result<Zones> {
+    let mut cluster = Vec::new();
+    let mut reverse = Vec::new();
+    for zone in &args.zone {
+        let name = zone_name("--zone", zone)?;
+        if name.iter().next_back().is_some_and(|l| l.eq_ignore_ascii_case(b"arpa")) {
+            reverse.push(name);
+        } else {
+            cluster.push(name);
+        }
+    }
+    if cluster.is_empty() {
+        bail!("--zone: at least one zone must be a cluster domain (e.g. cluster.local)");
+    }
+    let fallthrough = if args.no_fallthrough {
+        Vec::new()
+    } else {
+        args.fallthrough.iter().map(|z| zone_name("--fallthrough", z)).collect::<anyhow::Result<_>>()?
+    };
+    let pods = match args.pods.as_str() {
+        "disabled" => PodMode::Disabled,
+        "insecure" => PodMode::Insecure,
+        "verified" => PodMode::Verified,
+        other => bail!("--pods: {other:?} is not one of disabled, insecure, verified"),
+    };
+    Ok(Zones { cluster, reverse, fallthrough, ttl: args.ttl, pods, ignore_empty_service: args.ignore_empty_service })
+}
+
+/// `zone` as a lowercase, fully qualified name.
+fn zone_name(flag: &str, zone: &str) -> anyhow::Result<Name> {
+    let fqdn = format!("{}.", zone.trim_end_matches('.'));
+    Ok(Name::from_ascii(&fqdn).with_context(|| format!("{flag}: {zone:?} is not a domain name"))?.to_lowercase())
+}
+
+/// `--upstream` (IP or IP:PORT, port 53 by default), else the nameservers of resolv.conf.
+fn upstreams(given: &[String]) -> anyhow::Result<Vec<SocketAddr>> {
+    if given.is_empty() {
+        let found = forward::upstreams_from_resolv_conf(RESOLV_CONF.as_ref())?;
+        if found.is_empty() {
+            tracing::warn!("no nameserver in {RESOLV_CONF}: names outside the cluster zones will be SERVFAIL");
+        }
+        return Ok(found);
+    }
+    given
+        .iter()
+        .map(|upstream| {
+            upstream
+                .parse::<SocketAddr>()
+                .or_else(|_| upstream.parse::<IpAddr>().map(|ip| SocketAddr::new(ip, 53)))
+                .map_err(|_| anyhow::anyhow!("--upstream: {upstream:?} is not an IP or IP:PORT"))
+        })
+        .collect()
+}
+
+/// `/health` (200 while the process serves) and `/ready` (200 once the cluster state is loaded
+/// and DNS is served, else 503), as CoreDNS's health and ready plugins.
+fn health_response(
+    method: &Method,
+    path: &str,
+    ready: &AtomicBool,
+) -> hyper::Response<http_body_util::Full<hyper::body::Bytes>> {
+    let text = "text/plain; charset=utf-8";
+    match (method, path) {
+        (&Method::GET | &Method::HEAD, "/health") => serve::respond(StatusCode::OK, text, "OK".into()),
+        (&Method::GET | &Method::HEAD, "/ready") if ready.load(Ordering::Relaxed) => {
+            serve::respond(StatusCode::OK, text, "OK".into())
+        }
+        (&Method::GET | &Method::HEAD, "/ready") => {
+            serve::respond(StatusCode::SERVICE_UNAVAILABLE, text, "the cluster state is not loaded yet".into())
+        }
+        _ => serve::not_found(),
+    }
+}
+
+/// Installs the Prometheus recorder (latency buckets 50 µs doubling to about 1.6 s) and
+/// describes the DNS metrics.
+fn install_metrics() -> anyhow::Result<metrics_exporter_prometheus::PrometheusHandle> {
+    let buckets: Vec<f64> = (0..16).map(|i| 0.000_05 * f64::from(1u32 << i)).collect();
+    let handle = PrometheusBuilder::new()
+        .set_buckets(&buckets)?
+        .install_recorder()
+        .context("installing the metrics recorder")?;
+    describe_counter!(server::REQUESTS_TOTAL, "DNS requests by transport (proto) and question type");
+    describe_counter!(server::RESPONSES_TOTAL, "DNS responses by response code");
+    describe_histogram!(server::REQUEST_DURATION_SECONDS, Unit::Seconds, "Time to answer, by source (zone, upstream)");
+    describe_counter!(forward::CACHE_HITS_TOTAL, "Forwarded questions answered from the cache");
+    describe_counter!(forward::CACHE_MISSES_TOTAL, "Forwarded questions not in the cache");
+    describe_counter!(forward::FORWARD_REQUESTS_TOTAL, "Questions sent upstream, by upstream and outcome");
+    describe_histogram!(forward::FORWARD_DURATION_SECONDS, Unit::Seconds, "Time to get an answer from upstream");
+    Ok(handle)
+}
