@@ -4,12 +4,19 @@ use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpStream};
 use std::time::Duration;
 
+use roadkeeper_netlab::Netns;
+
 use super::Cluster;
 
 /// Sends `GET path` over HTTP/1.0 to `addr` from inside the node; returns status code and body.
 pub fn get(c: &Cluster, addr: &str, path: &str) -> (u16, String) {
+    get_in(c.lab.node(), addr, path)
+}
+
+/// Sends `GET path` over HTTP/1.0 to `addr` from inside `ns`; returns status code and body.
+pub fn get_in(ns: &Netns, addr: &str, path: &str) -> (u16, String) {
     let addr: SocketAddr = addr.parse().expect("address");
-    let raw = c.lab.node().run(|| http_get(addr, path));
+    let raw = ns.run(|| http_get(addr, path));
     let (code, _, body) = parse_response(&raw);
     (code, body)
 }

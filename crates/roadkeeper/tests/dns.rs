@@ -1,0 +1,480 @@
+//! `roadkeeper dns` over the wire: the real binary in its own network namespace, asked real
+//! UDP and TCP questions. Every record form and negative answer, truncation and the TC-bit
+//! fallback, forwarding with a cache and a quick SERVFAIL, answers following changes, hostile
+//! packets, health and metrics, and the API server as the source.
+
+mod common;
+
+use std::io::{Read, Write};
+use std::net::{TcpStream, UdpSocket};
+use std::path::PathBuf;
+use std::time::{Duration, Instant};
+
+use common::apiserver::ControlPlane;
+use common::http::{get_in, sample};
+use common::{binary, eventually};
+use hickory_proto::op::{Edns, Message, MessageType, OpCode, Query, ResponseCode};
+use hickory_proto::rr::{Name, RData, Record, RecordType};
+use roadkeeper_netlab::{Netns, Process};
+
+/// Where the server listens inside its namespace.
+const DNS: &str = "127.0.0.1:53";
+const OK: ResponseCode = ResponseCode::NoError;
+const NX: ResponseCode = ResponseCode::NXDomain;
+
+/// A DNS server in its own namespace, reading a manifest folder or a control plane running in
+/// the same namespace. Drops the process first, then the control plane, then the namespace.
+struct DnsServer {
+    process: Option<Process>,
+    api: Option<ControlPlane>,
+    ns: Netns,
+    manifests: tempfile::TempDir,
+    log: PathBuf,
+    _scratch: tempfile::TempDir,
+}
+
+impl DnsServer {
+    /// Writes `manifests` (file name, YAML) and starts `roadkeeper dns` with `extra` flags.
+    fn start(manifests: &[(&str, String)], extra: &[&str]) -> DnsServer {
+        let ns = Netns::new("rk-dns").expect("netns");
+        let dir = tempfile::tempdir().expect("tempdir");
+        for (file, yaml) in manifests {
+            std::fs::write(dir.path().join(file), yaml).expect("write manifest");
+        }
+        let scratch = tempfile::tempdir().expect("tempdir");
+        let log = scratch.path().join("dns.log");
+        let mut server = DnsServer { process: None, api: None, ns, manifests: dir, log, _scratch: scratch };
+        server.spawn(&["--manifests", &server.manifests.path().display().to_string()], extra);
+        server
+    }
+
+    /// Starts the binary with `source` and `extra` flags and waits until it answers.
+    fn spawn(&mut self, source: &[&str], extra: &[&str]) {
+        let mut args = vec![binary().display().to_string(), "dns".into(), "-v".into(), "--listen".into(), DNS.into()];
+        args.extend(source.iter().chain(extra).map(|s| s.to_string()));
+        if !extra.contains(&"--upstream") {
+            // Nothing listens there: names that reach it are SERVFAIL.
+            args.extend(["--upstream".into(), "127.0.0.1:9".into()]);
+        }
+        self.process = Some(self.ns.spawn_logged(&args, &self.log).expect("spawn roadkeeper dns"));
+        let up = eventually(Duration::from_secs(60), || {
+            self.try_ask("dns-version.cluster.local.", RecordType::TXT, false).is_some()
+        });
+        assert!(up, "roadkeeper dns did not answer; log:\n{}", self.log());
+    }
+
+    fn log(&self) -> String {
+        std::fs::read_to_string(&self.log).unwrap_or_default()
+    }
+
+    /// Asks `name` `qtype` over UDP (with EDNS, 1232 bytes) or TCP; `None` on timeout.
+    fn try_ask(&self, name: &str, qtype: RecordType, tcp: bool) -> Option<Message> {
+        let query = query(name, qtype, Some(1232));
+        let raw = self.ns.run(|| if tcp { exchange_tcp(&query) } else { exchange_udp(&query) })?;
+        Some(Message::from_vec(&raw).expect("a parsable response"))
+    }
+
+    fn ask(&self, name: &str, qtype: RecordType, tcp: bool) -> Message {
+        self.try_ask(name, qtype, tcp).unwrap_or_else(|| panic!("no answer to {name} {qtype}; log:\n{}", self.log()))
+    }
+
+    /// Sends raw bytes over UDP and returns the raw response, if any within a second.
+    fn raw_udp(&self, bytes: &[u8]) -> Option<Vec<u8>> {
+        self.ns.run(|| exchange_udp(bytes))
+    }
+
+    fn alive(&self) -> bool {
+        self.process.as_ref().expect("running").try_wait().expect("poll").is_none()
+    }
+}
+
+/// A query message: one question, recursion desired, optionally EDNS with that payload.
+fn query(name: &str, qtype: RecordType, edns: Option<u16>) -> Vec<u8> {
+    let mut message = Message::new(0x4242, MessageType::Query, OpCode::Query);
+    message.metadata.recursion_desired = true;
+    message.queries.push(Query::query(Name::from_ascii(name).expect("name"), qtype));
+    if let Some(payload) = edns {
+        let mut e = Edns::new();
+        e.set_max_payload(payload);
+        message.edns = Some(e);
+    }
+    message.to_vec().expect("encode")
+}
+
+fn exchange_udp(bytes: &[u8]) -> Option<Vec<u8>> {
+    let socket = UdpSocket::bind("127.0.0.1:0").expect("bind");
+    socket.set_read_timeout(Some(Duration::from_secs(1))).expect("timeout");
+    socket.send_to(bytes, DNS).ok()?;
+    let mut buf = vec![0; 65535];
+    let n = socket.recv(&mut buf).ok()?;
+    Some(buf[..n].to_vec())
+}
+
+fn exchange_tcp(bytes: &[u8]) -> Option<Vec<u8>> {
+    let mut stream = TcpStream::connect_timeout(&DNS.parse().expect("addr"), Duration::from_secs(1)).ok()?;
+    stream.set_read_timeout(Some(Duration::from_secs(3))).expect("timeout");
+    let mut framed = u16::try_from(bytes.len()).expect("size").to_be_bytes().to_vec();
+    framed.extend_from_slice(bytes);
+    stream.write_all(&framed).ok()?;
+    let mut length = [0; 2];
+    stream.read_exact(&mut length).ok()?;
+    let mut response = vec![0; usize::from(u16::from_be_bytes(length))];
+    stream.read_exact(&mut response).ok()?;
+    Some(response)
+}
+
+/// `name TYPE data` of each record.
+fn lines(records: &[Record]) -> Vec<String> {
+    records.iter().map(|r| format!("{} {} {}", r.name, r.record_type(), r.data)).collect()
+}
+
+/// Asserts a negative answer: `rcode`, no answers, the zone's SOA in the authority section.
+fn assert_negative(response: &Message, rcode: ResponseCode, zone: &str) {
+    assert_eq!(response.metadata.response_code, rcode, "{response}");
+    assert!(response.answers.is_empty(), "{response}");
+    let soa = response.authorities.first().unwrap_or_else(|| panic!("no SOA: {response}"));
+    assert!(matches!(soa.data, RData::SOA(_)) && soa.name.to_string() == zone, "{response}");
+}
+
+fn service(name: &str, spec: &str) -> String {
+    format!("apiVersion: v1\nkind: Service\nmetadata: {{name: {name}, namespace: default}}\nspec: {spec}\n")
+}
+
+/// A hand-written EndpointSlice of Service `service` (port `pg` 5432).
+fn slice(name: &str, service: &str, family: &str, endpoints: &str) -> String {
+    format!(
+        "apiVersion: discovery.k8s.io/v1\nkind: EndpointSlice\n\
+         metadata: {{name: {name}, namespace: default, labels: {{kubernetes.io/service-name: {service}}}}}\n\
+         addressType: {family}\nports: [{{name: pg, port: 5432, protocol: TCP}}]\nendpoints: {endpoints}\n"
+    )
+}
+
+/// web (dual-stack ClusterIP with named ports), v4only, db (headless, db-0 in both families, one
+/// endpoint without hostname, one not ready), empty (headless without endpoints), ext
+/// (ExternalName), a Pod, a Namespace without Services.
+fn cluster() -> Vec<(&'static str, String)> {
+    vec![
+        ("web.yaml", service("web", "{clusterIP: 10.96.0.10, clusterIPs: [10.96.0.10, 'fd00:96::10'], ipFamilies: [IPv4, IPv6], ipFamilyPolicy: RequireDualStack, ports: [{name: http, port: 80}, {name: dns, port: 53, protocol: UDP}]}")),
+        ("v4only.yaml", service("v4only", "{clusterIP: 10.96.0.11, ports: [{port: 80}]}")),
+        ("db.yaml", service("db", "{clusterIP: None, ports: [{name: pg, port: 5432}]}")),
+        ("db-4.yaml", slice("db-4", "db", "IPv4", "[{addresses: [10.244.0.5], hostname: db-0}, {addresses: [10.244.0.6]}, {addresses: [10.244.0.7], conditions: {ready: false}}]")),
+        ("db-6.yaml", slice("db-6", "db", "IPv6", "[{addresses: ['fd00:244::5'], hostname: db-0}]")),
+        ("empty.yaml", service("empty", "{clusterIP: None}")),
+        ("ext.yaml", service("ext", "{type: ExternalName, externalName: example.com}")),
+        ("pod.yaml", "apiVersion: v1\nkind: Pod\nmetadata: {name: p1, namespace: default}\nspec: {containers: []}\nstatus: {podIP: 10.244.0.9}\n".into()),
+        ("ns.yaml", "apiVersion: v1\nkind: Namespace\nmetadata: {name: quiet}\n".into()),
+    ]
+}
+
+#[test]
+fn every_record_form_and_negative_answer_over_udp_and_tcp() {
+    let dns = DnsServer::start(&cluster(), &["--pods", "verified"]);
+    for tcp in [false, true] {
+        let ask = |name: &str, qtype| dns.ask(name, qtype, tcp);
+        let a = ask("web.default.svc.cluster.local.", RecordType::A);
+        assert!(a.metadata.authoritative && a.metadata.response_code == OK);
+        assert_eq!(lines(&a.answers), ["web.default.svc.cluster.local. A 10.96.0.10"]);
+        let aaaa = ask("Web.DEFAULT.svc.cluster.local.", RecordType::AAAA);
+        assert_eq!(lines(&aaaa.answers), ["Web.DEFAULT.svc.cluster.local. AAAA fd00:96::10"], "case echoed");
+        assert_eq!(aaaa.answers[0].ttl, 5);
+        assert_negative(&ask("v4only.default.svc.cluster.local.", RecordType::AAAA), OK, "cluster.local.");
+        assert_negative(&ask("nope.default.svc.cluster.local.", RecordType::A), NX, "cluster.local.");
+        assert_negative(&ask("web.nope.svc.cluster.local.", RecordType::A), NX, "cluster.local.");
+        for nodata in
+            ["svc.cluster.local.", "pod.cluster.local.", "default.svc.cluster.local.", "quiet.svc.cluster.local."]
+        {
+            assert_negative(&ask(nodata, RecordType::A), OK, "cluster.local.");
+        }
+        assert_eq!(
+            lines(&ask("dns-version.cluster.local.", RecordType::TXT).answers),
+            ["dns-version.cluster.local. TXT 1.1.0"]
+        );
+
+        // Headless: ready endpoints, per-hostname and dashed names; NXDOMAIN without endpoints.
+        let db = ask("db.default.svc.cluster.local.", RecordType::A);
+        assert_eq!(db.answers.len(), 2, "{db}");
+        assert_eq!(
+            lines(&ask("db-0.db.default.svc.cluster.local.", RecordType::AAAA).answers),
+            ["db-0.db.default.svc.cluster.local. AAAA fd00:244::5"]
+        );
+        assert_eq!(ask("10-244-0-6.db.default.svc.cluster.local.", RecordType::A).answers.len(), 1);
+        assert_negative(&ask("10-244-0-7.db.default.svc.cluster.local.", RecordType::A), NX, "cluster.local.");
+        assert_negative(&ask("empty.default.svc.cluster.local.", RecordType::A), NX, "cluster.local.");
+
+        // SRV: ClusterIP and headless forms, with the targets' addresses as additionals.
+        let srv = ask("_http._tcp.web.default.svc.cluster.local.", RecordType::SRV);
+        assert_eq!(
+            lines(&srv.answers),
+            ["_http._tcp.web.default.svc.cluster.local. SRV 0 100 80 web.default.svc.cluster.local."]
+        );
+        assert_eq!(srv.additionals.iter().filter(|r| r.record_type() != RecordType::OPT).count(), 2);
+        let srv = ask("_pg._tcp.db.default.svc.cluster.local.", RecordType::SRV);
+        let targets: Vec<String> = srv.answers.iter().map(|r| r.data.to_string()).collect();
+        assert_eq!(
+            targets,
+            [
+                "0 33 5432 db-0.db.default.svc.cluster.local.",
+                "0 33 5432 10-244-0-6.db.default.svc.cluster.local.",
+                "0 33 5432 db-0.db.default.svc.cluster.local."
+            ]
+        );
+        assert_negative(&ask("_nope._tcp.web.default.svc.cluster.local.", RecordType::SRV), NX, "cluster.local.");
+
+        // ExternalName, PTR (service and endpoint, both families), pods (verified).
+        assert_eq!(
+            lines(&ask("ext.default.svc.cluster.local.", RecordType::A).answers),
+            ["ext.default.svc.cluster.local. CNAME example.com."]
+        );
+        assert_negative(&ask("www.ext.default.svc.cluster.local.", RecordType::A), NX, "cluster.local.");
+        assert_eq!(
+            lines(&ask("10.0.96.10.in-addr.arpa.", RecordType::PTR).answers),
+            ["10.0.96.10.in-addr.arpa. PTR web.default.svc.cluster.local."]
+        );
+        assert_eq!(
+            lines(&ask("5.0.244.10.in-addr.arpa.", RecordType::PTR).answers),
+            ["5.0.244.10.in-addr.arpa. PTR db-0.db.default.svc.cluster.local."]
+        );
+        let v6 = "0.1.0.0.0.0.0.0.0.0.0.0.0.0.0.0.0.0.0.0.0.0.0.0.6.9.0.0.0.0.d.f.ip6.arpa.";
+        assert_eq!(lines(&ask(v6, RecordType::PTR).answers), [format!("{v6} PTR web.default.svc.cluster.local.")]);
+        assert_eq!(
+            lines(&ask("10-244-0-9.default.pod.cluster.local.", RecordType::A).answers),
+            ["10-244-0-9.default.pod.cluster.local. A 10.244.0.9"]
+        );
+        assert_negative(&ask("10-244-0-8.default.pod.cluster.local.", RecordType::A), NX, "cluster.local.");
+    }
+    assert!(dns.alive());
+}
+
+#[test]
+fn large_answers_are_truncated_over_udp_and_whole_over_tcp() {
+    let endpoints: Vec<String> =
+        (0..200).map(|i| format!("{{addresses: [10.244.{}.{}]}}", i / 250, i % 250 + 1)).collect();
+    let mut manifests = vec![("big.yaml", service("big", "{clusterIP: None, ports: [{name: pg, port: 5432}]}"))];
+    manifests.push(("big-4.yaml", slice("big-4", "big", "IPv4", &format!("[{}]", endpoints.join(", ")))));
+    let dns = DnsServer::start(&manifests, &[]);
+    let name = "big.default.svc.cluster.local.";
+    // Without EDNS, at most 512 bytes; with EDNS, the payload (capped at 1232); both with TC.
+    for edns in [None, Some(4096)] {
+        let raw = dns.raw_udp(&query(name, RecordType::A, edns)).expect("an answer");
+        let limit = if edns.is_some() { 1232 } else { 512 };
+        let response = Message::from_vec(&raw).expect("parsable");
+        assert!(
+            raw.len() <= limit && response.metadata.truncation,
+            "{} bytes, TC {}",
+            raw.len(),
+            response.metadata.truncation
+        );
+    }
+    let whole = dns.ask(name, RecordType::A, true);
+    assert_eq!((whole.answers.len(), whole.metadata.truncation), (200, false));
+    // A real client retries over TCP on TC and gets everything.
+    let out = dns.ns.exec(["dig", "+short", "@127.0.0.1", name, "A"]).expect("dig");
+    assert_eq!(String::from_utf8_lossy(&out.stdout).lines().count(), 200);
+}
+
+#[test]
+fn names_outside_the_zone_are_forwarded_cached_and_fail_fast() {
+    // A stub upstream in the namespace answering example.com A 192.0.2.1 (TTL 60), counting
+    // questions, and NXDOMAIN for everything else.
+    let mut dns = DnsServer::start(&cluster(), &["--upstream", "127.0.0.1:5300"]);
+    let asked = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let socket = dns.ns.run(|| UdpSocket::bind("127.0.0.1:5300").expect("stub bind"));
+    let counter = asked.clone();
+    std::thread::spawn(move || stub_upstream(socket, &counter));
+    let first = dns.ask("example.com.", RecordType::A, false);
+    assert_eq!(
+        (first.metadata.response_code, lines(&first.answers)),
+        (OK, vec!["example.com. A 192.0.2.1".to_string()])
+    );
+    assert!(!first.metadata.authoritative && first.metadata.recursion_available);
+    let second = dns.ask("EXAMPLE.com.", RecordType::A, true);
+    assert_eq!(second.answers.len(), 1);
+    assert_eq!(asked.load(std::sync::atomic::Ordering::SeqCst), 1, "the second answer came from the cache");
+    // Reverse names of unknown addresses fall through to the upstream (NXDOMAIN there).
+    assert_eq!(dns.ask("4.3.2.1.in-addr.arpa.", RecordType::PTR, false).metadata.response_code, NX);
+    assert_eq!(asked.load(std::sync::atomic::Ordering::SeqCst), 2);
+    let (_, metrics) = get_in(&dns.ns, "127.0.0.1:9153", "/metrics");
+    assert!(sample(&metrics, "roadkeeper_dns_cache_hits_total") >= 1.0, "{metrics}");
+
+    // With --no-fallthrough they are NXDOMAIN with the reverse zone's SOA; a dead upstream is a
+    // quick SERVFAIL.
+    dns.process.take().expect("running").terminate(Duration::from_secs(5)).expect("stop");
+    let source = ["--manifests".to_string(), dns.manifests.path().display().to_string()];
+    dns.spawn(&source.iter().map(String::as_str).collect::<Vec<_>>(), &["--no-fallthrough"]);
+    assert_negative(&dns.ask("4.3.2.1.in-addr.arpa.", RecordType::PTR, false), NX, "in-addr.arpa.");
+    let started = Instant::now();
+    let failed = dns.ask("example.org.", RecordType::A, false);
+    assert_eq!(failed.metadata.response_code, ResponseCode::ServFail);
+    assert!(started.elapsed() < Duration::from_secs(3), "SERVFAIL took {:?}", started.elapsed());
+}
+
+/// Answers example.com A with 192.0.2.1 (TTL 60), anything else with NXDOMAIN; counts questions.
+/// Ends after 30 s without a question.
+fn stub_upstream(socket: UdpSocket, asked: &std::sync::atomic::AtomicUsize) {
+    socket.set_read_timeout(Some(Duration::from_secs(30))).expect("timeout");
+    let mut buf = [0; 4096];
+    while let Ok((n, peer)) = socket.recv_from(&mut buf) {
+        let Ok(request) = Message::from_vec(&buf[..n]) else { continue };
+        asked.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+        let mut response = Message::new(request.metadata.id, MessageType::Response, OpCode::Query);
+        response.metadata.recursion_available = true;
+        response.queries = request.queries.clone();
+        let question = &request.queries[0];
+        if question.name().to_lowercase().to_string() == "example.com." && question.query_type() == RecordType::A {
+            let ip = "192.0.2.1".parse().expect("ip");
+            response.answers.push(Record::from_rdata(
+                question.name().clone(),
+                60,
+                RData::A(hickory_proto::rr::rdata::A(ip)),
+            ));
+        } else {
+            response.metadata.response_code = NX;
+        }
+        let _ = socket.send_to(&response.to_vec().expect("encode"), peer);
+    }
+}
+
+#[test]
+fn answers_follow_changes_within_a_second() {
+    let dns = DnsServer::start(&cluster(), &[]);
+    let write = |file: &str, yaml: &str| {
+        let tmp = dns.manifests.path().join(format!(".{file}"));
+        std::fs::write(&tmp, yaml).expect("write");
+        std::fs::rename(&tmp, dns.manifests.path().join(file)).expect("rename");
+    };
+    let started = Instant::now();
+    write("new.yaml", &service("new", "{clusterIP: 10.96.0.12, ports: [{port: 80}]}"));
+    let answered = eventually(Duration::from_secs(5), || {
+        !dns.ask("new.default.svc.cluster.local.", RecordType::A, false).answers.is_empty()
+    });
+    assert!(
+        answered && started.elapsed() < Duration::from_secs(1),
+        "took {:?}; log:\n{}",
+        started.elapsed(),
+        dns.log()
+    );
+
+    // An endpoint turning ready joins the headless answer.
+    let started = Instant::now();
+    write(
+        "db-4.yaml",
+        &slice(
+            "db-4",
+            "db",
+            "IPv4",
+            "[{addresses: [10.244.0.5], hostname: db-0}, {addresses: [10.244.0.6]}, {addresses: [10.244.0.7]}]",
+        ),
+    );
+    let answered = eventually(Duration::from_secs(5), || {
+        dns.ask("db.default.svc.cluster.local.", RecordType::A, false).answers.len() == 3
+    });
+    assert!(answered && started.elapsed() < Duration::from_secs(1), "took {:?}", started.elapsed());
+    std::fs::remove_file(dns.manifests.path().join("new.yaml")).expect("remove");
+    let gone = eventually(Duration::from_secs(1), || {
+        dns.ask("new.default.svc.cluster.local.", RecordType::A, false).metadata.response_code == NX
+    });
+    assert!(gone, "a deleted Service still answers");
+}
+
+#[test]
+fn hostile_packets_get_formerr_or_are_dropped_and_the_server_keeps_answering() {
+    let dns = DnsServer::start(&cluster(), &[]);
+    let valid = query("web.default.svc.cluster.local.", RecordType::A, None);
+    let mut two_questions = valid.clone();
+    two_questions[5] = 2;
+    let mut no_question = valid[..12].to_vec();
+    no_question[5] = 1;
+    // A name whose first label is a compression pointer to itself.
+    let mut looped = valid[..12].to_vec();
+    looped.extend_from_slice(&[0xc0, 12, 0, 1, 0, 1]);
+    let mut long_label = valid[..12].to_vec();
+    long_label.push(64);
+    long_label.extend(std::iter::repeat_n(b'a', 64));
+    long_label.extend_from_slice(&[0, 0, 1, 0, 1]);
+    let mut update = valid.clone();
+    update[2] = 5 << 3; // opcode UPDATE
+    let cases: Vec<(&str, Vec<u8>, Option<ResponseCode>)> = vec![
+        ("empty", Vec::new(), None),
+        ("five bytes", valid[..5].to_vec(), None),
+        ("qdcount 1, no question", no_question, Some(ResponseCode::FormErr)),
+        ("two questions", two_questions, Some(ResponseCode::FormErr)),
+        ("compression loop", looped, Some(ResponseCode::FormErr)),
+        ("label of 64 bytes", long_label, Some(ResponseCode::FormErr)),
+        ("opcode UPDATE", update, Some(ResponseCode::NotImp)),
+    ];
+    for (what, bytes, expected) in cases {
+        let got = dns.raw_udp(&bytes).map(|raw| Message::from_vec(&raw).expect("parsable").metadata.response_code);
+        assert_eq!(got, expected, "{what}");
+    }
+    // Random garbage and a huge TCP query: no panic, no stall.
+    let mut state = 0x2545_f491_4f6c_dd1d_u64;
+    for _ in 0..2000 {
+        let len = (state % 600) as usize;
+        let bytes: Vec<u8> = (0..len)
+            .map(|_| {
+                state ^= state << 13;
+                state ^= state >> 7;
+                state ^= state << 17;
+                state as u8
+            })
+            .collect();
+        dns.ns.run(|| UdpSocket::bind("127.0.0.1:0").and_then(|s| s.send_to(&bytes, DNS))).expect("send");
+    }
+    dns.ns.run(|| {
+        let mut stream = TcpStream::connect(DNS).expect("connect");
+        let mut framed = vec![0xff, 0xff];
+        framed.extend(std::iter::repeat_n(0xc0_u8, 65535));
+        let _ = stream.write_all(&framed);
+    });
+    assert!(dns.alive(), "the server died; log:\n{}", dns.log());
+    assert_eq!(dns.ask("web.default.svc.cluster.local.", RecordType::A, false).answers.len(), 1);
+    assert_eq!(dns.ask("web.default.svc.cluster.local.", RecordType::A, true).answers.len(), 1);
+}
+
+#[test]
+fn health_ready_and_metrics() {
+    let dns = DnsServer::start(&cluster(), &[]);
+    dns.ask("web.default.svc.cluster.local.", RecordType::A, false);
+    dns.ask("nope.default.svc.cluster.local.", RecordType::AAAA, true);
+    assert_eq!(get_in(&dns.ns, "127.0.0.1:8080", "/health").0, 200);
+    assert_eq!(get_in(&dns.ns, "127.0.0.1:8080", "/ready").0, 200);
+    let (code, metrics) = get_in(&dns.ns, "127.0.0.1:9153", "/metrics");
+    assert_eq!(code, 200);
+    assert!(sample(&metrics, r#"roadkeeper_dns_requests_total{proto="udp",type="A"}"#) >= 1.0, "{metrics}");
+    assert!(sample(&metrics, r#"roadkeeper_dns_requests_total{proto="tcp",type="AAAA"}"#) >= 1.0, "{metrics}");
+    assert!(sample(&metrics, r#"roadkeeper_dns_responses_total{rcode="NXDOMAIN"}"#) >= 1.0, "{metrics}");
+    assert!(
+        metrics.contains("roadkeeper_dns_request_duration_seconds_bucket{source=\"zone\",le=\"0.00005\"}"),
+        "{metrics}"
+    );
+}
+
+#[test]
+fn the_api_server_is_a_source_too() {
+    let ns = Netns::new("rk-dns-api").expect("netns");
+    let api = ControlPlane::start(Some(ns.name()));
+    let kubeconfig = api.admin_kubeconfig().display().to_string();
+    let scratch = tempfile::tempdir().expect("tempdir");
+    let log = scratch.path().join("dns.log");
+    let manifests = tempfile::tempdir().expect("tempdir");
+    let mut dns = DnsServer { process: None, api: Some(api), ns, manifests, log, _scratch: scratch };
+    let api = dns.api.as_ref().expect("api");
+    api.kubectl_stdin(
+        &["apply", "-f", "-"],
+        &service("web", "{clusterIP: 10.96.0.10, ports: [{name: http, port: 80}]}"),
+    );
+    dns.spawn(&["--kubeconfig", &kubeconfig], &[]);
+    let web = dns.ask("web.default.svc.cluster.local.", RecordType::A, false);
+    assert_eq!(lines(&web.answers), ["web.default.svc.cluster.local. A 10.96.0.10"]);
+    // The API server's own Service, and one created now.
+    assert_eq!(dns.ask("kubernetes.default.svc.cluster.local.", RecordType::A, false).answers.len(), 1);
+    let api = dns.api.as_ref().expect("api");
+    api.kubectl_stdin(&["apply", "-f", "-"], &service("late", "{clusterIP: 10.96.0.13, ports: [{port: 80}]}"));
+    let answered = eventually(Duration::from_secs(5), || {
+        dns.ask("late.default.svc.cluster.local.", RecordType::A, false).answers.len() == 1
+    });
+    assert!(answered, "log:\n{}", dns.log());
+    // Namespaces come from the API: kube-system has no Service here but exists.
+    assert_negative(&dns.ask("kube-system.svc.cluster.local.", RecordType::A, false), OK, "cluster.local.");
+    assert_negative(&dns.ask("nope.svc.cluster.local.", RecordType::A, false), NX, "cluster.local.");
+}
