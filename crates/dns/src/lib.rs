@@ -7,4 +7,5 @@
 pub mod answer;
 pub mod forward;
 pub mod server;
+pub mod wire;
 pub mod zone;

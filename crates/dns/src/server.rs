@@ -7,8 +7,8 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use arc_swap::ArcSwap;
-use hickory_proto::op::{Edns, Message, MessageType, Metadata, OpCode, Query, ResponseCode};
-use hickory_proto::rr::{DNSClass, Record};
+use hickory_proto::op::{Edns, Message, MessageType, OpCode, Query, ResponseCode};
+use hickory_proto::rr::Record;
 use hickory_server::net::runtime::Time;
 use hickory_server::server::{Request, RequestHandler, ResponseHandler, ResponseInfo, Server};
 use hickory_server::zone_handler::MessageResponseBuilder;
@@ -16,6 +16,7 @@ use metrics::{counter, histogram};
 
 use crate::answer::{Outcome, Zones};
 use crate::forward::Forwarder;
+use crate::wire;
 use crate::zone::ZoneData;
 
 /// `roadkeeper_dns_requests_total{proto, type}`: requests by transport and question type.
@@ -26,8 +27,6 @@ pub const RESPONSES_TOTAL: &str = "roadkeeper_dns_responses_total";
 pub const REQUEST_DURATION_SECONDS: &str = "roadkeeper_dns_request_duration_seconds";
 /// How long a TCP connection may stay idle.
 const TCP_IDLE_TIMEOUT: Duration = Duration::from_secs(10);
-/// Largest UDP payload we accept to send when a client advertises more (RFC 9715's advice).
-const MAX_UDP_PAYLOAD: u16 = 1232;
 
 /// The current zone snapshot, replaced as a whole on every change (readers never lock).
 pub type SharedZone = Arc<ArcSwap<ZoneData>>;
@@ -47,37 +46,19 @@ impl Handler {
 
     /// The response to `request`, sent on `response`.
     async fn respond<R: ResponseHandler>(&self, request: &Request, mut response: R) -> (ResponseInfo, &'static str) {
-        let edns = request.edns.as_ref().map(|asked| {
-            let mut edns = Edns::new();
-            edns.set_max_payload(asked.max_payload().clamp(512, MAX_UDP_PAYLOAD));
-            edns
-        });
-        let mut builder = MessageResponseBuilder::from_message_request(request);
+        let (edns, mut metadata) = wire::response_head(request);
+        let questions = wire::echoed_questions(request);
+        let mut builder = MessageResponseBuilder::new(&questions, None);
         if let Some(edns) = &edns {
             builder.edns(edns);
         }
-        let mut metadata = Metadata::response_from_request(&request.metadata);
-        metadata.recursion_available = true;
-        let query = match request.request_info() {
-            Ok(info) if request.metadata.op_code == OpCode::Query => info.query.original().clone(),
-            Ok(_) => {
-                return (send(builder.error_msg(&request.metadata, ResponseCode::NotImp), &mut response).await, "zone");
-            }
-            Err(_) => {
-                return (send(builder.error_msg(&request.metadata, ResponseCode::FormErr), &mut response).await, "zone");
-            }
-        };
-        let outcome = if query.query_class() == DNSClass::IN {
-            self.zones.answer(&self.data.load(), query.name(), query.query_type())
-        } else {
-            Outcome::Forward
+        let (query, outcome) = match wire::plan(&self.zones, &self.data.load(), request) {
+            Ok(planned) => planned,
+            Err(code) => return (send(builder.error_msg(&request.metadata, code), &mut response).await, "zone"),
         };
         match outcome {
             Outcome::Answer(answer) => {
-                metadata.authoritative = true;
-                metadata.response_code = answer.rcode;
-                let message = builder.build(metadata, &answer.answers, &answer.authority, [], &answer.additionals);
-                (send(message, &mut response).await, "zone")
+                (send(wire::authoritative(builder, metadata, &answer), &mut response).await, "zone")
             }
             Outcome::Forward => {
                 let upstream = self.forwarder.forward(&forwarded(request, query)).await;

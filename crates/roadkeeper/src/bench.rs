@@ -1,4 +1,4 @@
-//! `roadkeeper bench`: measures full-sync and one-endpoint-change times of each backend at several
+//! `roadkeeper bench proxy`: measures full-sync and one-endpoint-change times of each backend at several
 //! cluster sizes, side by side in one run, each in scratch network namespaces.
 
 use std::collections::BTreeSet;
@@ -214,7 +214,7 @@ fn measure(backend: Backend, services: usize, endpoints: usize, runs: usize) -> 
 pub fn run(args: BenchArgs) -> anyhow::Result<()> {
     let backends: Vec<Backend> = args.proxy_mode.iter().map(|m| m.parse()).collect::<Result<_, _>>()?;
     println!(
-        "median of {} runs each, {} endpoints per Service, measured in one run of `roadkeeper bench`",
+        "median of {} runs each, {} endpoints per Service, measured in one run of `roadkeeper bench proxy`",
         args.runs, args.endpoints
     );
     println!(

@@ -30,9 +30,10 @@ pub enum Command {
     /// Run the lab echo server: answers TCP and UDP with the address it was reached at and the
     /// peer address it saw.
     Echo(EchoArgs),
-    /// Measure full-sync and one-endpoint-change times of each backend at several cluster sizes,
-    /// side by side (needs root; works in scratch network namespaces).
-    Bench(BenchArgs),
+    /// Benchmarks, each measured side by side in one run (needs root; works in scratch network
+    /// namespaces).
+    #[command(subcommand)]
+    Bench(Bench),
     /// Build the hello example in network namespaces (a node, three echo pods, a client), run
     /// the proxy there and show which pod answers the Service (needs root).
     Lab(LabArgs),
@@ -110,7 +111,34 @@ pub struct EchoArgs {
     pub name: Option<String>,
 }
 
-/// Flags of `bench`.
+/// What `bench` measures.
+#[derive(Debug, Subcommand)]
+pub enum Bench {
+    /// Full-sync and one-endpoint-change times of each proxy backend at several cluster sizes.
+    Proxy(BenchArgs),
+    /// `roadkeeper dns` under dnsperf (Debian package `dnsperf`) on loopback: queries per second
+    /// and latency percentiles, the server pinned to one core and dnsperf to another.
+    Dns(DnsBenchArgs),
+}
+
+/// Flags of `bench dns`.
+#[derive(Debug, Args)]
+pub struct DnsBenchArgs {
+    /// Number of Services in the cluster (a tenth of them headless, with 3 endpoints each).
+    #[arg(long, default_value_t = 1000)]
+    pub services: usize,
+    /// Seconds of each dnsperf run.
+    #[arg(long, default_value_t = 15)]
+    pub seconds: u32,
+    /// CPU the server is pinned to.
+    #[arg(long, default_value_t = 1)]
+    pub server_cpu: usize,
+    /// CPU dnsperf is pinned to.
+    #[arg(long, default_value_t = 0)]
+    pub client_cpu: usize,
+}
+
+/// Flags of `bench proxy`.
 #[derive(Debug, Args)]
 pub struct BenchArgs {
     /// Numbers of Services to measure, comma-separated.

@@ -1,6 +1,7 @@
 //! The `roadkeeper` binary: parses the command line and wires sources to components.
 
 mod bench;
+mod bench_dns;
 mod cli;
 mod deploy_check;
 mod dns_cmd;
@@ -38,7 +39,8 @@ fn main() -> std::process::ExitCode {
         Command::Proxy(args) => proxy_cmd::run(args),
         Command::Rules(args) => proxy_cmd::print_rules(args),
         Command::Cleanup => proxy_cmd::cleanup(),
-        Command::Bench(args) => bench::run(args),
+        Command::Bench(cli::Bench::Proxy(args)) => bench::run(args),
+        Command::Bench(cli::Bench::Dns(args)) => bench_dns::run(args),
         Command::Lab(args) => lab::run(args),
         Command::Dns(args) => dns_cmd::run(args),
         Command::Echo(args) => {

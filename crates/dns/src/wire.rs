@@ -1,0 +1,346 @@
+//! The request path without sockets: the bytes of a request in, the bytes the UDP server sends back
+//! out. For the fuzz target (`crates/dns/fuzz`) and tests; [`server`](crate::server) shares its
+//! decisions: the response's EDNS ([`response_head`]), which question is answered and how
+//! ([`plan`]), and the authoritative response ([`authoritative`]).
+
+use std::net::{Ipv4Addr, SocketAddr};
+use std::sync::Arc;
+
+use hickory_proto::op::{Edns, Header, HeaderCounts, Message, MessageType, Metadata, OpCode, Query, ResponseCode};
+use hickory_proto::rr::{DNSClass, Name, Record};
+use hickory_proto::serialize::binary::{BinDecodable, BinDecoder, BinEncodable, BinEncoder, NameEncoding};
+use hickory_server::net::xfer::Protocol;
+use hickory_server::server::Request;
+use hickory_server::zone_handler::{MessageResponse, MessageResponseBuilder, Queries};
+use roadkeeper_cluster::{Object, Store};
+use serde_json::{Value, json};
+
+use crate::answer::{Answer, Outcome, Zones};
+use crate::zone::{PodMode, ZoneData, ZoneOptions};
+
+/// Largest UDP payload we accept to send when a client advertises more (RFC 9715's advice).
+pub(crate) const MAX_UDP_PAYLOAD: u16 = 1232;
+
+/// The response's EDNS (the client's payload size clamped to 512..=[`MAX_UDP_PAYLOAD`], only when
+/// the request has EDNS) and header (recursion available, the rest from the request).
+pub(crate) fn response_head(request: &Request) -> (Option<Edns>, Metadata) {
+    let edns = request.edns.as_ref().map(|asked| {
+        let mut edns = Edns::new();
+        edns.set_max_payload(asked.max_payload().clamp(512, MAX_UDP_PAYLOAD));
+        edns
+    });
+    let mut metadata = Metadata::response_from_request(&request.metadata);
+    metadata.recursion_available = true;
+    (edns, metadata)
+}
+
+/// The request's questions, re-encoded, for the response to carry. hickory-server's
+/// `from_message_request` echoes the bytes received instead, and a question name compressed with
+/// a pointer into the header then points at the *response's* header, whose flags and counts
+/// differ: the response would not parse, or name another question (found by the fuzz target;
+/// seed `crash-question-pointer-into-header.bin`).
+pub(crate) fn echoed_questions(request: &Request) -> Queries {
+    let mut bytes = Vec::new();
+    let mut encoder = BinEncoder::new(&mut bytes);
+    // Uncompressed: pointers would be relative to this buffer, not to the response.
+    encoder.set_name_encoding(NameEncoding::Uncompressed);
+    let questions = request.queries.queries();
+    let encoded = questions.iter().try_for_each(|q| q.original().emit(&mut encoder));
+    let count = if encoded.is_ok() { questions.len() } else { 0 };
+    Queries::read(&mut BinDecoder::new(&bytes), count)
+        .or_else(|_| Queries::read(&mut BinDecoder::new(&[]), 0))
+        .expect("no question always decodes")
+}
+
+/// The question of `request` and what the zones make of it (other classes than IN are
+/// forwarded), or the response code of a request not answered: NOTIMP for an opcode other than
+/// QUERY, FORMERR without exactly one question.
+pub(crate) fn plan(zones: &Zones, data: &ZoneData, request: &Request) -> Result<(Query, Outcome), ResponseCode> {
+    let query = match request.request_info() {
+        Ok(info) if request.metadata.op_code == OpCode::Query => info.query.original().clone(),
+        Ok(_) => return Err(ResponseCode::NotImp),
+        Err(_) => return Err(ResponseCode::FormErr),
+    };
+    let outcome = if query.query_class() == DNSClass::IN {
+        zones.answer(data, query.name(), query.query_type())
+    } else {
+        Outcome::Forward
+    };
+    Ok((query, outcome))
+}
+
+/// The response carrying a zone's `answer`: authoritative, with its response code.
+pub(crate) fn authoritative<'q, 'a>(
+    builder: MessageResponseBuilder<'q>,
+    mut metadata: Metadata,
+    answer: &'a Answer,
+) -> MessageResponse<
+    'q,
+    'a,
+    impl Iterator<Item = &'a Record> + Send + 'a,
+    impl Iterator<Item = &'a Record> + Send + 'a,
+    impl Iterator<Item = &'a Record> + Send + 'a,
+    impl Iterator<Item = &'a Record> + Send + 'a,
+> {
+    metadata.authoritative = true;
+    metadata.response_code = answer.rcode;
+    builder.build(metadata, &answer.answers, &answer.authority, [], &answer.additionals)
+}
+
+/// The source address requests are taken to come from.
+const SOURCE: SocketAddr = SocketAddr::new(std::net::IpAddr::V4(Ipv4Addr::LOCALHOST), 5353);
+
+/// The UDP response to the request `bytes`, as the server sends it, or `None` where the server
+/// sends nothing (no readable header, or a response). Names outside the zones get SERVFAIL: this
+/// path does not forward.
+pub fn respond(zones: &Zones, data: &ZoneData, bytes: &[u8]) -> Option<Vec<u8>> {
+    let header = Header::read(&mut BinDecoder::new(bytes)).ok()?;
+    let Ok(request) = Request::from_bytes(bytes.to_vec(), SOURCE, Protocol::Udp) else {
+        // As hickory-server's own FORMERR for a request it cannot read: no question, no EDNS.
+        let queries = Queries::read(&mut BinDecoder::new(&[]), 0).ok()?;
+        return Some(encode(
+            MessageResponseBuilder::new(&queries, None).error_msg(&header.metadata, ResponseCode::FormErr),
+        ));
+    };
+    if request.metadata.message_type == MessageType::Response {
+        return None;
+    }
+    let (edns, mut metadata) = response_head(&request);
+    let questions = echoed_questions(&request);
+    let mut builder = MessageResponseBuilder::new(&questions, None);
+    if let Some(edns) = &edns {
+        builder.edns(edns);
+    }
+    Some(match plan(zones, data, &request) {
+        Err(code) => encode(builder.error_msg(&request.metadata, code)),
+        Ok((_, Outcome::Answer(answer))) => encode(authoritative(builder, metadata, &answer)),
+        Ok((_, Outcome::Forward)) => {
+            metadata.response_code = ResponseCode::ServFail;
+            encode(builder.build_no_records(metadata))
+        }
+    })
+}
+
+/// `message` in wire format, at most 512 bytes without EDNS or the response EDNS's payload size (the
+/// TC bit set where records were left out); a header-only SERVFAIL when it cannot be encoded. What
+/// hickory-server's UDP `ResponseHandle` does.
+fn encode<'a>(
+    message: MessageResponse<
+        '_,
+        'a,
+        impl Iterator<Item = &'a Record> + Send + 'a,
+        impl Iterator<Item = &'a Record> + Send + 'a,
+        impl Iterator<Item = &'a Record> + Send + 'a,
+        impl Iterator<Item = &'a Record> + Send + 'a,
+    >,
+) -> Vec<u8> {
+    let id = message.metadata().id;
+    let mut bytes = Vec::with_capacity(512);
+    let mut encoder = BinEncoder::new(&mut bytes);
+    encoder.set_max_size(message.edns().map_or(512, Edns::max_payload));
+    if message.destructive_emit(&mut encoder).is_err() {
+        bytes.clear();
+        let mut metadata = Metadata::new(id, MessageType::Response, OpCode::Query);
+        metadata.response_code = ResponseCode::ServFail;
+        let header = Header { metadata, counts: HeaderCounts::default() };
+        header.emit(&mut BinEncoder::new(&mut bytes)).expect("a header fits");
+    }
+    bytes
+}
+
+/// [`respond`], checked as the fuzz target checks it: a response parses back, is one, carries the
+/// request's ID and question, and fits in 512 bytes when the request has no EDNS
+/// ([`MAX_UDP_PAYLOAD`] in any case). Panics otherwise; returns the parsed response.
+#[doc(hidden)]
+pub fn respond_checked(zones: &Zones, data: &ZoneData, bytes: &[u8]) -> Option<Message> {
+    let response = respond(zones, data, bytes)?;
+    let request = Request::from_bytes(bytes.to_vec(), SOURCE, Protocol::Udp).ok();
+    let edns = request.as_ref().and_then(|request| request.edns.as_ref());
+    let limit = if edns.is_some() { usize::from(MAX_UDP_PAYLOAD) } else { 512 };
+    assert!(response.len() <= limit, "{} bytes answer {bytes:02x?} (EDNS: {edns:?})", response.len());
+    let parsed = Message::from_vec(&response)
+        .unwrap_or_else(|err| panic!("the response does not parse ({err}): {response:02x?} to {bytes:02x?}"));
+    assert_eq!(parsed.metadata.message_type, MessageType::Response);
+    assert_eq!(parsed.metadata.id.to_be_bytes(), bytes[..2], "the response's ID");
+    if !parsed.queries.is_empty() {
+        let asked: Vec<&Query> = request.iter().flat_map(|r| r.queries.queries()).map(|q| q.original()).collect();
+        assert_eq!(parsed.queries.iter().collect::<Vec<_>>(), asked, "the response's question");
+    }
+    Some(parsed)
+}
+
+/// The fuzz target's zones and data: `cluster.local` (Pods answered as asked) and the reverse
+/// zones, holding in namespace `default` the ClusterIP Service `web` (dual-stack, ports http and
+/// dns), the headless Service `db` (50 ready endpoints `db-0`..`db-49`, 10.244.1.1..50, port pg),
+/// the ExternalName Service `ext` (example.com) and the Pod `p1`.
+#[doc(hidden)]
+pub fn fixture() -> (Zones, ZoneData) {
+    fn object(value: Value) -> Object {
+        match value["kind"].as_str() {
+            Some("Service") => Object::Service(Arc::new(serde_json::from_value(value).expect("a Service"))),
+            Some("EndpointSlice") => Object::EndpointSlice(Arc::new(serde_json::from_value(value).expect("a slice"))),
+            _ => Object::Pod(Arc::new(serde_json::from_value(value).expect("a Pod"))),
+        }
+    }
+    let service = |name: &str, spec: Value| {
+        object(json!({"kind": "Service", "metadata": {"name": name, "namespace": "default"}, "spec": spec}))
+    };
+    let endpoints: Vec<Value> = (0..50)
+        .map(|i| {
+            json!({"addresses": [format!("10.244.1.{}", i + 1)], "hostname": format!("db-{i}"),
+            "conditions": {"ready": true}})
+        })
+        .collect();
+    let store = Store::from_objects([
+        service(
+            "web",
+            json!({"clusterIP": "10.96.0.10", "clusterIPs": ["10.96.0.10", "fd00:96::10"],
+                "ports": [{"name": "http", "port": 80}, {"name": "dns", "port": 53, "protocol": "UDP"}]}),
+        ),
+        object(json!({"kind": "EndpointSlice", "apiVersion": "discovery.k8s.io/v1",
+            "metadata": {"name": "web-x", "namespace": "default", "labels": {"kubernetes.io/service-name": "web"}},
+            "addressType": "IPv4", "endpoints": [{"addresses": ["10.244.0.20"]}]})),
+        service("db", json!({"clusterIP": "None", "ports": [{"name": "pg", "port": 5432}]})),
+        object(json!({"kind": "EndpointSlice", "apiVersion": "discovery.k8s.io/v1",
+            "metadata": {"name": "db-x", "namespace": "default", "labels": {"kubernetes.io/service-name": "db"}},
+            "addressType": "IPv4", "ports": [{"name": "pg", "port": 5432, "protocol": "TCP"}],
+            "endpoints": endpoints})),
+        service("ext", json!({"type": "ExternalName", "externalName": "example.com"})),
+        object(json!({"kind": "Pod", "metadata": {"name": "p1", "namespace": "default"},
+            "status": {"podIP": "10.244.0.9", "podIPs": [{"ip": "10.244.0.9"}]}})),
+    ]);
+    let name = |n: &str| Name::from_ascii(n).expect("a zone name");
+    let zones = Zones {
+        cluster: vec![name("cluster.local.")],
+        reverse: vec![name("in-addr.arpa."), name("ip6.arpa.")],
+        fallthrough: Vec::new(),
+        ttl: 5,
+        pods: PodMode::Insecure,
+        ignore_empty_service: false,
+    };
+    let data = ZoneData::build(&store, &ZoneOptions { endpoint_pod_names: false, pods: PodMode::Insecure });
+    (zones, data)
+}
+
+#[cfg(test)]
+mod tests {
+    use hickory_proto::rr::RecordType;
+
+    use super::*;
+
+    /// A query for `name` of type `qtype`, ID 0x1234, with EDNS of `payload` bytes if given.
+    fn query(name: &str, qtype: RecordType, payload: Option<u16>) -> Vec<u8> {
+        let mut message = Message::new(0x1234, MessageType::Query, OpCode::Query);
+        message.metadata.recursion_desired = true;
+        message.queries.push(Query::query(Name::from_ascii(name).unwrap(), qtype));
+        message.edns = payload.map(|payload| {
+            let mut edns = Edns::new();
+            edns.set_max_payload(payload);
+            edns
+        });
+        message.to_vec().unwrap()
+    }
+
+    fn ask(bytes: &[u8]) -> Option<Message> {
+        let (zones, data) = fixture();
+        respond_checked(&zones, &data, bytes)
+    }
+
+    fn rcode(bytes: &[u8]) -> ResponseCode {
+        ask(bytes).expect("a response").metadata.response_code
+    }
+
+    #[test]
+    fn every_seed_of_the_fuzz_corpus_passes_the_checks() {
+        let (zones, data) = fixture();
+        let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("fuzz/corpus/request");
+        let mut seeds = 0;
+        for entry in std::fs::read_dir(&dir).unwrap() {
+            let path = entry.unwrap().path();
+            let bytes = std::fs::read(&path).unwrap();
+            let result = std::panic::catch_unwind(|| respond_checked(&zones, &data, &bytes));
+            assert!(result.is_ok(), "seed {} fails", path.display());
+            seeds += 1;
+        }
+        assert!(seeds >= 15, "{seeds} seeds in {}", dir.display());
+    }
+
+    #[test]
+    fn a_zone_answer_is_authoritative_and_recursion_is_available() {
+        let response = ask(&query("web.default.svc.cluster.local.", RecordType::A, None)).unwrap();
+        assert_eq!(response.metadata.id, 0x1234);
+        assert!(response.metadata.authoritative && response.metadata.recursion_available);
+        assert_eq!(response.metadata.response_code, ResponseCode::NoError);
+        assert_eq!(response.answers.len(), 1);
+        assert_eq!(response.answers[0].data.to_string(), "10.96.0.10");
+        assert!(response.edns.is_none());
+    }
+
+    #[test]
+    fn formerr_without_exactly_one_question() {
+        let mut none = query("web.default.svc.cluster.local.", RecordType::A, None);
+        none.truncate(12);
+        none[5] = 0; // QDCOUNT 0
+        assert_eq!(rcode(&none), ResponseCode::FormErr);
+        let mut message = Message::from_vec(&query("web.default.svc.cluster.local.", RecordType::A, None)).unwrap();
+        message.queries.push(message.queries[0].clone());
+        let response = ask(&message.to_vec().unwrap()).unwrap();
+        assert_eq!(response.metadata.response_code, ResponseCode::FormErr);
+        assert!(!response.metadata.authoritative);
+        assert_eq!(response.queries.len(), 2, "the questions are echoed");
+    }
+
+    #[test]
+    fn notimp_for_an_update() {
+        let mut message = Message::from_vec(&query("cluster.local.", RecordType::SOA, None)).unwrap();
+        message.metadata.op_code = OpCode::Update;
+        assert_eq!(rcode(&message.to_vec().unwrap()), ResponseCode::NotImp);
+    }
+
+    #[test]
+    fn no_response_without_a_header_nor_to_a_response() {
+        assert_eq!(ask(&[0x12, 0x34, 0x01, 0x00, 0x00]), None);
+        let mut response = query("web.default.svc.cluster.local.", RecordType::A, None);
+        response[2] |= 0x80; // QR
+        assert_eq!(ask(&response), None);
+    }
+
+    #[test]
+    fn a_compression_loop_is_a_formerr() {
+        // One question whose name is a pointer to itself (offset 12).
+        let bytes = [0x12, 0x34, 0x01, 0x00, 0, 1, 0, 0, 0, 0, 0, 0, 0xc0, 12, 0, 1, 0, 1];
+        let response = ask(&bytes).expect("a response");
+        assert_eq!(response.metadata.response_code, ResponseCode::FormErr);
+        assert!(response.queries.is_empty());
+    }
+
+    #[test]
+    fn a_question_pointing_into_the_header_is_answered_with_a_re_encoded_question() {
+        // QDCOUNT 1, the name a pointer to offset 2: the label "\0" spelt by the flags 01 00 and the
+        // QDCOUNT's high byte. Echoed as received, the pointer would land on the response's flags.
+        let bytes = [0x12, 0x34, 0x01, 0x00, 0, 1, 0, 0, 0, 0, 0, 0, 0xc0, 0x02, 0, 1, 0, 1];
+        let response = respond_checked(&fixture().0, &fixture().1, &bytes).expect("a response");
+        assert_eq!(response.queries.len(), 1);
+        assert_eq!(response.queries[0].name().to_ascii(), "\\000.");
+    }
+
+    #[test]
+    fn outside_the_zones_is_servfail_here() {
+        let response = ask(&query("example.com.", RecordType::A, Some(1232))).unwrap();
+        assert_eq!(response.metadata.response_code, ResponseCode::ServFail);
+        assert!(!response.metadata.authoritative && response.metadata.recursion_available);
+        assert_eq!(response.edns.unwrap().max_payload(), 1232);
+    }
+
+    #[test]
+    fn fifty_srv_records_truncate_to_the_size_edns_allows() {
+        for (payload, limit) in [(None, 512), (Some(4096), 1232), (Some(100), 512)] {
+            let bytes = query("db.default.svc.cluster.local.", RecordType::SRV, payload);
+            let response = ask(&bytes).unwrap();
+            assert!(response.metadata.truncation, "{payload:?}");
+            let size = respond(&fixture().0, &fixture().1, &bytes).unwrap().len();
+            assert!(size <= limit && size > limit - 100, "{payload:?}: {size} bytes");
+            assert_eq!(response.edns.map(|e| e.max_payload()), payload.map(|p| p.clamp(512, 1232)));
+        }
+    }
+}
