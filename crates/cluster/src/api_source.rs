@@ -13,9 +13,9 @@ use std::path::Path;
 use std::sync::Arc;
 
 use futures::StreamExt;
-use k8s_openapi::api::core::v1::{Namespace, Node, Pod, Service};
+use k8s_openapi::api::core::v1::{Namespace, Node, Pod, Secret, Service};
 use k8s_openapi::api::discovery::v1::EndpointSlice;
-use k8s_openapi::api::networking::v1::ServiceCIDR;
+use k8s_openapi::api::networking::v1::{Ingress, IngressClass, ServiceCIDR};
 use kube::config::{KubeConfigOptions, Kubeconfig};
 use kube::runtime::watcher::{self, Event};
 use kube::runtime::{WatchStreamExt, watcher as watch_stream};
@@ -83,6 +83,13 @@ impl ApiSource {
                 Kind::ServiceCidr => spawn::<ServiceCIDR>(&client, kind, watcher::Config::default(), &tx),
                 Kind::Pod => spawn::<Pod>(&client, kind, watcher::Config::default(), &tx),
                 Kind::Namespace => spawn::<Namespace>(&client, kind, watcher::Config::default(), &tx),
+                Kind::Ingress => spawn::<Ingress>(&client, kind, watcher::Config::default(), &tx),
+                Kind::IngressClass => spawn::<IngressClass>(&client, kind, watcher::Config::default(), &tx),
+                // Only TLS Secrets are read (certificates for Ingresses): the field selector keeps the
+                // others out of memory and off the wire.
+                Kind::Secret => {
+                    spawn::<Secret>(&client, kind, watcher::Config::default().fields("type=kubernetes.io/tls"), &tx)
+                }
             };
             tasks.push(task);
         }

@@ -21,6 +21,12 @@ pub struct Changes {
     pub pods: BTreeSet<NamespacedName>,
     /// Names of Namespaces added, changed or removed.
     pub namespaces: BTreeSet<String>,
+    /// Ingresses added, changed or removed.
+    pub ingresses: BTreeSet<NamespacedName>,
+    /// Names of IngressClasses added, changed or removed.
+    pub ingress_classes: BTreeSet<String>,
+    /// Secrets added, changed or removed.
+    pub secrets: BTreeSet<NamespacedName>,
     /// Service objects added, changed or removed (kube-proxy's "service changes").
     pub service_updates: usize,
     /// EndpointSlices added, changed or removed, derived ones counted once per Service
@@ -39,6 +45,9 @@ impl Changes {
             && !self.service_cidrs
             && self.pods.is_empty()
             && self.namespaces.is_empty()
+            && self.ingresses.is_empty()
+            && self.ingress_classes.is_empty()
+            && self.secrets.is_empty()
     }
 
     /// Adds everything in `other` to `self`.
@@ -48,6 +57,9 @@ impl Changes {
         self.service_cidrs |= other.service_cidrs;
         self.pods.extend(other.pods);
         self.namespaces.extend(other.namespaces);
+        self.ingresses.extend(other.ingresses);
+        self.ingress_classes.extend(other.ingress_classes);
+        self.secrets.extend(other.secrets);
         self.service_updates += other.service_updates;
         self.endpoint_updates += other.endpoint_updates;
         self.trigger_times.extend(other.trigger_times);

@@ -3,9 +3,9 @@
 use std::fmt;
 use std::sync::Arc;
 
-use k8s_openapi::api::core::v1::{Namespace, Node, Pod, Service};
+use k8s_openapi::api::core::v1::{Namespace, Node, Pod, Secret, Service};
 use k8s_openapi::api::discovery::v1::EndpointSlice;
-use k8s_openapi::api::networking::v1::ServiceCIDR;
+use k8s_openapi::api::networking::v1::{Ingress, IngressClass, ServiceCIDR};
 
 use crate::NamespacedName;
 
@@ -25,6 +25,12 @@ pub enum Object {
     ServiceCidr(Arc<ServiceCIDR>),
     /// `v1 Namespace`.
     Namespace(Arc<Namespace>),
+    /// `networking.k8s.io/v1 Ingress`.
+    Ingress(Arc<Ingress>),
+    /// `networking.k8s.io/v1 IngressClass`.
+    IngressClass(Arc<IngressClass>),
+    /// `v1 Secret`.
+    Secret(Arc<Secret>),
 }
 
 impl Object {
@@ -37,6 +43,9 @@ impl Object {
             Self::Node(o) => (Kind::Node, &o.metadata),
             Self::ServiceCidr(o) => (Kind::ServiceCidr, &o.metadata),
             Self::Namespace(o) => (Kind::Namespace, &o.metadata),
+            Self::Ingress(o) => (Kind::Ingress, &o.metadata),
+            Self::IngressClass(o) => (Kind::IngressClass, &o.metadata),
+            Self::Secret(o) => (Kind::Secret, &o.metadata),
         };
         let namespace = match &metadata.namespace {
             _ if !kind.namespaced() => "",
@@ -63,7 +72,10 @@ object_from!(
     Pod(Pod),
     Node(Node),
     ServiceCidr(ServiceCIDR),
-    Namespace(Namespace)
+    Namespace(Namespace),
+    Ingress(Ingress),
+    IngressClass(IngressClass),
+    Secret(Secret)
 );
 
 /// The kind of an [`Object`].
@@ -81,6 +93,12 @@ pub enum Kind {
     ServiceCidr,
     /// `v1 Namespace`.
     Namespace,
+    /// `networking.k8s.io/v1 Ingress`.
+    Ingress,
+    /// `networking.k8s.io/v1 IngressClass`.
+    IngressClass,
+    /// `v1 Secret`.
+    Secret,
 }
 
 impl Kind {
@@ -93,13 +111,16 @@ impl Kind {
             ("v1", "Node") => Self::Node,
             ("networking.k8s.io/v1", "ServiceCIDR") => Self::ServiceCidr,
             ("v1", "Namespace") => Self::Namespace,
+            ("networking.k8s.io/v1", "Ingress") => Self::Ingress,
+            ("networking.k8s.io/v1", "IngressClass") => Self::IngressClass,
+            ("v1", "Secret") => Self::Secret,
             _ => return None,
         })
     }
 
     /// Whether objects of this kind live in a namespace.
     pub(crate) fn namespaced(self) -> bool {
-        !matches!(self, Self::Node | Self::ServiceCidr | Self::Namespace)
+        !matches!(self, Self::Node | Self::ServiceCidr | Self::Namespace | Self::IngressClass)
     }
 
     /// The kind's name, as in manifests.
@@ -111,6 +132,9 @@ impl Kind {
             Self::Node => "Node",
             Self::ServiceCidr => "ServiceCIDR",
             Self::Namespace => "Namespace",
+            Self::Ingress => "Ingress",
+            Self::IngressClass => "IngressClass",
+            Self::Secret => "Secret",
         }
     }
 }

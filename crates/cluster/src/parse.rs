@@ -138,6 +138,9 @@ fn typed(kind: Kind, value: Value) -> Result<Object, Vec<FieldError>> {
         Kind::Node => Object::Node(Arc::new(strict(value)?)),
         Kind::ServiceCidr => Object::ServiceCidr(Arc::new(strict(value)?)),
         Kind::Namespace => Object::Namespace(Arc::new(strict(value)?)),
+        Kind::Ingress => Object::Ingress(Arc::new(strict(value)?)),
+        Kind::IngressClass => Object::IngressClass(Arc::new(strict(value)?)),
+        Kind::Secret => Object::Secret(Arc::new(strict(value)?)),
     })
 }
 

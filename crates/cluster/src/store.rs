@@ -5,9 +5,9 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 use std::time::SystemTime;
 
-use k8s_openapi::api::core::v1::{Namespace, Node, Pod, Service};
+use k8s_openapi::api::core::v1::{Namespace, Node, Pod, Secret, Service};
 use k8s_openapi::api::discovery::v1::EndpointSlice;
-use k8s_openapi::api::networking::v1::ServiceCIDR;
+use k8s_openapi::api::networking::v1::{Ingress, IngressClass, ServiceCIDR};
 
 use crate::endpointslices::{derive, selects};
 use crate::index::{self, Index};
@@ -33,6 +33,9 @@ pub struct Store {
     nodes: BTreeMap<String, Arc<Node>>,
     service_cidrs: BTreeMap<String, Arc<ServiceCIDR>>,
     namespaces: BTreeMap<String, Arc<Namespace>>,
+    ingresses: BTreeMap<NamespacedName, Arc<Ingress>>,
+    ingress_classes: BTreeMap<String, Arc<IngressClass>>,
+    secrets: BTreeMap<NamespacedName, Arc<Secret>>,
     /// Whether EndpointSlices are derived from Pods (a manifest folder has no controller to make
     /// them; an API server has).
     derive_slices: bool,
@@ -50,6 +53,9 @@ impl Default for Store {
             nodes: BTreeMap::new(),
             service_cidrs: BTreeMap::new(),
             namespaces: BTreeMap::new(),
+            ingresses: BTreeMap::new(),
+            ingress_classes: BTreeMap::new(),
+            secrets: BTreeMap::new(),
             derive_slices: true,
         }
     }
@@ -125,6 +131,26 @@ impl Store {
         in_namespace(&self.pods, namespace)
     }
 
+    /// All Ingresses, ordered by namespace and name.
+    pub fn ingresses(&self) -> impl Iterator<Item = (&NamespacedName, &Arc<Ingress>)> {
+        self.ingresses.iter()
+    }
+
+    /// One Ingress.
+    pub fn ingress(&self, key: &NamespacedName) -> Option<&Arc<Ingress>> {
+        self.ingresses.get(key)
+    }
+
+    /// All IngressClasses, ordered by name.
+    pub fn ingress_classes(&self) -> impl Iterator<Item = &Arc<IngressClass>> {
+        self.ingress_classes.values()
+    }
+
+    /// One Secret.
+    pub fn secret(&self, key: &NamespacedName) -> Option<&Arc<Secret>> {
+        self.secrets.get(key)
+    }
+
     /// Whether Namespace `name` exists.
     pub fn has_namespace(&self, name: &str) -> bool {
         self.namespaces.contains_key(name)
@@ -150,6 +176,9 @@ impl Store {
             Kind::Node => Object::Node(self.nodes.get(&name.name)?.clone()),
             Kind::ServiceCidr => Object::ServiceCidr(self.service_cidrs.get(&name.name)?.clone()),
             Kind::Namespace => Object::Namespace(self.namespaces.get(&name.name)?.clone()),
+            Kind::Ingress => Object::Ingress(self.ingresses.get(name)?.clone()),
+            Kind::IngressClass => Object::IngressClass(self.ingress_classes.get(&name.name)?.clone()),
+            Kind::Secret => Object::Secret(self.secrets.get(name)?.clone()),
         })
     }
 
@@ -163,6 +192,9 @@ impl Store {
             Kind::Node => self.nodes.keys().map(cluster_scoped).collect(),
             Kind::ServiceCidr => self.service_cidrs.keys().map(cluster_scoped).collect(),
             Kind::Namespace => self.namespaces.keys().map(cluster_scoped).collect(),
+            Kind::Ingress => self.ingresses.keys().cloned().collect(),
+            Kind::IngressClass => self.ingress_classes.keys().map(cluster_scoped).collect(),
+            Kind::Secret => self.secrets.keys().cloned().collect(),
         };
         names.into_iter().map(|name| ObjectKey { kind, name }).collect()
     }
@@ -177,12 +209,24 @@ impl Store {
             (_, Some(Object::Node(n))) => self.set_node(&name.name, Some(n), batch),
             (_, Some(Object::ServiceCidr(c))) => self.set_service_cidr(&name.name, Some(c), batch),
             (_, Some(Object::Namespace(n))) => self.set_namespace(&name.name, Some(n), batch),
+            (_, Some(Object::Ingress(i))) => {
+                set_keyed(&mut self.ingresses, name, Some(i), &mut batch.changes.ingresses)
+            }
+            (_, Some(Object::IngressClass(c))) => {
+                set_keyed(&mut self.ingress_classes, &name.name, Some(c), &mut batch.changes.ingress_classes)
+            }
+            (_, Some(Object::Secret(s))) => set_keyed(&mut self.secrets, name, Some(s), &mut batch.changes.secrets),
             (Kind::Service, None) => self.set_service(name, None, batch),
             (Kind::EndpointSlice, None) => self.set_slice(name, None, batch),
             (Kind::Pod, None) => self.set_pod(name, None, batch),
             (Kind::Node, None) => self.set_node(&name.name, None, batch),
             (Kind::ServiceCidr, None) => self.set_service_cidr(&name.name, None, batch),
             (Kind::Namespace, None) => self.set_namespace(&name.name, None, batch),
+            (Kind::Ingress, None) => set_keyed(&mut self.ingresses, name, None, &mut batch.changes.ingresses),
+            (Kind::IngressClass, None) => {
+                set_keyed(&mut self.ingress_classes, &name.name, None, &mut batch.changes.ingress_classes)
+            }
+            (Kind::Secret, None) => set_keyed(&mut self.secrets, name, None, &mut batch.changes.secrets),
         }
     }
 
@@ -287,6 +331,18 @@ impl Store {
     }
 }
 
+/// Sets or removes `map[key]`, noting `key` in `changed` if that changed anything.
+fn set_keyed<K: Ord + Clone, T: PartialEq>(
+    map: &mut BTreeMap<K, Arc<T>>,
+    key: &K,
+    new: Option<&Arc<T>>,
+    changed: &mut BTreeSet<K>,
+) {
+    if replace(map, key, new).is_some() {
+        changed.insert(key.clone());
+    }
+}
+
 /// Replaces `map[key]` with `new` unless equal; returns the previous value if anything changed.
 fn replace<K: Ord + Clone, T: PartialEq>(
     map: &mut BTreeMap<K, Arc<T>>,
@@ -336,6 +392,9 @@ mod tests {
             "Pod" => Object::Pod(serde_json::from_value(value).unwrap()),
             "Node" => Object::Node(serde_json::from_value(value).unwrap()),
             "Namespace" => Object::Namespace(serde_json::from_value(value).unwrap()),
+            "Ingress" => Object::Ingress(serde_json::from_value(value).unwrap()),
+            "IngressClass" => Object::IngressClass(serde_json::from_value(value).unwrap()),
+            "Secret" => Object::Secret(serde_json::from_value(value).unwrap()),
             _ => Object::ServiceCidr(serde_json::from_value(value).unwrap()),
         }
     }
@@ -419,6 +478,26 @@ mod tests {
         assert!(store.has_namespace("team"));
         apply(&mut store, vec![(ns, false)]);
         assert!(!store.has_namespace("team"));
+    }
+
+    #[test]
+    fn ingresses_classes_and_secrets_are_tracked() {
+        let ingress = object(json!({"apiVersion": "networking.k8s.io/v1", "kind": "Ingress",
+            "metadata": {"name": "web", "namespace": "ns"}, "spec": {}}));
+        let class = object(json!({"apiVersion": "networking.k8s.io/v1", "kind": "IngressClass",
+            "metadata": {"name": "roadkeeper"}, "spec": {"controller": "roadkeeper.dev/ingress"}}));
+        let secret =
+            object(json!({"apiVersion": "v1", "kind": "Secret", "metadata": {"name": "tls", "namespace": "ns"},
+            "type": "kubernetes.io/tls"}));
+        let mut store = Store::default();
+        let changes = apply(&mut store, vec![(ingress.clone(), true), (class, true), (secret, true)]);
+        assert_eq!(changes.ingresses, [nn("web")].into());
+        assert_eq!(changes.ingress_classes, ["roadkeeper".to_owned()].into());
+        assert_eq!(changes.secrets, [nn("tls")].into());
+        assert!(store.ingress(&nn("web")).is_some() && store.secret(&nn("tls")).is_some());
+        assert_eq!((store.ingresses().count(), store.ingress_classes().count()), (1, 1));
+        assert_eq!(apply(&mut store, vec![(ingress, false)]).ingresses, [nn("web")].into());
+        assert_eq!(store.ingresses().count(), 0);
     }
 
     #[test]

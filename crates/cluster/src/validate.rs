@@ -30,7 +30,7 @@ pub(crate) fn validate(object: &Object) -> Vec<FieldError> {
         Object::Pod(p) => pod(&mut v, p),
         Object::Node(n) => node(&mut v, n),
         Object::ServiceCidr(c) => service_cidr(&mut v, c),
-        Object::Namespace(_) => {}
+        Object::Namespace(_) | Object::Ingress(_) | Object::IngressClass(_) | Object::Secret(_) => {}
     }
     v.0
 }

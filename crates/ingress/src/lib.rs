@@ -1,0 +1,27 @@
+//! roadkeeper ingress: the L7 front door. Ingress v1 rules become a route table ([`routes`],
+//! pure); [`proxy`] serves HTTP/1.1 and HTTP/2 (TLS by SNI from [`tls`]) and forwards each request
+//! to a ready endpoint of the chosen Service.
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+
+use roadkeeper_cluster::NamespacedName;
+
+/// Where one request goes: what the route table decided.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Target {
+    /// The Ingress whose rule (or default backend) matched, for logs and metrics.
+    pub ingress: NamespacedName,
+    /// The backend Service, for logs and metrics.
+    pub service: NamespacedName,
+    /// The ready endpoints of the backend port (address and target port), in a stable order;
+    /// empty when the Service has none (the proxy answers 503).
+    pub endpoints: Arc<[SocketAddr]>,
+}
+
+/// What the proxy asks of the cluster state. The route table implements it; tests use fixtures.
+pub trait Router: Send + Sync + 'static {
+    /// The target for `host` (lowercase, without port) and `path` (the URL path as received,
+    /// without the query); `None` answers 404.
+    fn route(&self, host: &str, path: &str) -> Option<Target>;
+}
