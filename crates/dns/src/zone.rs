@@ -244,13 +244,7 @@ fn service_record(svc: &Service, slices: &[Arc<EndpointSlice>], options: &ZoneOp
         .ports
         .iter()
         .flatten()
-        .filter_map(|p| {
-            Some(PortRecord {
-                name: p.name.as_deref().unwrap_or_default().to_lowercase(),
-                protocol: p.protocol.as_deref().unwrap_or("TCP").to_lowercase(),
-                port: u16::try_from(p.port).ok()?,
-            })
-        })
+        .filter_map(|p| port_record(p.name.as_deref(), p.protocol.as_deref(), p.port))
         .collect();
     let endpoints = ready_endpoints(slices, options);
     let kind = if spec.type_.as_deref() == Some("ExternalName") {
@@ -277,13 +271,7 @@ fn ready_endpoints(slices: &[Arc<EndpointSlice>], options: &ZoneOptions) -> Vec<
             .ports
             .iter()
             .flatten()
-            .filter_map(|p| {
-                Some(PortRecord {
-                    name: p.name.as_deref().unwrap_or_default().to_lowercase(),
-                    protocol: p.protocol.as_deref().unwrap_or("TCP").to_lowercase(),
-                    port: u16::try_from(p.port?).ok()?,
-                })
-            })
+            .filter_map(|p| port_record(p.name.as_deref(), p.protocol.as_deref(), p.port?))
             .collect();
         for endpoint in &slice.endpoints {
             if endpoint.conditions.as_ref().and_then(|c| c.ready) == Some(false) {
@@ -304,6 +292,15 @@ fn ready_endpoints(slices: &[Arc<EndpointSlice>], options: &ZoneOptions) -> Vec<
     endpoints.sort_by(|a, b| (a.ip, &a.label).cmp(&(b.ip, &b.label)));
     endpoints.dedup_by(|a, b| a.ip == b.ip && a.label == b.label);
     endpoints
+}
+
+/// A Service or EndpointSlice port (TCP when no protocol is given); `None` out of range.
+fn port_record(name: Option<&str>, protocol: Option<&str>, port: i32) -> Option<PortRecord> {
+    Some(PortRecord {
+        name: name.unwrap_or_default().to_lowercase(),
+        protocol: protocol.unwrap_or("TCP").to_lowercase(),
+        port: u16::try_from(port).ok()?,
+    })
 }
 
 /// `10.244.0.5` as `10-244-0-5`, `fd00::5` as `fd00--5`.

@@ -206,12 +206,12 @@ impl ServicePort {
     }
 }
 
-#[cfg(test)]
+#[cfg(any(test, feature = "test-fixtures"))]
 impl ServicePort {
     /// A test fixture: the unnamed `protocol` port `port` of `service` on `cluster_ip` (whose
     /// family it takes), sending to `endpoints`, with no other frontends, Cluster traffic
     /// policies and no affinity. Tests change the fields they need.
-    pub(crate) fn for_test(
+    pub fn for_test(
         service: NamespacedName,
         protocol: Protocol,
         cluster_ip: IpAddr,

@@ -248,7 +248,10 @@ async fn run_watching(args: &ProxyArgs, cfg: &ProxyConfig) -> anyhow::Result<()>
     // Signals are caught from the start: a SIGTERM while waiting for the API server or during
     // the first sync still stops cleanly.
     let (mut sigterm, mut sigint) = (signal(SignalKind::terminate())?, signal(SignalKind::interrupt())?);
-    let started = SystemTime::now();
+    // Trigger times have whole seconds (they come from Pod conditions): the start is counted in
+    // whole seconds too, so that a change made in the same second as the start still counts.
+    let started = std::time::UNIX_EPOCH
+        + Duration::from_secs(SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap_or_default().as_secs());
     // Bound before anything else: a bad address fails before the kernel is touched.
     let healthz = serve::bind("--healthz-bind-address", &cfg.healthz_bind_address)?;
     let metrics = serve::bind("--metrics-bind-address", &cfg.metrics_bind_address)?;

@@ -150,30 +150,15 @@ impl NoLocalEndpoints {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use roadkeeper_proxy::table::{Endpoint, IpFamily, Protocol, ServicePortName};
+    use roadkeeper_proxy::table::{Endpoint, Protocol};
 
     fn port(internal_local: bool, local_endpoints: usize) -> ServicePort {
         let endpoint = Endpoint { ip: "10.244.1.5".parse().unwrap(), port: 80, is_local: true };
-        ServicePort {
-            name: ServicePortName {
-                service: NamespacedName::new("ns", "a"),
-                port: String::new(),
-                protocol: Protocol::Tcp,
-            },
-            family: IpFamily::V4,
-            port: 80,
-            cluster_ip: Some("10.96.0.1".parse().unwrap()),
-            node_port: None,
-            external_ips: Vec::new(),
-            load_balancer_ips: Vec::new(),
-            source_ranges: Vec::new(),
-            affinity_timeout: None,
-            external_policy_local: false,
-            internal_policy_local: internal_local,
-            health_check_node_port: None,
-            cluster_endpoints: vec![endpoint.clone()],
-            local_endpoints: vec![endpoint; local_endpoints],
-        }
+        let service = NamespacedName::new("ns", "a");
+        let mut port = ServicePort::for_test(service, Protocol::Tcp, "10.96.0.1".parse().unwrap(), 80, vec![endpoint]);
+        port.internal_policy_local = internal_local;
+        port.local_endpoints = port.cluster_endpoints.repeat(local_endpoints);
+        port
     }
 
     #[test]

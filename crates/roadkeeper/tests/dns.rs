@@ -391,6 +391,7 @@ fn hostile_packets_get_formerr_or_are_dropped_and_the_server_keeps_answering() {
     long_label.push(64);
     long_label.extend(std::iter::repeat_n(b'a', 64));
     long_label.extend_from_slice(&[0, 0, 1, 0, 1]);
+    let pointing = [0x12, 0x34, 0x01, 0x00, 0, 1, 0, 0, 0, 0, 0, 0, 0xc0, 0x02, 0, 1, 0, 1].to_vec();
     let mut update = valid.clone();
     update[2] = 5 << 3; // opcode UPDATE
     let cases: Vec<(&str, Vec<u8>, Option<ResponseCode>)> = vec![
@@ -401,6 +402,9 @@ fn hostile_packets_get_formerr_or_are_dropped_and_the_server_keeps_answering() {
         ("compression loop", looped, Some(ResponseCode::FormErr)),
         ("label of 64 bytes", long_label, Some(ResponseCode::FormErr)),
         ("opcode UPDATE", update, Some(ResponseCode::NotImp)),
+        // A name pointing into the header (found by the fuzz target): the label "\0", outside
+        // the zones, forwarded to a dead upstream.
+        ("question pointing into the header", pointing, Some(ResponseCode::ServFail)),
     ];
     for (what, bytes, expected) in cases {
         let got = dns.raw_udp(&bytes).map(|raw| Message::from_vec(&raw).expect("parsable").metadata.response_code);
