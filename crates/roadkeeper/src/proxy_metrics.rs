@@ -157,7 +157,7 @@ mod tests {
         let service = NamespacedName::new("ns", "a");
         let mut port = ServicePort::for_test(service, Protocol::Tcp, "10.96.0.1".parse().unwrap(), 80, vec![endpoint]);
         port.internal_policy_local = internal_local;
-        port.local_endpoints = port.cluster_endpoints.repeat(local_endpoints);
+        port.local_endpoints = vec![port.cluster_endpoints[0].clone(); local_endpoints];
         port
     }
 
