@@ -2,6 +2,10 @@
 //! pure); [`proxy`] serves HTTP/1.1 and HTTP/2 (TLS by SNI from [`tls`]) and forwards each request
 //! to a ready endpoint of the chosen Service.
 
+pub mod proxy;
+pub mod routes;
+pub mod tls;
+
 use std::net::SocketAddr;
 use std::sync::Arc;
 

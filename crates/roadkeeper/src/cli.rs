@@ -40,6 +40,9 @@ pub enum Command {
     /// Run the cluster DNS server: the Kubernetes DNS specification for the cluster zone,
     /// everything else forwarded upstream (options named as CoreDNS's kubernetes plugin).
     Dns(DnsArgs),
+    /// Run the Ingress controller: an HTTP/HTTPS reverse proxy routing by the Ingress v1 rules of
+    /// its class to ready endpoints of the backend Services.
+    Ingress(IngressArgs),
 }
 
 /// Flags of `proxy` and `rules`, named as kube-proxy's.
@@ -221,5 +224,30 @@ pub struct DnsArgs {
     pub health_bind_address: String,
     /// Address of the Prometheus metrics server (`/metrics`); empty disables it.
     #[arg(long, value_name = "IP:PORT", default_value = "0.0.0.0:9153")]
+    pub metrics_bind_address: String,
+}
+
+/// Flags of `ingress`.
+#[derive(Debug, Args, Clone)]
+pub struct IngressArgs {
+    /// Read the cluster from a folder of manifests (Ingresses, IngressClasses, Services,
+    /// EndpointSlices, TLS Secrets) instead of from a Kubernetes API server.
+    #[arg(long, value_name = "DIR", conflicts_with = "kubeconfig")]
+    pub manifests: Option<PathBuf>,
+    /// Kubeconfig file of the Kubernetes API server to watch. Without it and without
+    /// `--manifests`: `KUBECONFIG`, else `~/.kube/config`, else the in-cluster service account.
+    #[arg(long, value_name = "FILE")]
+    pub kubeconfig: Option<PathBuf>,
+    /// Address for plain HTTP.
+    #[arg(long, value_name = "ADDR:PORT", default_value = "0.0.0.0:80")]
+    pub http: Option<SocketAddr>,
+    /// Address for HTTPS (certificates from the Ingresses' `kubernetes.io/tls` Secrets, by SNI).
+    #[arg(long, value_name = "ADDR:PORT", default_value = "0.0.0.0:443")]
+    pub https: Option<SocketAddr>,
+    /// The IngressClass served (controller `roadkeeper.dev/ingress`).
+    #[arg(long, value_name = "NAME", default_value = "roadkeeper")]
+    pub class: String,
+    /// Address of the Prometheus metrics server (`/metrics`); empty disables it.
+    #[arg(long, value_name = "IP:PORT", default_value = "0.0.0.0:10254")]
     pub metrics_bind_address: String,
 }

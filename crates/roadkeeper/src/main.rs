@@ -6,6 +6,7 @@ mod cli;
 mod deploy_check;
 mod dns_cmd;
 mod healthcheck;
+mod ingress_cmd;
 mod lab;
 mod proxy_cmd;
 mod proxy_metrics;
@@ -43,6 +44,7 @@ fn main() -> std::process::ExitCode {
         Command::Bench(cli::Bench::Dns(args)) => bench_dns::run(args),
         Command::Lab(args) => lab::run(args),
         Command::Dns(args) => dns_cmd::run(args),
+        Command::Ingress(args) => ingress_cmd::run(args),
         Command::Echo(args) => {
             let name = args.name.unwrap_or_else(roadkeeper_proxy::node::hostname);
             roadkeeper_netlab::echo::run_forever(&args.listen, &name)

@@ -1,0 +1,790 @@
+//! The reverse proxy: HTTP/1.1 and HTTP/2 from clients (HTTP/2 over TLS by ALPN), HTTP/1.1 over
+//! pooled keep-alive connections to the endpoints of the Service that the [`Router`] picks.
+//!
+//! Per request the hot path takes no lock: the route, per-target state and endpoint health are
+//! read from immutable snapshots (`ArcSwap`), round robin is one atomic increment, metric handles
+//! are registered once per target and status, and backend connections are reused.
+
+use std::borrow::Cow;
+use std::collections::HashMap;
+use std::convert::Infallible;
+use std::error::Error;
+use std::hash::{BuildHasher, RandomState};
+use std::io;
+use std::net::SocketAddr;
+use std::pin::Pin;
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, AtomicUsize, Ordering::Relaxed};
+use std::sync::{Arc, OnceLock};
+use std::task::{Context, Poll};
+use std::time::{Duration, Instant};
+
+use arc_swap::ArcSwap;
+use http_body_util::{Either, Empty, Full, LengthLimitError, Limited};
+use hyper::body::{Body, Bytes, Incoming};
+use hyper::header::{self, HeaderMap, HeaderName, HeaderValue};
+use hyper::http::request::Parts;
+use hyper::http::uri::{self, Authority, PathAndQuery, Scheme};
+use hyper::upgrade::OnUpgrade;
+use hyper::{Request, Response, StatusCode, Uri, Version};
+use hyper_util::client::legacy::Client;
+use hyper_util::client::legacy::connect::HttpConnector;
+use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
+use hyper_util::server::conn::auto;
+use metrics::{Counter, Histogram, counter, histogram};
+use roadkeeper_cluster::NamespacedName;
+use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
+use tokio::net::{TcpListener, TcpStream};
+use tokio_rustls::TlsAcceptor;
+use tracing::{debug, warn};
+
+use crate::tls::Certificates;
+use crate::{Router, Target};
+
+/// `roadkeeper_ingress_requests_total{ingress, service, status}`: requests answered, by status
+/// code; `ingress` and `service` are empty when no rule matched (404).
+pub const REQUESTS_TOTAL: &str = "roadkeeper_ingress_requests_total";
+/// `roadkeeper_ingress_request_duration_seconds{ingress}`: from the request head to the response
+/// head (the body streams afterwards).
+pub const REQUEST_DURATION_SECONDS: &str = "roadkeeper_ingress_request_duration_seconds";
+/// `roadkeeper_ingress_upstream_errors_total{service, kind}`: failed attempts to forward, by kind:
+/// `connect` (no connection within the connect timeout), `timeout` (no response head within the
+/// response timeout), `reset` (the connection failed after it was made).
+pub const UPSTREAM_ERRORS_TOTAL: &str = "roadkeeper_ingress_upstream_errors_total";
+
+const X_FORWARDED_FOR: HeaderName = HeaderName::from_static("x-forwarded-for");
+const X_FORWARDED_PROTO: HeaderName = HeaderName::from_static("x-forwarded-proto");
+const X_FORWARDED_HOST: HeaderName = HeaderName::from_static("x-forwarded-host");
+const X_REAL_IP: HeaderName = HeaderName::from_static("x-real-ip");
+/// Hop-by-hop fields (RFC 9110 §7.6.1 and their common non-standard relatives), besides
+/// `Connection` and `Upgrade`, which upgrades keep.
+const HOP_BY_HOP: [HeaderName; 7] = [
+    HeaderName::from_static("keep-alive"),
+    HeaderName::from_static("proxy-connection"),
+    header::PROXY_AUTHENTICATE,
+    header::PROXY_AUTHORIZATION,
+    header::TE,
+    header::TRAILER,
+    header::TRANSFER_ENCODING,
+];
+
+/// Limits and timeouts of the proxy; [`Default`] gives the values in parentheses.
+#[derive(Clone, Debug)]
+pub struct ProxyConfig {
+    /// Time to open a TCP connection to an endpoint (2 s); a failure is retried on another one.
+    pub connect_timeout: Duration,
+    /// Time from sending a request (its body included) to an endpoint until its response head
+    /// (60 s); then 504.
+    pub response_timeout: Duration,
+    /// Time a client has for the TLS handshake, and on HTTP/1 for each request head, counted from
+    /// the connection's start or its previous response (10 s). hyper counts the wait for the next
+    /// request too, so this also closes idle HTTP/1 keep-alive connections.
+    pub client_header_timeout: Duration,
+    /// A client connection or upgraded tunnel on which no byte moved for this long (up to a
+    /// quarter more), with no request waiting for its endpoint, is closed (60 s); idle pooled
+    /// backend connections are closed after the same time.
+    pub idle_timeout: Duration,
+    /// Largest request body in bytes (10 MiB): 413 when Content-Length says more, or as soon as
+    /// more has been streamed; `None`: unlimited.
+    pub max_request_body: Option<usize>,
+    /// Most request header fields (100); more is 431 (on HTTP/1 answered by hyper's parser).
+    pub max_headers: usize,
+    /// Connect failures in a row that eject an endpoint (3).
+    pub eject_after: u32,
+    /// How long an ejected endpoint is skipped (10 s); one more failure after that ejects it again.
+    pub eject_for: Duration,
+}
+
+impl Default for ProxyConfig {
+    fn default() -> Self {
+        Self {
+            connect_timeout: Duration::from_secs(2),
+            response_timeout: Duration::from_secs(60),
+            client_header_timeout: Duration::from_secs(10),
+            idle_timeout: Duration::from_secs(60),
+            max_request_body: Some(10 << 20),
+            max_headers: 100,
+            eject_after: 3,
+            eject_for: Duration::from_secs(10),
+        }
+    }
+}
+
+/// Serves plain HTTP (HTTP/1.1, and HTTP/2 with prior knowledge) on `listener` until the task is
+/// aborted. Aborting stops accepting; connections in progress run to their end.
+pub async fn serve_http(listener: TcpListener, router: Arc<dyn Router>, config: ProxyConfig) {
+    Arc::new(Proxy::new(router, config, "http")).serve_http(listener).await
+}
+
+/// Serves HTTPS on `listener` until the task is aborted: the certificate is chosen by SNI from
+/// `tls`, and ALPN picks HTTP/2 or HTTP/1.1. Aborting stops accepting; connections in progress
+/// run to their end.
+pub async fn serve_https(listener: TcpListener, router: Arc<dyn Router>, tls: Arc<Certificates>, config: ProxyConfig) {
+    Arc::new(Proxy::new(router, config, "https")).serve_https(listener, tls).await
+}
+
+/// Body of the requests sent to endpoints: the client's, or nothing (an empty body can be sent
+/// again to another endpoint).
+type UpstreamBody = Either<Limited<Incoming>, Empty<Bytes>>;
+/// Body of the responses sent to clients: the endpoint's, or one of our plain-text errors.
+type ProxyBody = Either<Incoming, Full<Bytes>>;
+
+/// One listener's proxy: routes, backend connection pool, balancing and health state.
+struct Proxy {
+    router: Arc<dyn Router>,
+    config: ProxyConfig,
+    /// `X-Forwarded-Proto`.
+    proto: HeaderValue,
+    server: auto::Builder<TokioExecutor>,
+    client: Client<HttpConnector, UpstreamBody>,
+    targets: Targets,
+    health: Health,
+    /// Metrics of requests that no rule matched.
+    unrouted: Labels,
+}
+
+impl Proxy {
+    fn new(router: Arc<dyn Router>, config: ProxyConfig, proto: &'static str) -> Self {
+        let mut server = auto::Builder::new(TokioExecutor::new());
+        server
+            .http1()
+            .timer(TokioTimer::new())
+            .header_read_timeout(config.client_header_timeout)
+            .max_headers(config.max_headers);
+        server.http2().timer(TokioTimer::new());
+        let mut connector = HttpConnector::new();
+        connector.set_nodelay(true);
+        connector.set_connect_timeout(Some(config.connect_timeout));
+        let client = Client::builder(TokioExecutor::new())
+            .pool_idle_timeout(config.idle_timeout)
+            .pool_timer(TokioTimer::new())
+            .build(connector);
+        Self {
+            router,
+            proto: HeaderValue::from_static(proto),
+            server,
+            client,
+            targets: Targets::default(),
+            health: Health::new(&config),
+            unrouted: Labels::new(String::new(), String::new()),
+            config,
+        }
+    }
+
+    async fn serve_http(self: Arc<Self>, listener: TcpListener) {
+        accept(listener, move |tcp, peer| self.clone().serve_connection(tcp, peer)).await
+    }
+
+    async fn serve_https(self: Arc<Self>, listener: TcpListener, tls: Arc<Certificates>) {
+        let acceptor = TlsAcceptor::from(tls.server_config());
+        accept(listener, move |tcp, peer| {
+            let (proxy, acceptor) = (self.clone(), acceptor.clone());
+            async move {
+                match tokio::time::timeout(proxy.config.client_header_timeout, acceptor.accept(tcp)).await {
+                    Ok(Ok(tls)) => proxy.serve_connection(tls, peer).await,
+                    Ok(Err(err)) => debug!(%peer, "TLS handshake failed: {err}"),
+                    Err(_) => debug!(%peer, "TLS handshake timed out"),
+                }
+            }
+        })
+        .await
+    }
+
+    /// Serves one client connection until it ends or stays idle for `idle_timeout`.
+    async fn serve_connection<IO>(self: Arc<Self>, io: IO, peer: SocketAddr)
+    where
+        IO: AsyncRead + AsyncWrite + Unpin + Send + 'static,
+    {
+        let activity = Arc::new(Activity::default());
+        let client_ip = peer.ip().to_canonical().to_string();
+        let conn = Arc::new(Conn {
+            proxy: self.clone(),
+            peer,
+            client_ip: HeaderValue::try_from(client_ip).expect("an IP address is a valid header value"),
+            activity: activity.clone(),
+        });
+        let service = hyper::service::service_fn(move |request| {
+            let conn = conn.clone();
+            async move { Ok::<_, Infallible>(conn.handle(request).await) }
+        });
+        let io = TokioIo::new(Tracked { io, activity: activity.clone() });
+        tokio::select! {
+            result = self.server.serve_connection_with_upgrades(io, service) => {
+                if let Err(err) = result {
+                    debug!(%peer, "connection: {err}");
+                }
+            }
+            () = activity.idle(self.config.idle_timeout) => debug!(%peer, "idle connection closed"),
+        }
+    }
+
+    /// Sends `request` to its endpoint within the response timeout; counts upstream errors.
+    async fn send(&self, request: Request<UpstreamBody>, labels: &Labels) -> Result<Response<Incoming>, Failure> {
+        let failure = match tokio::time::timeout(self.config.response_timeout, self.client.request(request)).await {
+            Ok(Ok(response)) => return Ok(response),
+            Err(_elapsed) => Failure::Timeout,
+            Ok(Err(err)) if err.is_connect() => Failure::Connect,
+            Ok(Err(err)) if caused_by::<LengthLimitError>(&err) => Failure::BodyTooLarge,
+            Ok(Err(err)) => {
+                debug!(service = %labels.service, "upstream: {err:?}");
+                Failure::Reset
+            }
+        };
+        if let Some(kind) = failure.upstream_kind() {
+            counter!(UPSTREAM_ERRORS_TOTAL, "service" => labels.service.clone(), "kind" => kind).increment(1);
+        }
+        Err(failure)
+    }
+}
+
+/// Whether `E` is somewhere in the chain of `err`'s sources.
+fn caused_by<E: Error + 'static>(err: &(dyn Error + 'static)) -> bool {
+    std::iter::successors(Some(err), |&err| err.source()).any(|err| err.is::<E>())
+}
+
+/// Accepts connections forever, with TCP_NODELAY, and runs `serve` for each on its own task.
+async fn accept<F, Fut>(listener: TcpListener, serve: F)
+where
+    F: Fn(TcpStream, SocketAddr) -> Fut,
+    Fut: Future<Output = ()> + Send + 'static,
+{
+    loop {
+        match listener.accept().await {
+            Ok((tcp, peer)) => {
+                if let Err(err) = tcp.set_nodelay(true) {
+                    debug!(%peer, "TCP_NODELAY: {err}");
+                }
+                tokio::spawn(serve(tcp, peer));
+            }
+            Err(err) => {
+                // Out of file descriptors, most likely: give connections time to close.
+                warn!("accept: {err}");
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+        }
+    }
+}
+
+/// Why forwarding to an endpoint failed.
+enum Failure {
+    Connect,
+    Timeout,
+    Reset,
+    /// The client's body outgrew `max_request_body` while streaming: not the endpoint's fault.
+    BodyTooLarge,
+}
+
+impl Failure {
+    /// The `kind` label of [`UPSTREAM_ERRORS_TOTAL`], for failures that are the endpoint's.
+    fn upstream_kind(&self) -> Option<&'static str> {
+        match self {
+            Failure::Connect => Some("connect"),
+            Failure::Timeout => Some("timeout"),
+            Failure::Reset => Some("reset"),
+            Failure::BodyTooLarge => None,
+        }
+    }
+
+    fn response(&self) -> Response<ProxyBody> {
+        match self {
+            Failure::Connect => text(StatusCode::BAD_GATEWAY, "upstream connect error\n"),
+            Failure::Timeout => text(StatusCode::GATEWAY_TIMEOUT, "upstream response timeout\n"),
+            Failure::Reset => text(StatusCode::BAD_GATEWAY, "upstream connection reset before response\n"),
+            Failure::BodyTooLarge => text(StatusCode::PAYLOAD_TOO_LARGE, "request body too large\n"),
+        }
+    }
+}
+
+/// One client connection, shared by its requests.
+struct Conn {
+    proxy: Arc<Proxy>,
+    peer: SocketAddr,
+    /// The client's address as a header value, for `X-Forwarded-For` and `X-Real-IP`.
+    client_ip: HeaderValue,
+    activity: Arc<Activity>,
+}
+
+impl Conn {
+    /// Answers one request: routes it, forwards it, and logs and counts the outcome.
+    async fn handle(&self, request: Request<Incoming>) -> Response<ProxyBody> {
+        let started = Instant::now();
+        let _waiting = self.activity.wait();
+        let (parts, body) = request.into_parts();
+        let (method, uri) = (parts.method.clone(), parts.uri.clone());
+        // HTTP/2 `:authority` (or an absolute-form HTTP/1 target) takes precedence over Host.
+        let original_host = match uri.authority() {
+            Some(authority) => HeaderValue::from_str(authority.as_str()).ok(),
+            None => parts.headers.get(header::HOST).cloned(),
+        };
+        let host = original_host.as_ref().and_then(|host| host.to_str().ok()).map_or(Cow::Borrowed(""), route_host);
+        let target = self.proxy.router.route(&host, uri.path());
+        let state = target.as_ref().map(|target| self.proxy.targets.get(target));
+        let (response, endpoint) = match (&target, &state) {
+            (Some(target), Some(state)) => self.forward(parts, body, original_host.clone(), target, state).await,
+            _ => (text(StatusCode::NOT_FOUND, "no route for this host and path\n"), None),
+        };
+        let elapsed = started.elapsed();
+        state.as_ref().map_or(&self.proxy.unrouted, |state| &state.labels).record(response.status(), elapsed);
+        tracing::info!(
+            target: "access",
+            client = %self.peer.ip().to_canonical(),
+            %method,
+            %host,
+            path = uri.path(),
+            status = response.status().as_u16(),
+            ingress = target.as_ref().map(|t| tracing::field::display(&t.ingress)),
+            service = target.as_ref().map(|t| tracing::field::display(&t.service)),
+            endpoint = endpoint.map(tracing::field::display),
+            duration = ?elapsed,
+        );
+        response
+    }
+
+    /// Checks limits, then sends the request to an endpoint (retrying a connect failure once on
+    /// another endpoint when the body is empty), and returns the response and endpoint.
+    async fn forward(
+        &self,
+        mut parts: Parts,
+        body: Incoming,
+        original_host: Option<HeaderValue>,
+        target: &Target,
+        state: &TargetState,
+    ) -> (Response<ProxyBody>, Option<SocketAddr>) {
+        let proxy = &*self.proxy;
+        let limit = proxy.config.max_request_body.unwrap_or(usize::MAX);
+        if parts.headers.len() > proxy.config.max_headers {
+            return (text(StatusCode::REQUEST_HEADER_FIELDS_TOO_LARGE, "too many request header fields\n"), None);
+        }
+        if body.size_hint().lower() > limit as u64 {
+            return (text(StatusCode::PAYLOAD_TOO_LARGE, "request body too large\n"), None);
+        }
+        if target.endpoints.is_empty() {
+            let message = format!("no ready endpoints for {}\n", target.service);
+            return (text(StatusCode::SERVICE_UNAVAILABLE, message), None);
+        }
+
+        let upgrade = strip_hop_by_hop(&mut parts.headers, true);
+        let client_upgrade = if upgrade { parts.extensions.remove::<OnUpgrade>() } else { None };
+        self.add_forwarded(&mut parts.headers, original_host);
+        parts.version = Version::HTTP_11;
+        let path = parts.uri.path_and_query().cloned().unwrap_or_else(|| PathAndQuery::from_static("/"));
+        // Only an empty body can be sent twice: a body streams through without buffering, so a
+        // request with one is not retried. A connect failure means the endpoint saw nothing,
+        // so retrying is safe for every method. The copy is made only when a retry is possible.
+        let empty = body.is_end_stream();
+        let mut spare = (empty && target.endpoints.len() > 1).then(|| (parts.method.clone(), parts.headers.clone()));
+        let body = if empty { Either::Right(Empty::new()) } else { Either::Left(Limited::new(body, limit)) };
+        let mut request = Request::from_parts(parts, body);
+
+        let endpoints = &target.endpoints[..];
+        let mut index = proxy.health.pick(endpoints, state.next.fetch_add(1, Relaxed), None).expect("endpoints");
+        loop {
+            let endpoint = endpoints[index];
+            *request.uri_mut() = endpoint_uri(endpoint, path.clone());
+            let failure = match proxy.send(request, &state.labels).await {
+                Ok(response) => {
+                    proxy.health.succeeded(endpoint);
+                    return (self.respond(response, client_upgrade), Some(endpoint));
+                }
+                Err(failure) => failure,
+            };
+            if let Failure::Connect = failure {
+                proxy.health.failed(endpoint);
+                if let Some(next) = proxy.health.pick(endpoints, index + 1, Some(index))
+                    && let Some((method, headers)) = spare.take()
+                {
+                    request = Request::new(Either::Right(Empty::new()));
+                    *request.method_mut() = method;
+                    *request.headers_mut() = headers;
+                    index = next;
+                    continue;
+                }
+            }
+            return (failure.response(), Some(endpoint));
+        }
+    }
+
+    /// Sets `X-Forwarded-For` (appending the client), `-Proto`, `-Host` and `X-Real-IP`, and
+    /// `Host` from HTTP/2's `:authority`.
+    fn add_forwarded(&self, headers: &mut HeaderMap, original_host: Option<HeaderValue>) {
+        let mut forwarded_for = Vec::new();
+        for previous in headers.get_all(X_FORWARDED_FOR) {
+            forwarded_for.extend_from_slice(previous.as_bytes());
+            forwarded_for.extend_from_slice(b", ");
+        }
+        let forwarded_for = match forwarded_for.is_empty() {
+            true => self.client_ip.clone(),
+            false => {
+                forwarded_for.extend_from_slice(self.client_ip.as_bytes());
+                HeaderValue::from_maybe_shared(Bytes::from(forwarded_for)).expect("joined valid header values")
+            }
+        };
+        headers.insert(X_FORWARDED_FOR, forwarded_for);
+        headers.insert(X_REAL_IP, self.client_ip.clone());
+        headers.insert(X_FORWARDED_PROTO, self.proxy.proto.clone());
+        if let Some(host) = original_host {
+            if !headers.contains_key(header::HOST) {
+                headers.insert(header::HOST, host.clone());
+            }
+            headers.insert(X_FORWARDED_HOST, host);
+        }
+    }
+
+    /// Turns the endpoint's response into ours: strips hop-by-hop fields, and for a `101` to an
+    /// upgrade request joins the two upgraded connections.
+    fn respond(&self, mut response: Response<Incoming>, client_upgrade: Option<OnUpgrade>) -> Response<ProxyBody> {
+        let switching = client_upgrade.is_some() && response.status() == StatusCode::SWITCHING_PROTOCOLS;
+        if strip_hop_by_hop(response.headers_mut(), switching)
+            && let Some(client) = client_upgrade
+        {
+            let backend = hyper::upgrade::on(&mut response);
+            tokio::spawn(tunnel(client, backend, self.activity.clone(), self.proxy.config.idle_timeout));
+        }
+        response.map(Either::Left)
+    }
+}
+
+/// Copies bytes both ways between an upgraded client and endpoint connection until either side
+/// closes or nothing moves for `idle`.
+async fn tunnel(client: OnUpgrade, backend: OnUpgrade, activity: Arc<Activity>, idle: Duration) {
+    let (client, backend) = match tokio::join!(client, backend) {
+        (Ok(client), Ok(backend)) => (client, backend),
+        (Err(err), _) | (_, Err(err)) => return debug!("upgrade failed: {err}"),
+    };
+    let (mut client, mut backend) = (TokioIo::new(client), TokioIo::new(backend));
+    tokio::select! {
+        result = tokio::io::copy_bidirectional(&mut client, &mut backend) => {
+            if let Err(err) = result {
+                debug!("upgraded connection: {err}");
+            }
+        }
+        () = activity.idle(idle) => debug!("idle upgraded connection closed"),
+    }
+}
+
+/// Removes hop-by-hop fields: the fixed ones and those the `Connection` field names. With
+/// `allow_upgrade`, a message with `Upgrade` whose `Connection` names `upgrade` keeps `Upgrade`
+/// and gets `Connection: upgrade`; returns whether that happened.
+fn strip_hop_by_hop(headers: &mut HeaderMap, allow_upgrade: bool) -> bool {
+    let mut upgrade = false;
+    if let header::Entry::Occupied(connection) = headers.entry(header::CONNECTION) {
+        let (_, values) = connection.remove_entry_mult();
+        let values: Vec<HeaderValue> = values.collect();
+        for token in values.iter().filter_map(|value| value.to_str().ok()).flat_map(|value| value.split(',')) {
+            let token = token.trim();
+            if token.eq_ignore_ascii_case("upgrade") {
+                upgrade = allow_upgrade;
+            } else {
+                headers.remove(token);
+            }
+        }
+    }
+    for name in &HOP_BY_HOP {
+        headers.remove(name);
+    }
+    let upgrade = upgrade && headers.contains_key(header::UPGRADE);
+    if upgrade {
+        headers.insert(header::CONNECTION, HeaderValue::from_static("upgrade"));
+    } else {
+        headers.remove(header::UPGRADE);
+    }
+    upgrade
+}
+
+/// The host for routing: without port (an IPv6 literal keeps its brackets), without a trailing
+/// dot, lowercase.
+fn route_host(host: &str) -> Cow<'_, str> {
+    let host = match host.strip_prefix('[') {
+        Some(rest) => rest.find(']').map_or(host, |end| &host[..end + 2]),
+        None => host.split_once(':').map_or(host, |(name, _port)| name),
+    };
+    let host = host.strip_suffix('.').unwrap_or(host);
+    match host.bytes().any(|b| b.is_ascii_uppercase()) {
+        true => Cow::Owned(host.to_ascii_lowercase()),
+        false => Cow::Borrowed(host),
+    }
+}
+
+/// `http://<endpoint><path?query>`.
+fn endpoint_uri(endpoint: SocketAddr, path: PathAndQuery) -> Uri {
+    let mut parts = uri::Parts::default();
+    parts.scheme = Some(Scheme::HTTP);
+    parts.authority = Some(Authority::try_from(endpoint.to_string()).expect("a socket address is an authority"));
+    parts.path_and_query = Some(path);
+    Uri::from_parts(parts).expect("scheme, authority and path make a URI")
+}
+
+/// A plain-text response that the proxy itself generates.
+fn text(status: StatusCode, message: impl Into<Bytes>) -> Response<ProxyBody> {
+    let mut response = Response::new(Either::Right(Full::new(message.into())));
+    *response.status_mut() = status;
+    response.headers_mut().insert(header::CONTENT_TYPE, HeaderValue::from_static("text/plain; charset=utf-8"));
+    response
+}
+
+/// Milliseconds since the first call: a cheap monotonic clock that fits an atomic.
+fn now_ms() -> u64 {
+    static START: OnceLock<Instant> = OnceLock::new();
+    START.get_or_init(Instant::now).elapsed().as_millis() as u64
+}
+
+/// State per target, keyed by a hash of (ingress, service, endpoint port), created on first use.
+#[derive(Default)]
+struct Targets {
+    hasher: RandomState,
+    states: ArcSwap<HashMap<u64, Arc<TargetState>>>,
+}
+
+impl Targets {
+    fn get(&self, target: &Target) -> Arc<TargetState> {
+        let port = target.endpoints.first().map_or(0, SocketAddr::port);
+        let key = self.hasher.hash_one((&target.ingress, &target.service, port));
+        let known =
+            |states: &HashMap<u64, Arc<TargetState>>| states.get(&key).filter(|state| state.is(target, port)).cloned();
+        if let Some(state) = known(&self.states.load()) {
+            return state;
+        }
+        let state = Arc::new(TargetState {
+            ingress: target.ingress.clone(),
+            service: target.service.clone(),
+            port,
+            next: AtomicUsize::new(0),
+            labels: Labels::new(target.ingress.to_string(), target.service.to_string()),
+        });
+        self.states.rcu(|states| {
+            let mut states = HashMap::clone(states);
+            states.entry(key).or_insert_with(|| state.clone());
+            states
+        });
+        // Another request may have added it first; on a (2^-64) hash collision, use it unshared.
+        known(&self.states.load()).unwrap_or(state)
+    }
+}
+
+/// Round robin position and metric handles of one target.
+///
+/// Round robin rather than least-requests: the endpoints of a Service are alike, requests
+/// through an Ingress are mostly short, and round robin costs one shared atomic increment per
+/// request and spreads evenly from the first request, where least-requests needs an in-flight
+/// counter per endpoint that every request updates twice (and a random pick of two to stay
+/// cheap), which pays off only for very uneven request costs.
+struct TargetState {
+    ingress: NamespacedName,
+    service: NamespacedName,
+    port: u16,
+    next: AtomicUsize,
+    labels: Labels,
+}
+
+impl TargetState {
+    fn is(&self, target: &Target, port: u16) -> bool {
+        self.port == port && self.ingress == target.ingress && self.service == target.service
+    }
+}
+
+/// Metric handles of one (ingress, service), registered with the recorder installed at first use,
+/// so that counting a request is atomic increments, not a registry lookup.
+struct Labels {
+    ingress: String,
+    service: String,
+    duration: Histogram,
+    /// Request counters by status code, added as codes appear.
+    requests: ArcSwap<Vec<(StatusCode, Counter)>>,
+}
+
+impl Labels {
+    fn new(ingress: String, service: String) -> Self {
+        Self {
+            duration: histogram!(REQUEST_DURATION_SECONDS, "ingress" => ingress.clone()),
+            requests: ArcSwap::default(),
+            ingress,
+            service,
+        }
+    }
+
+    fn record(&self, status: StatusCode, elapsed: Duration) {
+        self.duration.record(elapsed);
+        if let Some((_, counter)) = self.requests.load().iter().find(|(code, _)| *code == status) {
+            return counter.increment(1);
+        }
+        let counter = counter!(REQUESTS_TOTAL, "ingress" => self.ingress.clone(),
+            "service" => self.service.clone(), "status" => status.as_str().to_owned());
+        counter.increment(1);
+        self.requests.rcu(|requests| {
+            let mut requests = Vec::clone(requests);
+            if !requests.iter().any(|(code, _)| *code == status) {
+                requests.push((status, counter.clone()));
+            }
+            requests
+        });
+    }
+}
+
+/// Passive health: endpoints with recent connect failures. Empty while all is well, so that
+/// checking costs one atomic load. `eject_after` failures in a row eject an endpoint for
+/// `eject_for`; a success forgets its failures, and failures older than `eject_for` are dropped
+/// when the table changes.
+struct Health {
+    failing: ArcSwap<HashMap<SocketAddr, Arc<Failures>>>,
+    eject_after: u32,
+    eject_for_ms: u64,
+}
+
+/// Connect failures in a row of one endpoint, and when the last one happened.
+#[derive(Default)]
+struct Failures {
+    count: AtomicU32,
+    last_ms: AtomicU64,
+}
+
+impl Health {
+    fn new(config: &ProxyConfig) -> Self {
+        Self {
+            failing: ArcSwap::default(),
+            eject_after: config.eject_after,
+            eject_for_ms: config.eject_for.as_millis() as u64,
+        }
+    }
+
+    /// The index of the first endpoint from `from` on (wrapping around) that is not `skip` and
+    /// not ejected; when all are ejected, the first that is not `skip` (trying beats failing).
+    fn pick(&self, endpoints: &[SocketAddr], from: usize, skip: Option<usize>) -> Option<usize> {
+        let n = endpoints.len();
+        let mut candidates = (0..n).map(|i| (from % n + i) % n).filter(|&i| Some(i) != skip);
+        let failing = self.failing.load();
+        if failing.is_empty() {
+            return candidates.next();
+        }
+        let now = now_ms();
+        candidates.clone().find(|&i| !self.ejected(failing.get(&endpoints[i]), now)).or_else(|| candidates.next())
+    }
+
+    fn ejected(&self, failures: Option<&Arc<Failures>>, now: u64) -> bool {
+        failures.is_some_and(|failures| {
+            failures.count.load(Relaxed) >= self.eject_after && now < failures.last_ms.load(Relaxed) + self.eject_for_ms
+        })
+    }
+
+    fn failed(&self, endpoint: SocketAddr) {
+        let now = now_ms();
+        let failures = match self.failing.load().get(&endpoint) {
+            Some(failures) => failures.clone(),
+            None => {
+                let mut added = None;
+                self.failing.rcu(|failing| {
+                    let mut failing: HashMap<_, _> = failing
+                        .iter()
+                        .filter(|(_, failures)| now < failures.last_ms.load(Relaxed) + self.eject_for_ms)
+                        .map(|(endpoint, failures)| (*endpoint, failures.clone()))
+                        .collect();
+                    added = Some(failing.entry(endpoint).or_default().clone());
+                    failing
+                });
+                added.expect("rcu ran")
+            }
+        };
+        failures.last_ms.store(now, Relaxed);
+        failures.count.fetch_add(1, Relaxed);
+    }
+
+    fn succeeded(&self, endpoint: SocketAddr) {
+        if self.failing.load().contains_key(&endpoint) {
+            self.failing.rcu(|failing| {
+                let mut failing = HashMap::clone(failing);
+                failing.remove(&endpoint);
+                failing
+            });
+        }
+    }
+}
+
+/// Whether a client connection moved bytes lately, and how many of its requests wait for an
+/// endpoint's response head: together they tell when it is idle. Moving bytes only sets a flag
+/// (no clock read on the data path), which [`Activity::idle`] samples four times per timeout.
+#[derive(Default)]
+struct Activity {
+    moved: AtomicBool,
+    waiting: AtomicU32,
+}
+
+impl Activity {
+    /// Counts a request as waiting until the returned guard is dropped.
+    fn wait(&self) -> Waiting<'_> {
+        self.waiting.fetch_add(1, Relaxed);
+        Waiting(self)
+    }
+
+    /// Returns once no byte has moved and no request has waited for `timeout` (up to a quarter
+    /// more).
+    async fn idle(&self, timeout: Duration) {
+        let step = (timeout / 4).max(Duration::from_millis(1));
+        let mut quiet = Duration::ZERO;
+        while quiet < timeout {
+            tokio::time::sleep(step).await;
+            let active = self.moved.swap(false, Relaxed) || self.waiting.load(Relaxed) > 0;
+            quiet = if active { Duration::ZERO } else { quiet + step };
+        }
+    }
+}
+
+/// A request waiting for its response head; see [`Activity::wait`].
+struct Waiting<'a>(&'a Activity);
+
+impl Drop for Waiting<'_> {
+    fn drop(&mut self) {
+        self.0.waiting.fetch_sub(1, Relaxed);
+    }
+}
+
+/// A client connection that notes in its [`Activity`] when bytes move.
+struct Tracked<IO> {
+    io: IO,
+    activity: Arc<Activity>,
+}
+
+impl<IO> Tracked<IO> {
+    fn note<T>(&self, poll: Poll<T>) -> Poll<T> {
+        if poll.is_ready() {
+            self.activity.moved.store(true, Relaxed);
+        }
+        poll
+    }
+}
+
+impl<IO: AsyncRead + Unpin> AsyncRead for Tracked<IO> {
+    fn poll_read(mut self: Pin<&mut Self>, cx: &mut Context<'_>, buf: &mut ReadBuf<'_>) -> Poll<io::Result<()>> {
+        let poll = Pin::new(&mut self.io).poll_read(cx, buf);
+        self.note(poll)
+    }
+}
+
+impl<IO: AsyncWrite + Unpin> AsyncWrite for Tracked<IO> {
+    fn poll_write(mut self: Pin<&mut Self>, cx: &mut Context<'_>, buf: &[u8]) -> Poll<io::Result<usize>> {
+        let poll = Pin::new(&mut self.io).poll_write(cx, buf);
+        self.note(poll)
+    }
+
+    fn poll_write_vectored(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        bufs: &[io::IoSlice<'_>],
+    ) -> Poll<io::Result<usize>> {
+        let poll = Pin::new(&mut self.io).poll_write_vectored(cx, bufs);
+        self.note(poll)
+    }
+
+    fn is_write_vectored(&self) -> bool {
+        self.io.is_write_vectored()
+    }
+
+    fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.io).poll_flush(cx)
+    }
+
+    fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.io).poll_shutdown(cx)
+    }
+}
+
+#[cfg(test)]
+#[path = "proxy_tests.rs"]
+mod tests;

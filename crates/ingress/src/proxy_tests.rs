@@ -1,0 +1,472 @@
+//! The proxy over real sockets on 127.0.0.1: a fixture router, small hyper backends, raw TCP and
+//! hyper clients, rustls with certificates from rcgen.
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::Duration;
+
+use http_body_util::{BodyExt, Full};
+use hyper::body::{Bytes, Incoming};
+use hyper::client::conn::{http1, http2};
+use hyper::header::{CONNECTION, UPGRADE};
+use hyper::service::service_fn;
+use hyper::{Request, Response, StatusCode, Version};
+use hyper_util::rt::{TokioExecutor, TokioIo};
+use rcgen::{BasicConstraints, CertificateParams, CertifiedIssuer, DnType, IsCa, KeyPair};
+use roadkeeper_cluster::NamespacedName;
+use rustls::pki_types::{CertificateDer, ServerName};
+use serde_json::{Value, json};
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
+use tokio::net::{TcpListener, TcpStream};
+use tokio_rustls::TlsConnector;
+use tokio_rustls::client::TlsStream;
+
+use super::*;
+
+/// Routes by exact host and path prefix; the first match wins.
+struct Fixture(Vec<(&'static str, &'static str, Target)>);
+
+impl Router for Fixture {
+    fn route(&self, host: &str, path: &str) -> Option<Target> {
+        let (_, _, target) = self.0.iter().find(|(h, prefix, _)| *h == host && path.starts_with(prefix))?;
+        Some(target.clone())
+    }
+}
+
+fn target(service: &str, endpoints: &[SocketAddr]) -> Target {
+    Target {
+        ingress: NamespacedName::new("default", "web"),
+        service: NamespacedName::new("default", service),
+        endpoints: endpoints.into(),
+    }
+}
+
+async fn listen() -> (TcpListener, SocketAddr) {
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    (listener, addr)
+}
+
+/// An address where nothing listens.
+async fn dead() -> SocketAddr {
+    listen().await.1
+}
+
+/// A backend that accepts connections and never answers.
+async fn silent() -> SocketAddr {
+    let (listener, addr) = listen().await;
+    tokio::spawn(async move {
+        let mut held = Vec::new();
+        while let Ok(connection) = listener.accept().await {
+            held.push(connection);
+        }
+    });
+    addr
+}
+
+/// An HTTP/1.1 backend that answers with JSON: its name, the method, the target, the request
+/// headers and the body length (after reading the whole body). An `Upgrade` request gets `101`,
+/// then every byte echoed.
+async fn backend(name: &'static str) -> SocketAddr {
+    let (listener, addr) = listen().await;
+    tokio::spawn(async move {
+        while let Ok((tcp, _)) = listener.accept().await {
+            let service = service_fn(move |request| echo(name, request));
+            tokio::spawn(
+                hyper::server::conn::http1::Builder::new().serve_connection(TokioIo::new(tcp), service).with_upgrades(),
+            );
+        }
+    });
+    addr
+}
+
+async fn echo(name: &str, mut request: Request<Incoming>) -> Result<Response<Full<Bytes>>, hyper::Error> {
+    if request.headers().contains_key(UPGRADE) {
+        let upgraded = hyper::upgrade::on(&mut request);
+        tokio::spawn(async move {
+            let (mut reader, mut writer) = tokio::io::split(TokioIo::new(upgraded.await.unwrap()));
+            tokio::io::copy(&mut reader, &mut writer).await
+        });
+        let response = Response::builder().status(StatusCode::SWITCHING_PROTOCOLS);
+        return Ok(response.header(UPGRADE, "echo").header(CONNECTION, "upgrade").body(Full::default()).unwrap());
+    }
+    let headers: serde_json::Map<String, Value> =
+        request.headers().iter().map(|(name, value)| (name.to_string(), json!(value.to_str().unwrap()))).collect();
+    let (method, path) = (request.method().to_string(), request.uri().to_string());
+    let body = request.into_body().collect().await?.to_bytes();
+    let reply = json!({"backend": name, "method": method, "path": path, "headers": headers, "body": body.len()});
+    Ok(Response::new(Full::new(Bytes::from(reply.to_string()))))
+}
+
+/// Serves `routes` with [`serve_http`]; returns the proxy's address.
+async fn start(routes: Vec<(&'static str, &'static str, Target)>, config: ProxyConfig) -> SocketAddr {
+    let (listener, addr) = listen().await;
+    tokio::spawn(serve_http(listener, Arc::new(Fixture(routes)), config));
+    addr
+}
+
+fn get(host: &str, path: &str) -> Request<Full<Bytes>> {
+    Request::get(path).header("host", host).body(Full::default()).unwrap()
+}
+
+/// Sends one request on a new HTTP/1.1 (or HTTP/2) connection over `io`; returns the status,
+/// the body as text and the response's version.
+async fn send<IO>(io: IO, http2: bool, request: Request<Full<Bytes>>) -> (StatusCode, String, Version)
+where
+    IO: AsyncRead + AsyncWrite + Unpin + Send + 'static,
+{
+    let io = TokioIo::new(io);
+    let response = if http2 {
+        let (mut sender, connection) = http2::handshake(TokioExecutor::new(), io).await.unwrap();
+        tokio::spawn(connection);
+        sender.send_request(request).await.unwrap()
+    } else {
+        let (mut sender, connection) = http1::handshake(io).await.unwrap();
+        tokio::spawn(connection);
+        sender.send_request(request).await.unwrap()
+    };
+    let (status, version) = (response.status(), response.version());
+    let body = response.into_body().collect().await.unwrap().to_bytes();
+    (status, String::from_utf8(body.to_vec()).unwrap(), version)
+}
+
+/// [`send`] over plain HTTP/1.1.
+async fn fetch(proxy: SocketAddr, request: Request<Full<Bytes>>) -> (StatusCode, String) {
+    let (status, body, _) = send(TcpStream::connect(proxy).await.unwrap(), false, request).await;
+    (status, body)
+}
+
+/// The JSON of a `200` from [`backend`].
+async fn fetch_ok(proxy: SocketAddr, request: Request<Full<Bytes>>) -> Value {
+    let (status, body) = fetch(proxy, request).await;
+    assert_eq!(status, StatusCode::OK, "{body}");
+    serde_json::from_str(&body).unwrap()
+}
+
+/// Writes `request` on a new connection and reads the response head; returns it and the stream.
+async fn raw(proxy: SocketAddr, request: &[u8]) -> (String, TcpStream) {
+    let mut tcp = TcpStream::connect(proxy).await.unwrap();
+    // The proxy may answer and close before reading everything: a failed write is fine.
+    let _ = tcp.write_all(request).await;
+    let mut head = Vec::new();
+    while !head.ends_with(b"\r\n\r\n") {
+        let byte = tcp.read_u8().await.unwrap();
+        head.push(byte);
+    }
+    (String::from_utf8(head).unwrap(), tcp)
+}
+
+#[tokio::test]
+async fn proxy_routes_by_host_and_path_and_answers_404() {
+    let (a, b) = (backend("a").await, backend("b").await);
+    let routes = vec![("a.example", "/", target("svc-a", &[a])), ("b.example", "/b", target("svc-b", &[b]))];
+    let proxy = start(routes, ProxyConfig::default()).await;
+
+    let reply = fetch_ok(proxy, get("a.example", "/x?q=1")).await;
+    assert_eq!((reply["backend"].as_str(), reply["method"].as_str()), (Some("a"), Some("GET")));
+    assert_eq!(reply["path"], "/x?q=1");
+    let reply = fetch_ok(proxy, get("B.Example:8080", "/b/c")).await;
+    assert_eq!(reply["backend"], "b");
+    assert_eq!(reply["headers"]["host"], "B.Example:8080");
+
+    let (status, body) = fetch(proxy, get("b.example", "/a")).await;
+    assert_eq!((status, body.as_str()), (StatusCode::NOT_FOUND, "no route for this host and path\n"));
+    let (status, _) = fetch(proxy, get("c.example", "/")).await;
+    assert_eq!(status, StatusCode::NOT_FOUND);
+}
+
+#[tokio::test]
+async fn proxy_answers_503_without_endpoints() {
+    let proxy = start(vec![("a.example", "/", target("empty", &[]))], ProxyConfig::default()).await;
+    let (status, body) = fetch(proxy, get("a.example", "/")).await;
+    assert_eq!((status, body.as_str()), (StatusCode::SERVICE_UNAVAILABLE, "no ready endpoints for default/empty\n"));
+}
+
+#[tokio::test]
+async fn proxy_balances_round_robin() {
+    let (a, b) = (backend("a").await, backend("b").await);
+    let proxy = start(vec![("a.example", "/", target("svc", &[a, b]))], ProxyConfig::default()).await;
+    let mut seen = Vec::new();
+    for _ in 0..6 {
+        seen.push(fetch_ok(proxy, get("a.example", "/")).await["backend"].as_str().unwrap().to_owned());
+    }
+    assert_eq!(seen, ["a", "b", "a", "b", "a", "b"]);
+}
+
+#[tokio::test]
+async fn proxy_retries_connect_failures_and_ejects_the_dead_endpoint() {
+    let (dead, alive) = (dead().await, backend("alive").await);
+    let router = Arc::new(Fixture(vec![("a.example", "/", target("svc", &[dead, alive]))]));
+    let proxy = Arc::new(Proxy::new(router, ProxyConfig::default(), "http"));
+    let (listener, addr) = listen().await;
+    tokio::spawn(proxy.clone().serve_http(listener));
+
+    // Round robin sends every other request to `dead`: each is retried on `alive`.
+    for _ in 0..12 {
+        assert_eq!(fetch_ok(addr, get("a.example", "/")).await["backend"], "alive");
+    }
+    // Three failures ejected it; the three later turns skipped it.
+    let failing = proxy.health.failing.load();
+    assert_eq!(failing[&dead].count.load(Relaxed), 3);
+    assert_eq!(proxy.health.pick(&[dead, alive], 0, None), Some(1));
+}
+
+#[test]
+fn proxy_health_ejects_for_a_while_and_forgets_on_success() {
+    let config = ProxyConfig { eject_for: Duration::from_millis(50), ..ProxyConfig::default() };
+    let health = Health::new(&config);
+    let endpoints: [SocketAddr; 2] = ["127.0.0.1:1".parse().unwrap(), "127.0.0.1:2".parse().unwrap()];
+    for _ in 0..2 {
+        health.failed(endpoints[0]);
+    }
+    assert_eq!(health.pick(&endpoints, 0, None), Some(0), "two failures do not eject");
+    health.failed(endpoints[0]);
+    assert_eq!(health.pick(&endpoints, 0, None), Some(1));
+    assert_eq!(health.pick(&endpoints, 1, Some(1)), Some(0), "all others ejected: try it anyway");
+    std::thread::sleep(Duration::from_millis(60));
+    assert_eq!(health.pick(&endpoints, 0, None), Some(0), "ejection expired");
+    health.failed(endpoints[0]);
+    assert_eq!(health.pick(&endpoints, 0, None), Some(1), "one more failure ejects it again");
+    health.succeeded(endpoints[0]);
+    assert!(health.failing.load().is_empty());
+}
+
+#[tokio::test]
+async fn proxy_answers_502_when_every_endpoint_refuses() {
+    let (one, two) = (dead().await, dead().await);
+    let proxy = start(vec![("a.example", "/", target("svc", &[one, two]))], ProxyConfig::default()).await;
+    let (status, body) = fetch(proxy, get("a.example", "/")).await;
+    assert_eq!((status, body.as_str()), (StatusCode::BAD_GATEWAY, "upstream connect error\n"));
+}
+
+#[tokio::test]
+async fn proxy_answers_504_when_the_endpoint_does_not_answer() {
+    let config = ProxyConfig { response_timeout: Duration::from_millis(300), ..ProxyConfig::default() };
+    let proxy = start(vec![("a.example", "/", target("svc", &[silent().await]))], config).await;
+    let (status, body) = fetch(proxy, get("a.example", "/")).await;
+    assert_eq!((status, body.as_str()), (StatusCode::GATEWAY_TIMEOUT, "upstream response timeout\n"));
+}
+
+#[tokio::test]
+async fn proxy_sets_forwarded_headers_and_drops_hop_by_hop_ones() {
+    let proxy = start(vec![("a.example", "/", target("svc", &[backend("a").await]))], ProxyConfig::default()).await;
+    let request = Request::get("/")
+        .header("host", "A.example:8080")
+        .header("x-forwarded-for", "203.0.113.7")
+        .header("connection", "x-hop")
+        .header("x-hop", "1")
+        .header("keep-alive", "timeout=5")
+        .header("te", "trailers")
+        .body(Full::default())
+        .unwrap();
+    let headers = fetch_ok(proxy, request).await["headers"].take();
+    assert_eq!(headers["x-forwarded-for"], "203.0.113.7, 127.0.0.1");
+    assert_eq!(headers["x-forwarded-proto"], "http");
+    assert_eq!(headers["x-forwarded-host"], "A.example:8080");
+    assert_eq!(headers["x-real-ip"], "127.0.0.1");
+    assert_eq!(headers["host"], "A.example:8080");
+    for hop in ["connection", "x-hop", "keep-alive", "te"] {
+        assert!(headers.get(hop).is_none(), "{hop} forwarded: {headers}");
+    }
+}
+
+#[tokio::test]
+async fn proxy_tunnels_upgrades() {
+    let proxy = start(vec![("a.example", "/", target("svc", &[backend("a").await]))], ProxyConfig::default()).await;
+    let request = b"GET /ws HTTP/1.1\r\nHost: a.example\r\nConnection: Upgrade\r\nUpgrade: echo\r\n\r\n";
+    let (head, mut tcp) = raw(proxy, request).await;
+    assert!(head.starts_with("HTTP/1.1 101 "), "{head}");
+    assert!(head.to_ascii_lowercase().contains("upgrade: echo\r\n"), "{head}");
+    for message in [&b"ping"[..], b"pong!"] {
+        tcp.write_all(message).await.unwrap();
+        let mut echoed = vec![0; message.len()];
+        tcp.read_exact(&mut echoed).await.unwrap();
+        assert_eq!(echoed, message);
+    }
+}
+
+#[tokio::test]
+async fn proxy_closes_idle_connections_and_tunnels() {
+    let config = ProxyConfig { idle_timeout: Duration::from_millis(200), ..ProxyConfig::default() };
+    let proxy = start(vec![("a.example", "/", target("svc", &[backend("a").await]))], config).await;
+    let closed = |mut tcp: TcpStream| async move {
+        let read = tokio::time::timeout(Duration::from_secs(2), tcp.read(&mut [0; 1])).await;
+        assert_eq!(read.expect("closed within 2 s").unwrap(), 0);
+    };
+    closed(TcpStream::connect(proxy).await.unwrap()).await;
+
+    let request = b"GET /ws HTTP/1.1\r\nHost: a.example\r\nConnection: upgrade\r\nUpgrade: echo\r\n\r\n";
+    let (head, tcp) = raw(proxy, request).await;
+    assert!(head.starts_with("HTTP/1.1 101 "), "{head}");
+    closed(tcp).await;
+}
+
+#[tokio::test]
+async fn proxy_limits_the_request_body() {
+    let config = ProxyConfig { max_request_body: Some(1024), ..ProxyConfig::default() };
+    let proxy = start(vec![("a.example", "/", target("svc", &[backend("a").await]))], config).await;
+    let post = |size: usize| Request::post("/").header("host", "a.example").body(Full::from(vec![b'x'; size])).unwrap();
+
+    assert_eq!(fetch_ok(proxy, post(1024)).await["body"], 1024);
+    let (status, body) = fetch(proxy, post(1025)).await;
+    assert_eq!((status, body.as_str()), (StatusCode::PAYLOAD_TOO_LARGE, "request body too large\n"));
+
+    // Without Content-Length: cut off while streaming.
+    let mut chunked = b"POST / HTTP/1.1\r\nHost: a.example\r\nTransfer-Encoding: chunked\r\n\r\n".to_vec();
+    for _ in 0..4 {
+        chunked.extend_from_slice(b"200\r\n");
+        chunked.extend_from_slice(&[b'x'; 0x200]);
+        chunked.extend_from_slice(b"\r\n");
+    }
+    chunked.extend_from_slice(b"0\r\n\r\n");
+    let (head, _) = raw(proxy, &chunked).await;
+    assert!(head.starts_with("HTTP/1.1 413 "), "{head}");
+}
+
+#[tokio::test]
+async fn proxy_answers_431_for_too_many_headers() {
+    let proxy = start(vec![("a.example", "/", target("svc", &[backend("a").await]))], ProxyConfig::default()).await;
+    let mut request = get("a.example", "/");
+    for i in 0..150 {
+        request.headers_mut().insert(HeaderName::try_from(format!("x-h{i}")).unwrap(), HeaderValue::from_static("1"));
+    }
+    let (http1, _) = fetch(proxy, request.clone()).await;
+    assert_eq!(http1, StatusCode::REQUEST_HEADER_FIELDS_TOO_LARGE);
+    // HTTP/2 with prior knowledge: our own check.
+    *request.uri_mut() = "http://a.example/".parse().unwrap();
+    request.headers_mut().remove("host");
+    let (http2, body, _) = send(TcpStream::connect(proxy).await.unwrap(), true, request).await;
+    assert_eq!(
+        (http2, body.as_str()),
+        (StatusCode::REQUEST_HEADER_FIELDS_TOO_LARGE, "too many request header fields\n")
+    );
+}
+
+/// A test CA and certificates it signs, with their subject (CN) set to their host.
+struct Pki {
+    ca: CertifiedIssuer<'static, KeyPair>,
+}
+
+impl Pki {
+    fn new() -> Self {
+        let mut params = CertificateParams::new(Vec::<String>::new()).unwrap();
+        params.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
+        params.distinguished_name.push(DnType::CommonName, "roadkeeper test CA");
+        Self { ca: CertifiedIssuer::self_signed(params, KeyPair::generate().unwrap()).unwrap() }
+    }
+
+    /// A certificate for `host`: its DER, and the `(host, tls.crt, tls.key)` entry for it.
+    fn issue(&self, host: &str) -> (CertificateDer<'static>, (String, Vec<u8>, Vec<u8>)) {
+        let mut params = CertificateParams::new(vec![host.to_owned()]).unwrap();
+        params.distinguished_name.push(DnType::CommonName, host);
+        let key = KeyPair::generate().unwrap();
+        let cert = params.signed_by(&key, &self.ca).unwrap();
+        (cert.der().clone(), (host.to_owned(), cert.pem().into_bytes(), key.serialize_pem().into_bytes()))
+    }
+
+    /// A client trusting the CA, offering `alpn`.
+    fn client(&self, alpn: &[&[u8]]) -> TlsConnector {
+        let mut roots = rustls::RootCertStore::empty();
+        roots.add(self.ca.der().clone()).unwrap();
+        let mut config =
+            rustls::ClientConfig::builder_with_provider(Arc::new(rustls::crypto::ring::default_provider()))
+                .with_safe_default_protocol_versions()
+                .unwrap()
+                .with_root_certificates(roots)
+                .with_no_client_auth();
+        config.alpn_protocols = alpn.iter().map(|protocol| protocol.to_vec()).collect();
+        TlsConnector::from(Arc::new(config))
+    }
+}
+
+/// Serves `routes` with [`serve_https`] and `certificates`; returns the proxy's address.
+async fn start_tls(routes: Vec<(&'static str, &'static str, Target)>, certificates: Arc<Certificates>) -> SocketAddr {
+    let (listener, addr) = listen().await;
+    tokio::spawn(serve_https(listener, Arc::new(Fixture(routes)), certificates, ProxyConfig::default()));
+    addr
+}
+
+async fn handshake(client: &TlsConnector, proxy: SocketAddr, sni: &str) -> io::Result<TlsStream<TcpStream>> {
+    let tcp = TcpStream::connect(proxy).await?;
+    client.connect(ServerName::try_from(sni.to_owned()).unwrap(), tcp).await
+}
+
+fn presented(tls: &TlsStream<TcpStream>) -> &CertificateDer<'static> {
+    &tls.get_ref().1.peer_certificates().unwrap()[0]
+}
+
+#[tokio::test]
+async fn tls_picks_the_certificate_by_sni() {
+    let pki = Pki::new();
+    let (a_der, a_entry) = pki.issue("a.example");
+    let (b_der, b_entry) = pki.issue("*.b.example");
+    let certificates = Arc::new(Certificates::new());
+    assert_eq!(certificates.update(vec![a_entry, b_entry]), Vec::<String>::new());
+    let routes = vec![("a.example", "/", target("svc", &[backend("a").await]))];
+    let proxy = start_tls(routes, certificates).await;
+    let client = pki.client(&[b"http/1.1"]);
+
+    let tls = handshake(&client, proxy, "a.example").await.unwrap();
+    assert_eq!(presented(&tls), &a_der);
+    let (status, body, _) = send(tls, false, get("a.example", "/")).await;
+    assert_eq!(status, StatusCode::OK);
+    assert_eq!(serde_json::from_str::<Value>(&body).unwrap()["headers"]["x-forwarded-proto"], "https");
+
+    let tls = handshake(&client, proxy, "x.b.example").await.unwrap();
+    assert_eq!(presented(&tls), &b_der);
+    for unknown in ["c.example", "y.x.b.example", "b.example"] {
+        assert!(handshake(&client, proxy, unknown).await.is_err(), "{unknown}");
+    }
+}
+
+#[tokio::test]
+async fn tls_serves_http2_by_alpn() {
+    let pki = Pki::new();
+    let (_, entry) = pki.issue("a.example");
+    let certificates = Arc::new(Certificates::new());
+    certificates.update(vec![entry]);
+    let proxy = start_tls(vec![("a.example", "/", target("svc", &[backend("a").await]))], certificates).await;
+
+    let tls = handshake(&pki.client(&[b"h2", b"http/1.1"]), proxy, "a.example").await.unwrap();
+    assert_eq!(tls.get_ref().1.alpn_protocol(), Some(&b"h2"[..]));
+    let request = Request::get("https://a.example/h2?x").body(Full::default()).unwrap();
+    let (status, body, version) = send(tls, true, request).await;
+    assert_eq!((status, version), (StatusCode::OK, Version::HTTP_2));
+    let reply: Value = serde_json::from_str(&body).unwrap();
+    assert_eq!(reply["path"], "/h2?x");
+    assert_eq!(reply["headers"]["host"], "a.example");
+    assert_eq!(reply["headers"]["x-forwarded-host"], "a.example");
+}
+
+#[tokio::test]
+async fn tls_update_swaps_certificates_for_new_handshakes() {
+    let pki = Pki::new();
+    let (old_der, old_entry) = pki.issue("a.example");
+    let (new_der, new_entry) = pki.issue("a.example");
+    let certificates = Arc::new(Certificates::new());
+    certificates.update(vec![old_entry]);
+    let proxy = start_tls(vec![("a.example", "/", target("svc", &[backend("a").await]))], certificates.clone()).await;
+    let client = pki.client(&[b"http/1.1"]);
+
+    let before = handshake(&client, proxy, "a.example").await.unwrap();
+    assert_eq!(presented(&before), &old_der);
+    certificates.update(vec![new_entry]);
+    let after = handshake(&client, proxy, "a.example").await.unwrap();
+    assert_eq!(presented(&after), &new_der);
+    // The connection made before the swap still works.
+    assert_eq!(send(before, false, get("a.example", "/")).await.0, StatusCode::OK);
+}
+
+#[test]
+fn proxy_route_host_strips_the_port_and_lowercases() {
+    for (host, routed) in [
+        ("example.com", "example.com"),
+        ("Example.COM:8080", "example.com"),
+        ("a.example.", "a.example"),
+        ("[::1]:8443", "[::1]"),
+        ("[::1]", "[::1]"),
+        ("", ""),
+    ] {
+        assert_eq!(route_host(host), routed, "{host}");
+    }
+}
