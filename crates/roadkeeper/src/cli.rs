@@ -4,6 +4,7 @@ use std::net::SocketAddr;
 use std::path::PathBuf;
 
 use clap::{Args, Parser, Subcommand};
+use roadkeeper_cluster::SourceSpec;
 
 /// roadkeeper: Kubernetes Service networking, written in Rust.
 #[derive(Debug, Parser)]
@@ -45,17 +46,36 @@ pub enum Command {
     Ingress(IngressArgs),
 }
 
-/// Flags of `proxy` and `rules`, named as kube-proxy's.
+/// Where the cluster state comes from, for every command that reads it.
 #[derive(Debug, Args, Clone)]
-pub struct ProxyArgs {
-    /// Read the cluster from a folder of Kubernetes manifests (Services, EndpointSlices, Pods,
-    /// Nodes, ServiceCIDRs), watched for changes, instead of from a Kubernetes API server.
+pub struct SourceArgs {
+    /// Read the cluster from a folder of Kubernetes manifests, watched for changes, instead of
+    /// from a Kubernetes API server.
     #[arg(long, value_name = "DIR", conflicts_with = "kubeconfig")]
     pub manifests: Option<PathBuf>,
     /// Kubeconfig file of the Kubernetes API server to watch. Without it and without
     /// `--manifests`: `KUBECONFIG`, else `~/.kube/config`, else the in-cluster service account.
     #[arg(long, value_name = "FILE")]
     pub kubeconfig: Option<PathBuf>,
+}
+
+impl SourceArgs {
+    /// `--manifests`, else the API server of `--kubeconfig`, else of `fallback` (a config file's
+    /// kubeconfig), else the default one.
+    pub fn spec(&self, fallback: Option<&std::path::Path>) -> SourceSpec {
+        match &self.manifests {
+            Some(dir) => SourceSpec::Manifests(dir.clone()),
+            None => SourceSpec::Kubernetes(self.kubeconfig.clone().or_else(|| fallback.map(Into::into))),
+        }
+    }
+}
+
+/// Flags of `proxy` and `rules`, named as kube-proxy's.
+#[derive(Debug, Args, Clone)]
+pub struct ProxyArgs {
+    /// Where the cluster state comes from.
+    #[command(flatten)]
+    pub source: SourceArgs,
     /// A kube-proxy KubeProxyConfiguration file (kubeproxy.config.k8s.io/v1alpha1); flags
     /// override it.
     #[arg(long, value_name = "FILE")]
@@ -179,14 +199,9 @@ pub struct LabArgs {
 /// Flags of `dns`.
 #[derive(Debug, Args, Clone)]
 pub struct DnsArgs {
-    /// Read the cluster from a folder of manifests (Services, EndpointSlices, Pods, Namespaces)
-    /// instead of from a Kubernetes API server.
-    #[arg(long, value_name = "DIR", conflicts_with = "kubeconfig")]
-    pub manifests: Option<PathBuf>,
-    /// Kubeconfig file of the Kubernetes API server to watch. Without it and without
-    /// `--manifests`: `KUBECONFIG`, else `~/.kube/config`, else the in-cluster service account.
-    #[arg(long, value_name = "FILE")]
-    pub kubeconfig: Option<PathBuf>,
+    /// Where the cluster state comes from.
+    #[command(flatten)]
+    pub source: SourceArgs,
     /// Address to serve DNS on, over UDP and TCP; repeatable.
     #[arg(long, value_name = "ADDR:PORT", default_values = ["0.0.0.0:53"])]
     pub listen: Vec<SocketAddr>,
@@ -230,14 +245,9 @@ pub struct DnsArgs {
 /// Flags of `ingress`.
 #[derive(Debug, Args, Clone)]
 pub struct IngressArgs {
-    /// Read the cluster from a folder of manifests (Ingresses, IngressClasses, Services,
-    /// EndpointSlices, TLS Secrets) instead of from a Kubernetes API server.
-    #[arg(long, value_name = "DIR", conflicts_with = "kubeconfig")]
-    pub manifests: Option<PathBuf>,
-    /// Kubeconfig file of the Kubernetes API server to watch. Without it and without
-    /// `--manifests`: `KUBECONFIG`, else `~/.kube/config`, else the in-cluster service account.
-    #[arg(long, value_name = "FILE")]
-    pub kubeconfig: Option<PathBuf>,
+    /// Where the cluster state comes from.
+    #[command(flatten)]
+    pub source: SourceArgs,
     /// Address for plain HTTP.
     #[arg(long, value_name = "ADDR:PORT", default_value = "0.0.0.0:80")]
     pub http: Option<SocketAddr>,

@@ -11,7 +11,7 @@ use hickory_proto::rr::Name;
 use hyper::{Method, StatusCode};
 use metrics::{Unit, describe_counter, describe_histogram};
 use metrics_exporter_prometheus::PrometheusBuilder;
-use roadkeeper_cluster::{Feed, Interest, Kind, SourceSpec};
+use roadkeeper_cluster::{Feed, Interest, Kind};
 use roadkeeper_dns::answer::Zones;
 use roadkeeper_dns::forward::{self, ForwardConfig, Forwarder};
 use roadkeeper_dns::server::{self, Handler};
@@ -41,10 +41,7 @@ pub fn run(args: DnsArgs) -> anyhow::Result<()> {
             serve::spawn_metrics(listener, install_metrics()?)?;
         }
 
-        let spec = match &args.manifests {
-            Some(dir) => SourceSpec::Manifests(dir.clone()),
-            None => SourceSpec::Kubernetes(args.kubeconfig.clone()),
-        };
+        let spec = args.source.spec(None);
         let mut kinds = vec![Kind::Service, Kind::EndpointSlice, Kind::Namespace];
         if options.pods == PodMode::Verified {
             kinds.push(Kind::Pod);

@@ -7,7 +7,7 @@ use anyhow::Context;
 use arc_swap::ArcSwap;
 use metrics::{Unit, describe_counter, describe_histogram};
 use metrics_exporter_prometheus::{PrometheusBuilder, PrometheusHandle};
-use roadkeeper_cluster::{Feed, Interest, Kind, SourceSpec, Store};
+use roadkeeper_cluster::{Feed, Interest, Kind, Store};
 use roadkeeper_ingress::proxy::{self, ProxyConfig};
 use roadkeeper_ingress::routes::{ClassConfig, RouteTable};
 use roadkeeper_ingress::tls::Certificates;
@@ -37,10 +37,7 @@ pub fn run(args: IngressArgs) -> anyhow::Result<()> {
         if let Some(listener) = serve::bind("--metrics-bind-address", &args.metrics_bind_address)? {
             serve::spawn_metrics(listener, install_metrics()?)?;
         }
-        let spec = match &args.manifests {
-            Some(dir) => SourceSpec::Manifests(dir.clone()),
-            None => SourceSpec::Kubernetes(args.kubeconfig.clone()),
-        };
+        let spec = args.source.spec(None);
         let kinds = [Kind::Ingress, Kind::IngressClass, Kind::Service, Kind::EndpointSlice, Kind::Secret];
         let interest = Interest { kinds: kinds.into_iter().collect(), node: None };
         let mut feed = tokio::select! {

@@ -6,7 +6,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant, SystemTime};
 
 use anyhow::{Context, bail};
-use roadkeeper_cluster::{Changes, Feed, Interest, Kind, SourceSpec, Store};
+use roadkeeper_cluster::{Changes, Feed, Interest, Kind, Store};
 use roadkeeper_proxy::config::{NodePortAddresses, ProxyConfig, ProxyMode, parse_cidrs, parse_go_duration};
 use roadkeeper_proxy::conntrack;
 use roadkeeper_proxy::health::ProxyHealth;
@@ -97,15 +97,6 @@ fn runtime() -> anyhow::Result<tokio::runtime::Runtime> {
     Ok(tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build()?)
 }
 
-/// The source named by the flags: `--manifests`, else the API server of `--kubeconfig`, else of
-/// the config file's `clientConnection.kubeconfig`, else the default one.
-fn source_spec(args: &ProxyArgs, cfg: &ProxyConfig) -> SourceSpec {
-    match &args.manifests {
-        Some(dir) => SourceSpec::Manifests(dir.clone()),
-        None => SourceSpec::Kubernetes(args.kubeconfig.clone().or_else(|| cfg.kubeconfig.clone())),
-    }
-}
-
 /// What the proxy reads: as kube-proxy, Services, EndpointSlices, ServiceCIDRs and its own Node.
 fn interest(cfg: &ProxyConfig) -> Interest {
     let kinds = [Kind::Service, Kind::EndpointSlice, Kind::Node, Kind::ServiceCidr].into();
@@ -114,7 +105,7 @@ fn interest(cfg: &ProxyConfig) -> Interest {
 
 /// Opens the cluster state (following changes with `follow`) and works out this node's identity.
 async fn open(args: &ProxyArgs, cfg: &ProxyConfig, follow: bool) -> anyhow::Result<(Feed, NodeInfo)> {
-    let spec = source_spec(args, cfg);
+    let spec = args.source.spec(cfg.kubeconfig.as_deref());
     let feed = Feed::open(&spec, &interest(cfg), follow).await.context("reading the cluster state")?;
     let node = node_info(&cfg.hostname, feed.store(), &host_addresses());
     tracing::info!(node = %node.name, ips = ?node.primary_ips, source = feed.describe(), "node identity");
