@@ -74,8 +74,12 @@ impl DnsServer {
         Some(Message::from_vec(&raw).expect("a parsable response"))
     }
 
+    /// Asks as a stub resolver does: up to three tries (a busy machine may delay one past the
+    /// second a try waits).
     fn ask(&self, name: &str, qtype: RecordType, tcp: bool) -> Message {
-        self.try_ask(name, qtype, tcp).unwrap_or_else(|| panic!("no answer to {name} {qtype}; log:\n{}", self.log()))
+        (0..3)
+            .find_map(|_| self.try_ask(name, qtype, tcp))
+            .unwrap_or_else(|| panic!("no answer to {name} {qtype}; log:\n{}", self.log()))
     }
 
     /// Sends raw bytes over UDP and returns the raw response, if any within a second.
