@@ -142,6 +142,26 @@ pub enum Bench {
     /// `roadkeeper dns` under dnsperf (Debian package `dnsperf`) on loopback: queries per second
     /// and latency percentiles, the server pinned to one core and dnsperf to another.
     Dns(DnsBenchArgs),
+    /// `roadkeeper ingress` and nginx as reverse proxies for the same route and backends, under
+    /// wrk (Debian packages `nginx-light` or `nginx`, and `wrk`), side by side.
+    Ingress(IngressBenchArgs),
+}
+
+/// Flags of `bench ingress`.
+#[derive(Debug, Args)]
+pub struct IngressBenchArgs {
+    /// Connection counts to load with, comma-separated.
+    #[arg(long, value_delimiter = ',', default_value = "1,16,256")]
+    pub connections: Vec<usize>,
+    /// Seconds of each wrk run.
+    #[arg(long, default_value_t = 10)]
+    pub seconds: u32,
+    /// CPU each proxy is pinned to.
+    #[arg(long, default_value_t = 1)]
+    pub proxy_cpu: usize,
+    /// CPU wrk and the backends are pinned to.
+    #[arg(long, default_value_t = 0)]
+    pub client_cpu: usize,
 }
 
 /// Flags of `bench dns`.
@@ -248,12 +268,13 @@ pub struct IngressArgs {
     /// Where the cluster state comes from.
     #[command(flatten)]
     pub source: SourceArgs,
-    /// Address for plain HTTP.
+    /// Address for plain HTTP; empty disables it.
     #[arg(long, value_name = "ADDR:PORT", default_value = "0.0.0.0:80")]
-    pub http: Option<SocketAddr>,
-    /// Address for HTTPS (certificates from the Ingresses' `kubernetes.io/tls` Secrets, by SNI).
+    pub http: String,
+    /// Address for HTTPS (certificates from the Ingresses' `kubernetes.io/tls` Secrets, by SNI);
+    /// empty disables it.
     #[arg(long, value_name = "ADDR:PORT", default_value = "0.0.0.0:443")]
-    pub https: Option<SocketAddr>,
+    pub https: String,
     /// The IngressClass served (controller `roadkeeper.dev/ingress`).
     #[arg(long, value_name = "NAME", default_value = "roadkeeper")]
     pub class: String,

@@ -2,6 +2,7 @@
 
 mod bench;
 mod bench_dns;
+mod bench_ingress;
 mod cli;
 mod deploy_check;
 mod dns_cmd;
@@ -42,6 +43,7 @@ fn main() -> std::process::ExitCode {
         Command::Cleanup => proxy_cmd::cleanup(),
         Command::Bench(cli::Bench::Proxy(args)) => bench::run(args),
         Command::Bench(cli::Bench::Dns(args)) => bench_dns::run(args),
+        Command::Bench(cli::Bench::Ingress(args)) => bench_ingress::run(args),
         Command::Lab(args) => lab::run(args),
         Command::Dns(args) => dns_cmd::run(args),
         Command::Ingress(args) => ingress_cmd::run(args),

@@ -1,0 +1,182 @@
+//! `roadkeeper bench ingress`: `roadkeeper ingress` and nginx as reverse proxies for the same
+//! route and backends, side by side in one run, loaded by wrk at several connection counts in a
+//! scratch network namespace. Each proxy is pinned to one CPU; the backends (nginx answering a
+//! fixed 200) and wrk share the other.
+
+use std::path::Path;
+use std::process::Command;
+use std::time::Duration;
+
+use anyhow::{Context, bail};
+use roadkeeper_netlab::{Netns, Process};
+
+use crate::cli::IngressBenchArgs;
+
+/// Host the route is for.
+const HOST: &str = "bench.example";
+/// Backend ports (nginx answering `200 ok`).
+const BACKENDS: [u16; 2] = [9001, 9002];
+
+/// Runs the benchmark and prints a Markdown table.
+pub fn run(args: IngressBenchArgs) -> anyhow::Result<()> {
+    for tool in ["nginx", "wrk"] {
+        let found = Command::new("sh").args(["-c", &format!("command -v {tool}")]).output()?.status.success();
+        if !found {
+            bail!("{tool} is needed (Debian: apt-get install nginx-light wrk)");
+        }
+    }
+    let dir = tempfile::tempdir()?;
+    let ns = Netns::new("rk-bench-ingress")?;
+    let backend_cpu = args.client_cpu.to_string();
+    let proxy_cpu = args.proxy_cpu.to_string();
+    let _backends = nginx(&ns, dir.path(), "backends", &backend_cpu, &backends_conf())?;
+    let _nginx = nginx(&ns, dir.path(), "proxy", &proxy_cpu, &proxy_conf())?;
+    let manifests = dir.path().join("manifests");
+    std::fs::create_dir(&manifests)?;
+    std::fs::write(manifests.join("bench.yaml"), cluster())?;
+    let binary = std::env::current_exe()?.display().to_string();
+    let manifests_arg = manifests.display().to_string();
+    let log = dir.path().join("ingress.log");
+    let _roadkeeper = ns.spawn_logged(
+        [
+            "taskset",
+            "-c",
+            &proxy_cpu,
+            &binary,
+            "ingress",
+            "--manifests",
+            &manifests_arg,
+            "--http",
+            "127.0.0.1:8080",
+            "--https",
+            "",
+            "--metrics-bind-address",
+            "",
+        ],
+        &log,
+    )?;
+    for port in [8080, 8081] {
+        wait_for_200(&ns, port)?;
+    }
+
+    println!(
+        "reverse proxy on CPU {}, wrk (1 thread) and 2 nginx backends on CPU {}, {} s per run, keep-alive",
+        args.proxy_cpu, args.client_cpu, args.seconds
+    );
+    println!();
+    println!("| connections | proxy | requests/s | p50 | p99 |");
+    println!("|---|---|---|---|---|");
+    for connections in &args.connections {
+        for (name, port) in [("roadkeeper ingress", 8080), ("nginx 1.22", 8081)] {
+            let run = wrk(&ns, &backend_cpu, port, *connections, args.seconds)?;
+            println!("| {connections} | {name} | {:.0} | {} | {} |", run.rps, run.p50, run.p99);
+        }
+    }
+    Ok(())
+}
+
+/// Starts nginx in the foreground with `conf` (its prefix under `dir/<name>`), pinned to `cpu`.
+fn nginx(ns: &Netns, dir: &Path, name: &str, cpu: &str, conf: &str) -> anyhow::Result<Process> {
+    let prefix = dir.join(name);
+    std::fs::create_dir_all(prefix.join("logs"))?;
+    let conf_path = prefix.join("nginx.conf");
+    std::fs::write(&conf_path, conf)?;
+    let (prefix, conf_path) = (prefix.display().to_string(), conf_path.display().to_string());
+    let log = dir.join(format!("{name}.log"));
+    let args = ["taskset", "-c", cpu, "nginx", "-p", &prefix, "-c", &conf_path, "-g", "daemon off;"];
+    Ok(ns.spawn_logged(args, &log)?)
+}
+
+/// Two backends answering every request with a short 200.
+fn backends_conf() -> String {
+    let servers: String = BACKENDS
+        .iter()
+        .map(|port| {
+            format!("server {{ listen 127.0.0.1:{port}; access_log off; location / {{ return 200 \"ok\\n\"; }} }}\n")
+        })
+        .collect();
+    format!(
+        "worker_processes 1;\npid backends.pid;\nerror_log logs/error.log;\nevents {{ worker_connections 4096; }}\nhttp {{\n{servers}}}\n"
+    )
+}
+
+/// nginx as the reverse proxy: the same route, round robin over the same backends, keep-alive
+/// to them, the same forwarded headers, one worker (as roadkeeper gets one CPU).
+fn proxy_conf() -> String {
+    let upstreams: String = BACKENDS.iter().map(|port| format!("server 127.0.0.1:{port};")).collect();
+    format!(
+        "worker_processes 1;\npid proxy.pid;\nerror_log logs/error.log;\nevents {{ worker_connections 4096; }}\n\
+         http {{\n access_log off;\n upstream web {{ {upstreams} keepalive 256; }}\n\
+         server {{ listen 127.0.0.1:8081; server_name {HOST};\n  location / {{ proxy_pass http://web;\n\
+         proxy_http_version 1.1; proxy_set_header Connection \"\";\n\
+         proxy_set_header X-Forwarded-For $proxy_add_x_forwarded_for; proxy_set_header X-Real-IP $remote_addr;\n\
+         proxy_set_header X-Forwarded-Proto $scheme; proxy_set_header X-Forwarded-Host $host; }} }}\n}}\n"
+    )
+}
+
+/// Service `web` with the backends as its endpoints, and an Ingress routing `HOST` to it.
+fn cluster() -> String {
+    let endpoints: Vec<String> = BACKENDS.iter().map(|_| "{addresses: [127.0.0.1]}".to_owned()).collect();
+    let slices: String = BACKENDS
+        .iter()
+        .zip(&endpoints)
+        .enumerate()
+        .map(|(i, (port, endpoint))| {
+            format!(
+                "---\napiVersion: discovery.k8s.io/v1\nkind: EndpointSlice\n\
+                 metadata: {{name: web-{i}, namespace: default, labels: {{kubernetes.io/service-name: web}}}}\n\
+                 addressType: IPv4\nports: [{{name: http, port: {port}, protocol: TCP}}]\nendpoints: [{endpoint}]\n"
+            )
+        })
+        .collect();
+    format!(
+        "apiVersion: v1\nkind: Service\nmetadata: {{name: web, namespace: default}}\n\
+         spec: {{clusterIP: None, ports: [{{name: http, port: 80}}]}}\n{slices}---\n\
+         apiVersion: networking.k8s.io/v1\nkind: Ingress\nmetadata: {{name: web, namespace: default}}\n\
+         spec: {{ingressClassName: roadkeeper, rules: [{{host: {HOST}, http: {{paths: [{{path: /, pathType: Prefix, \
+         backend: {{service: {{name: web, port: {{number: 80}}}}}}}}]}}}}]}}\n"
+    )
+}
+
+fn wait_for_200(ns: &Netns, port: u16) -> anyhow::Result<()> {
+    let url = format!("http://127.0.0.1:{port}/");
+    for _ in 0..100 {
+        let out =
+            ns.exec(["curl", "-s", "-o", "/dev/null", "-w", "%{http_code}", "-H", &format!("Host: {HOST}"), &url]);
+        if out.is_ok_and(|o| o.stdout == b"200") {
+            return Ok(());
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    bail!("no 200 from {url} within 10 s")
+}
+
+/// What one wrk run reported.
+struct Run {
+    rps: f64,
+    p50: String,
+    p99: String,
+}
+
+fn wrk(ns: &Netns, cpu: &str, port: u16, connections: usize, seconds: u32) -> anyhow::Result<Run> {
+    let (connections, duration) = (connections.to_string(), format!("{seconds}s"));
+    let url = format!("http://127.0.0.1:{port}/");
+    let host = format!("Host: {HOST}");
+    let args =
+        ["taskset", "-c", cpu, "wrk", "-t1", "-c", &connections, "-d", &duration, "--latency", "-H", &host, &url];
+    let output = ns.exec(args)?;
+    let text = String::from_utf8_lossy(&output.stdout);
+    let value = |label: &str| {
+        text.lines()
+            .find_map(|l| {
+                l.trim_start()
+                    .strip_prefix(label)
+                    .map(|rest| rest.split_whitespace().next().unwrap_or_default().to_owned())
+            })
+            .with_context(|| format!("no {label:?} in wrk's output:\n{text}"))
+    };
+    if text.contains("Non-2xx or 3xx responses") {
+        bail!("errors through port {port}:\n{text}");
+    }
+    Ok(Run { rps: value("Requests/sec:")?.parse()?, p50: value("50%")?, p99: value("99%")? })
+}
