@@ -84,7 +84,7 @@ fn nginx(ns: &Netns, dir: &Path, name: &str, cpu: &str, conf: &str) -> anyhow::R
     let (prefix, conf_path) = (prefix.display().to_string(), conf_path.display().to_string());
     let log = dir.join(format!("{name}.log"));
     let args = ["taskset", "-c", cpu, "nginx", "-p", &prefix, "-c", &conf_path, "-g", "daemon off;"];
-    Ok(ns.spawn_logged(args, &log)?)
+    ns.spawn_logged(args, &log)
 }
 
 /// Two backends answering every request with a short 200.
