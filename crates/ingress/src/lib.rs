@@ -26,6 +26,7 @@ pub struct Target {
 /// What the proxy asks of the cluster state. The route table implements it; tests use fixtures.
 pub trait Router: Send + Sync + 'static {
     /// The target for `host` (lowercase, without port) and `path` (the URL path as received,
-    /// without the query); `None` answers 404.
-    fn route(&self, host: &str, path: &str) -> Option<Target>;
+    /// without the query); `None` answers 404. Shared, so that a lookup per request allocates
+    /// nothing.
+    fn route(&self, host: &str, path: &str) -> Option<Arc<Target>>;
 }

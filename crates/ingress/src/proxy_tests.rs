@@ -27,9 +27,9 @@ use super::*;
 struct Fixture(Vec<(&'static str, &'static str, Target)>);
 
 impl Router for Fixture {
-    fn route(&self, host: &str, path: &str) -> Option<Target> {
+    fn route(&self, host: &str, path: &str) -> Option<Arc<Target>> {
         let (_, _, target) = self.0.iter().find(|(h, prefix, _)| *h == host && path.starts_with(prefix))?;
-        Some(target.clone())
+        Some(Arc::new(target.clone()))
     }
 }
 

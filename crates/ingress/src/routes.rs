@@ -97,7 +97,7 @@ impl fmt::Display for PortRef {
 /// A backend: its resolved target, and what is needed to resolve it again.
 #[derive(Clone, Debug, PartialEq)]
 struct Backend {
-    target: Target,
+    target: Arc<Target>,
     port: PortRef,
     /// Where it is written (`spec.rules[0].http.paths[1].backend`), for warnings.
     field: String,
@@ -145,7 +145,7 @@ pub struct RouteTable {
     /// The Ingresses with a default backend.
     defaults: OrdSet<Age>,
     /// The default backend in force: the oldest of `defaults`.
-    default: Option<Target>,
+    default: Option<Arc<Target>>,
     /// The Ingresses whose backends name each Service.
     by_service: HashMap<NamespacedName, OrdSet<NamespacedName>>,
 }
@@ -271,7 +271,7 @@ impl Router for RouteTable {
     /// Tries the routes of the exact host, then of the wildcard covering its first label, then of
     /// rules without a host, then the default backend. `host` must be lowercase, without port
     /// (and without a trailing dot); `path` is compared as received, case-sensitive.
-    fn route(&self, host: &str, path: &str) -> Option<Target> {
+    fn route(&self, host: &str, path: &str) -> Option<Arc<Target>> {
         let exact = (!host.is_empty() && !host.starts_with('.')).then_some(host);
         let wildcard = host.find('.').filter(|&dot| dot > 0).map(|dot| &host[dot..]);
         [exact, wildcard, Some("")]
@@ -348,7 +348,7 @@ impl Backend {
             }
         };
         let service = NamespacedName::new(ingress.namespace.as_str(), service.name.as_str());
-        let target = Target { ingress: ingress.clone(), service, endpoints: Arc::new([]) };
+        let target = Arc::new(Target { ingress: ingress.clone(), service, endpoints: Arc::new([]) });
         let mut backend = Self { target, port, field };
         backend.resolve(store, warnings);
         Some(backend)
@@ -356,7 +356,7 @@ impl Backend {
 
     /// Reads the target's endpoints from `store` again.
     fn resolve(&mut self, store: &Store, warnings: &mut Vec<String>) {
-        self.target.endpoints = match endpoints(store, &self.target.service, &self.port) {
+        Arc::make_mut(&mut self.target).endpoints = match endpoints(store, &self.target.service, &self.port) {
             Ok(endpoints) => endpoints,
             Err((subfield, message)) => {
                 warn(warnings, &self.target.ingress, format_args!("{}{subfield}", self.field), message);

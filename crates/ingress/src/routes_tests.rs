@@ -78,7 +78,7 @@ fn table(objects: Vec<Object>) -> RouteTable {
 
 /// The backend Service's name for a request.
 fn to(table: &RouteTable, host: &str, path: &str) -> Option<String> {
-    table.route(host, path).map(|target| target.service.name)
+    table.route(host, path).map(|target| target.service.name.clone())
 }
 
 fn endpoints(target: &Target) -> Vec<String> {
@@ -179,7 +179,7 @@ fn default_backend_and_not_found() {
         ingress("older", 2023, default("older-default")),
     ]);
     let target = with.route("a.com", "/y").unwrap();
-    assert_eq!((target.ingress, target.service), (nn("older"), nn("older-default")));
+    assert_eq!((&target.ingress, &target.service), (&nn("older"), &nn("older-default")));
     assert_eq!(to(&with, "b.com", "/"), Some("older-default".into()));
     assert_eq!(to(&with, "a.com", "/x"), Some("x".into()));
 }
@@ -358,11 +358,11 @@ fn rules_of_several_ingresses_merge_and_the_oldest_wins() {
         ingress("a-same", 2023, json!({"rules": [rule("c.com", vec![path("/", "Prefix", "a")])]})),
     ]);
     let target = table.route("a.com", "/shared/x").unwrap();
-    assert_eq!((target.ingress, target.service.name.as_str()), (nn("old"), "old-shared"));
+    assert_eq!((&target.ingress, target.service.name.as_str()), (&nn("old"), "old-shared"));
     assert_eq!(to(&table, "a.com", "/shared").as_deref(), Some("new-exact"));
     assert_eq!(to(&table, "a.com", "/old").as_deref(), Some("old"));
     let target = table.route("a.com", "/new/x").unwrap();
-    assert_eq!((target.ingress, target.service.name.as_str()), (nn("new"), "new"));
+    assert_eq!((&target.ingress, target.service.name.as_str()), (&nn("new"), "new"));
     assert_eq!(to(&table, "c.com", "/").as_deref(), Some("a"));
     assert_eq!(table.ingresses(), [nn("a-same"), nn("b-same"), nn("new"), nn("old")]);
 }

@@ -20,7 +20,7 @@ use crate::serve;
 struct SharedRoutes(ArcSwap<RouteTable>);
 
 impl Router for SharedRoutes {
-    fn route(&self, host: &str, path: &str) -> Option<Target> {
+    fn route(&self, host: &str, path: &str) -> Option<Arc<Target>> {
         self.0.load().route(host, path)
     }
 }
