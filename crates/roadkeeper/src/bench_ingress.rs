@@ -75,8 +75,20 @@ pub fn run(args: IngressBenchArgs) -> anyhow::Result<()> {
     Ok(())
 }
 
+/// An nginx master process, stopped with SIGTERM on drop so that it stops its workers too (the
+/// namespace's SIGKILL of the master alone would leave them running).
+struct Nginx(Process);
+
+impl Drop for Nginx {
+    fn drop(&mut self) {
+        if let Err(err) = self.0.terminate(Duration::from_secs(5)) {
+            eprintln!("stopping nginx: {err:#}");
+        }
+    }
+}
+
 /// Starts nginx in the foreground with `conf` (its prefix under `dir/<name>`), pinned to `cpu`.
-fn nginx(ns: &Netns, dir: &Path, name: &str, cpu: &str, conf: &str) -> anyhow::Result<Process> {
+fn nginx(ns: &Netns, dir: &Path, name: &str, cpu: &str, conf: &str) -> anyhow::Result<Nginx> {
     let prefix = dir.join(name);
     std::fs::create_dir_all(prefix.join("logs"))?;
     let conf_path = prefix.join("nginx.conf");
@@ -84,7 +96,7 @@ fn nginx(ns: &Netns, dir: &Path, name: &str, cpu: &str, conf: &str) -> anyhow::R
     let (prefix, conf_path) = (prefix.display().to_string(), conf_path.display().to_string());
     let log = dir.join(format!("{name}.log"));
     let args = ["taskset", "-c", cpu, "nginx", "-p", &prefix, "-c", &conf_path, "-g", "daemon off;"];
-    ns.spawn_logged(args, &log)
+    Ok(Nginx(ns.spawn_logged(args, &log)?))
 }
 
 /// Two backends answering every request with a short 200.
