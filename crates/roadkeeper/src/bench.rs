@@ -18,6 +18,15 @@ use roadkeeper_proxy::table::NodeInfo;
 use crate::cli::BenchArgs;
 use crate::proxy_cmd::kernel_proxier;
 
+/// Fails naming the first of `tools` that is not on the PATH, and how to install them (`hint`).
+pub(crate) fn require_tools(tools: &[&str], hint: &str) -> anyhow::Result<()> {
+    for tool in tools {
+        let found = std::process::Command::new("sh").args(["-c", &format!("command -v {tool}")]).output()?;
+        anyhow::ensure!(found.status.success(), "{tool} is needed (Debian: {hint})");
+    }
+    Ok(())
+}
+
 /// The i-th synthetic Service: ClusterIP 10.96.x.y port 80, selector-less.
 fn service(i: usize) -> Service {
     let ip = Ipv4Addr::from(u32::from(Ipv4Addr::new(10, 96, 0, 0)) + 1 + i as u32);

@@ -5,7 +5,6 @@
 use std::fmt::Write as _;
 use std::net::Ipv4Addr;
 use std::path::Path;
-use std::process::Command;
 use std::time::Duration;
 
 use anyhow::{Context, bail};
@@ -20,7 +19,7 @@ const QUERIES: usize = 50_000;
 
 /// Runs the benchmark and prints a Markdown table.
 pub fn run(args: DnsBenchArgs) -> anyhow::Result<()> {
-    which("dnsperf").context("dnsperf is needed (Debian: apt-get install dnsperf)")?;
+    crate::bench::require_tools(&["dnsperf", "dig"], "apt-get install dnsperf bind9-dnsutils")?;
     let dir = tempfile::tempdir()?;
     let manifests = dir.path().join("manifests");
     std::fs::create_dir(&manifests)?;
@@ -141,11 +140,6 @@ fn wait_until_answering(ns: &Netns) -> anyhow::Result<()> {
         std::thread::sleep(Duration::from_millis(100));
     }
     bail!("roadkeeper dns did not answer within 10 s")
-}
-
-fn which(tool: &str) -> anyhow::Result<()> {
-    let found = Command::new("sh").args(["-c", &format!("command -v {tool}")]).output()?.status.success();
-    if found { Ok(()) } else { bail!("{tool} not found") }
 }
 
 /// The i-th Service's ClusterIP.

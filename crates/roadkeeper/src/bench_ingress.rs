@@ -4,7 +4,6 @@
 //! fixed 200) and wrk share the other.
 
 use std::path::Path;
-use std::process::Command;
 use std::time::Duration;
 
 use anyhow::{Context, bail};
@@ -19,12 +18,7 @@ const BACKENDS: [u16; 2] = [9001, 9002];
 
 /// Runs the benchmark and prints a Markdown table.
 pub fn run(args: IngressBenchArgs) -> anyhow::Result<()> {
-    for tool in ["nginx", "wrk"] {
-        let found = Command::new("sh").args(["-c", &format!("command -v {tool}")]).output()?.status.success();
-        if !found {
-            bail!("{tool} is needed (Debian: apt-get install nginx-light wrk)");
-        }
-    }
+    crate::bench::require_tools(&["nginx", "wrk", "curl"], "apt-get install nginx-light wrk curl")?;
     let dir = tempfile::tempdir()?;
     let ns = Netns::new("rk-bench-ingress")?;
     let backend_cpu = args.client_cpu.to_string();

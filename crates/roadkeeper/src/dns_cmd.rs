@@ -10,7 +10,6 @@ use arc_swap::ArcSwap;
 use hickory_proto::rr::Name;
 use hyper::{Method, StatusCode};
 use metrics::{Unit, describe_counter, describe_histogram};
-use metrics_exporter_prometheus::PrometheusBuilder;
 use roadkeeper_cluster::{Feed, Interest, Kind};
 use roadkeeper_dns::answer::Zones;
 use roadkeeper_dns::forward::{self, ForwardConfig, Forwarder};
@@ -154,11 +153,7 @@ fn health_response(
 /// Installs the Prometheus recorder (latency buckets 50 µs doubling to about 1.6 s) and
 /// describes the DNS metrics.
 fn install_metrics() -> anyhow::Result<metrics_exporter_prometheus::PrometheusHandle> {
-    let buckets: Vec<f64> = (0..16).map(|i| 0.000_05 * f64::from(1u32 << i)).collect();
-    let handle = PrometheusBuilder::new()
-        .set_buckets(&buckets)?
-        .install_recorder()
-        .context("installing the metrics recorder")?;
+    let handle = serve::install_recorder(&serve::doubling_buckets(0.000_05, 16))?;
     describe_counter!(server::REQUESTS_TOTAL, "DNS requests by transport (proto) and question type");
     describe_counter!(server::RESPONSES_TOTAL, "DNS responses by response code");
     describe_histogram!(server::REQUEST_DURATION_SECONDS, Unit::Seconds, "Time to answer, by source (zone, upstream)");

@@ -6,7 +6,7 @@ use std::sync::Arc;
 use anyhow::Context;
 use arc_swap::ArcSwap;
 use metrics::{Unit, describe_counter, describe_histogram};
-use metrics_exporter_prometheus::{PrometheusBuilder, PrometheusHandle};
+use metrics_exporter_prometheus::PrometheusHandle;
 use roadkeeper_cluster::{Feed, Interest, Kind, Store};
 use roadkeeper_ingress::proxy::{self, ProxyConfig};
 use roadkeeper_ingress::routes::{ClassConfig, RouteTable};
@@ -103,11 +103,7 @@ fn load_certificates(certificates: &Certificates, table: &RouteTable, store: &St
 /// Installs the Prometheus recorder (latency buckets 100 µs doubling to about 3 s) and describes
 /// the proxy's metrics.
 fn install_metrics() -> anyhow::Result<PrometheusHandle> {
-    let buckets: Vec<f64> = (0..16).map(|i| 0.000_1 * f64::from(1u32 << i)).collect();
-    let handle = PrometheusBuilder::new()
-        .set_buckets(&buckets)?
-        .install_recorder()
-        .context("installing the metrics recorder")?;
+    let handle = serve::install_recorder(&serve::doubling_buckets(0.000_1, 16))?;
     describe_counter!(proxy::REQUESTS_TOTAL, "Requests by Ingress, Service and status code");
     describe_histogram!(proxy::REQUEST_DURATION_SECONDS, Unit::Seconds, "Time to the response head, by Ingress");
     describe_counter!(proxy::UPSTREAM_ERRORS_TOTAL, "Backend errors by Service and kind (connect, timeout, reset)");

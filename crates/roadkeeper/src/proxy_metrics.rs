@@ -31,7 +31,7 @@ const SERVICES_SYNCED: &str = "roadkeeper_sync_services_changed";
 /// from the start. Histogram buckets are kube-proxy's: 1 ms doubling to about 16 s for sync
 /// durations; 0.25 s to 5 min for network programming latency.
 pub fn install() -> anyhow::Result<PrometheusHandle> {
-    let sync_buckets: Vec<f64> = (0..15).map(|i| 0.001 * f64::from(1u32 << i)).collect();
+    let sync_buckets = crate::serve::doubling_buckets(0.001, 15);
     let programming_buckets: Vec<f64> = [0.25, 0.5]
         .into_iter()
         .chain((1..60).map(f64::from))

@@ -15,7 +15,7 @@ use hyper::header::CONTENT_TYPE;
 use hyper::{Method, Request, Response, StatusCode};
 use hyper_util::rt::TokioIo;
 use metrics::counter;
-use metrics_exporter_prometheus::PrometheusHandle;
+use metrics_exporter_prometheus::{PrometheusBuilder, PrometheusHandle};
 use roadkeeper_proxy::health::ProxyHealth;
 
 /// The proxier's health, shared by the sync loop (writer) and the health server (reader).
@@ -26,6 +26,16 @@ type Body = Full<Bytes>;
 
 pub(crate) const HEALTHZ: &str = "kubeproxy_proxy_healthz_total";
 pub(crate) const LIVEZ: &str = "kubeproxy_proxy_livez_total";
+
+/// Histogram buckets from `first` doubling `count` times (Prometheus' exponential buckets).
+pub fn doubling_buckets(first: f64, count: u32) -> Vec<f64> {
+    (0..count).map(|i| first * f64::from(1u32 << i)).collect()
+}
+
+/// Installs the global Prometheus recorder with `buckets` for every histogram.
+pub fn install_recorder(buckets: &[f64]) -> anyhow::Result<PrometheusHandle> {
+    PrometheusBuilder::new().set_buckets(buckets)?.install_recorder().context("installing the metrics recorder")
+}
 
 /// Binds `address` (`IP:PORT`) for the server of `flag`; `None` when the address is empty
 /// (server disabled). Called before the first sync so that a bad address fails at start.
