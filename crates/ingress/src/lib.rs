@@ -2,6 +2,7 @@
 //! pure); [`proxy`] serves HTTP/1.1 and HTTP/2 (TLS by SNI from [`tls`]) and forwards each request
 //! to a ready endpoint of the chosen Service.
 
+mod pool;
 pub mod proxy;
 pub mod routes;
 pub mod tls;

@@ -1,9 +1,12 @@
 //! The reverse proxy: HTTP/1.1 and HTTP/2 from clients (HTTP/2 over TLS by ALPN), HTTP/1.1 over
 //! pooled keep-alive connections to the endpoints of the Service that the [`Router`] picks.
 //!
-//! Per request the hot path takes no lock: the route, per-target state and endpoint health are
-//! read from immutable snapshots (`ArcSwap`), round robin is one atomic increment, metric handles
-//! are registered once per target and status, and backend connections are reused.
+//! One [`Proxy`] holds what every worker shares; each `serve_*` call is one worker's server, with
+//! its own backend connection [`Pool`], meant to run on its own single-threaded runtime (one per
+//! CPU, each with its own `SO_REUSEPORT` listener), so that a request and its backend connection
+//! never leave one thread. Per request the hot path takes no shared lock: the route, per-target
+//! state and endpoint health are read from immutable snapshots (`ArcSwap`), round robin is one
+//! atomic increment, and metric handles are registered once per target and status.
 
 use std::borrow::Cow;
 use std::collections::HashMap;
@@ -23,11 +26,9 @@ use http_body_util::{Either, Empty, Full, LengthLimitError, Limited};
 use hyper::body::{Body, Bytes, Incoming};
 use hyper::header::{self, HeaderMap, HeaderName, HeaderValue};
 use hyper::http::request::Parts;
-use hyper::http::uri::{self, Authority, PathAndQuery, Scheme};
+use hyper::http::uri::PathAndQuery;
 use hyper::upgrade::OnUpgrade;
 use hyper::{Request, Response, StatusCode, Uri, Version};
-use hyper_util::client::legacy::Client;
-use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
 use hyper_util::server::conn::auto;
 use metrics::{Counter, Histogram, counter, histogram};
@@ -37,6 +38,7 @@ use tokio::net::{TcpListener, TcpStream};
 use tokio_rustls::TlsAcceptor;
 use tracing::{debug, warn};
 
+use crate::pool::{Pool, PooledBody, SendError};
 use crate::tls::Certificates;
 use crate::{Router, Target};
 
@@ -51,6 +53,8 @@ pub const REQUEST_DURATION_SECONDS: &str = "roadkeeper_ingress_request_duration_
 /// response timeout), `reset` (the connection failed after it was made).
 pub const UPSTREAM_ERRORS_TOTAL: &str = "roadkeeper_ingress_upstream_errors_total";
 
+/// hyper's own limit of HTTP/1 request header fields.
+const HYPER_MAX_HEADERS: usize = 100;
 const X_FORWARDED_FOR: HeaderName = HeaderName::from_static("x-forwarded-for");
 const X_FORWARDED_PROTO: HeaderName = HeaderName::from_static("x-forwarded-proto");
 const X_FORWARDED_HOST: HeaderName = HeaderName::from_static("x-forwarded-host");
@@ -102,7 +106,7 @@ impl Default for ProxyConfig {
             client_header_timeout: Duration::from_secs(10),
             idle_timeout: Duration::from_secs(60),
             max_request_body: Some(10 << 20),
-            max_headers: 100,
+            max_headers: HYPER_MAX_HEADERS,
             eject_after: 3,
             eject_for: Duration::from_secs(10),
         }
@@ -110,32 +114,42 @@ impl Default for ProxyConfig {
 }
 
 /// Serves plain HTTP (HTTP/1.1, and HTTP/2 with prior knowledge) on `listener` until the task is
-/// aborted. Aborting stops accepting; connections in progress run to their end.
-pub async fn serve_http(listener: TcpListener, router: Arc<dyn Router>, config: ProxyConfig) {
-    Arc::new(Proxy::new(router, config, "http")).serve_http(listener).await
+/// aborted, as one worker of `proxy`. Aborting stops accepting; connections in progress run to
+/// their end.
+pub async fn serve_http(proxy: Arc<Proxy>, listener: TcpListener) {
+    let worker = Arc::new(Worker::new(proxy, "http"));
+    accept(listener, move |tcp, peer| worker.clone().serve_connection(tcp, peer)).await
 }
 
-/// Serves HTTPS on `listener` until the task is aborted: the certificate is chosen by SNI from
-/// `tls`, and ALPN picks HTTP/2 or HTTP/1.1. Aborting stops accepting; connections in progress
-/// run to their end.
-pub async fn serve_https(listener: TcpListener, router: Arc<dyn Router>, tls: Arc<Certificates>, config: ProxyConfig) {
-    Arc::new(Proxy::new(router, config, "https")).serve_https(listener, tls).await
+/// Serves HTTPS on `listener` until the task is aborted, as one worker of `proxy`: the
+/// certificate is chosen by SNI from `tls`, and ALPN picks HTTP/2 or HTTP/1.1. Aborting stops
+/// accepting; connections in progress run to their end.
+pub async fn serve_https(proxy: Arc<Proxy>, listener: TcpListener, tls: Arc<Certificates>) {
+    let worker = Arc::new(Worker::new(proxy, "https"));
+    let acceptor = TlsAcceptor::from(tls.server_config());
+    accept(listener, move |tcp, peer| {
+        let (worker, acceptor) = (worker.clone(), acceptor.clone());
+        async move {
+            match tokio::time::timeout(worker.proxy.config.client_header_timeout, acceptor.accept(tcp)).await {
+                Ok(Ok(tls)) => worker.serve_connection(tls, peer).await,
+                Ok(Err(err)) => debug!(%peer, "TLS handshake failed: {err}"),
+                Err(_) => debug!(%peer, "TLS handshake timed out"),
+            }
+        }
+    })
+    .await
 }
 
 /// Body of the requests sent to endpoints: the client's, or nothing (an empty body can be sent
 /// again to another endpoint).
 type UpstreamBody = Either<Limited<Incoming>, Empty<Bytes>>;
 /// Body of the responses sent to clients: the endpoint's, or one of our plain-text errors.
-type ProxyBody = Either<Incoming, Full<Bytes>>;
+type ProxyBody = Either<PooledBody<UpstreamBody>, Full<Bytes>>;
 
-/// One listener's proxy: routes, backend connection pool, balancing and health state.
-struct Proxy {
+/// What all workers share: routes, limits, round robin positions, endpoint health.
+pub struct Proxy {
     router: Arc<dyn Router>,
     config: ProxyConfig,
-    /// `X-Forwarded-Proto`.
-    proto: HeaderValue,
-    server: auto::Builder<TokioExecutor>,
-    client: Client<HttpConnector, UpstreamBody>,
     targets: Targets,
     health: Health,
     /// Metrics of requests that no rule matched.
@@ -143,50 +157,41 @@ struct Proxy {
 }
 
 impl Proxy {
-    fn new(router: Arc<dyn Router>, config: ProxyConfig, proto: &'static str) -> Self {
-        let mut server = auto::Builder::new(TokioExecutor::new());
-        server
-            .http1()
-            .timer(TokioTimer::new())
-            .header_read_timeout(config.client_header_timeout)
-            .max_headers(config.max_headers);
-        server.http2().timer(TokioTimer::new());
-        let mut connector = HttpConnector::new();
-        connector.set_nodelay(true);
-        connector.set_connect_timeout(Some(config.connect_timeout));
-        let client = Client::builder(TokioExecutor::new())
-            .pool_idle_timeout(config.idle_timeout)
-            .pool_timer(TokioTimer::new())
-            .build(connector);
-        Self {
+    /// A proxy routing by `router`; serve it with [`serve_http`] and [`serve_https`].
+    pub fn new(router: Arc<dyn Router>, config: ProxyConfig) -> Arc<Self> {
+        Arc::new(Self {
             router,
-            proto: HeaderValue::from_static(proto),
-            server,
-            client,
             targets: Targets::default(),
             health: Health::new(&config),
             unrouted: Labels::new(String::new(), String::new()),
             config,
-        }
-    }
-
-    async fn serve_http(self: Arc<Self>, listener: TcpListener) {
-        accept(listener, move |tcp, peer| self.clone().serve_connection(tcp, peer)).await
-    }
-
-    async fn serve_https(self: Arc<Self>, listener: TcpListener, tls: Arc<Certificates>) {
-        let acceptor = TlsAcceptor::from(tls.server_config());
-        accept(listener, move |tcp, peer| {
-            let (proxy, acceptor) = (self.clone(), acceptor.clone());
-            async move {
-                match tokio::time::timeout(proxy.config.client_header_timeout, acceptor.accept(tcp)).await {
-                    Ok(Ok(tls)) => proxy.serve_connection(tls, peer).await,
-                    Ok(Err(err)) => debug!(%peer, "TLS handshake failed: {err}"),
-                    Err(_) => debug!(%peer, "TLS handshake timed out"),
-                }
-            }
         })
-        .await
+    }
+}
+
+/// One listener's server on one worker runtime, with that worker's backend connections.
+struct Worker {
+    proxy: Arc<Proxy>,
+    /// `X-Forwarded-Proto`.
+    proto: HeaderValue,
+    server: auto::Builder<TokioExecutor>,
+    pool: Arc<Pool<UpstreamBody>>,
+}
+
+impl Worker {
+    fn new(proxy: Arc<Proxy>, proto: &'static str) -> Self {
+        let config = &proxy.config;
+        let mut server = auto::Builder::new(TokioExecutor::new());
+        let mut http1 = server.http1();
+        http1.timer(TokioTimer::new()).header_read_timeout(config.client_header_timeout);
+        // hyper's default limit parses into a stack array; another limit costs a zeroed vector
+        // per request.
+        if config.max_headers != HYPER_MAX_HEADERS {
+            http1.max_headers(config.max_headers);
+        }
+        server.http2().timer(TokioTimer::new());
+        let pool = Pool::new(config.connect_timeout, config.idle_timeout);
+        Self { proto: HeaderValue::from_static(proto), server, pool, proxy }
     }
 
     /// Serves one client connection until it ends or stays idle for `idle_timeout`.
@@ -197,7 +202,7 @@ impl Proxy {
         let activity = Arc::new(Activity::default());
         let client_ip = peer.ip().to_canonical().to_string();
         let conn = Arc::new(Conn {
-            proxy: self.clone(),
+            worker: self.clone(),
             peer,
             client_ip: HeaderValue::try_from(client_ip).expect("an IP address is a valid header value"),
             activity: activity.clone(),
@@ -213,18 +218,24 @@ impl Proxy {
                     debug!(%peer, "connection: {err}");
                 }
             }
-            () = activity.idle(self.config.idle_timeout) => debug!(%peer, "idle connection closed"),
+            () = activity.idle(self.proxy.config.idle_timeout) => debug!(%peer, "idle connection closed"),
         }
     }
 
-    /// Sends `request` to its endpoint within the response timeout; counts upstream errors.
-    async fn send(&self, request: Request<UpstreamBody>, labels: &Labels) -> Result<Response<Incoming>, Failure> {
-        let failure = match tokio::time::timeout(self.config.response_timeout, self.client.request(request)).await {
+    /// Sends `request` to `endpoint` within the response timeout; counts upstream errors.
+    async fn send(
+        &self,
+        endpoint: SocketAddr,
+        request: Request<UpstreamBody>,
+        labels: &Labels,
+    ) -> Result<Response<PooledBody<UpstreamBody>>, Failure> {
+        let sent = tokio::time::timeout(self.proxy.config.response_timeout, self.pool.send(endpoint, request)).await;
+        let failure = match sent {
             Ok(Ok(response)) => return Ok(response),
             Err(_elapsed) => Failure::Timeout,
-            Ok(Err(err)) if err.is_connect() => Failure::Connect,
-            Ok(Err(err)) if caused_by::<LengthLimitError>(&err) => Failure::BodyTooLarge,
-            Ok(Err(err)) => {
+            Ok(Err(SendError::Connect)) => Failure::Connect,
+            Ok(Err(SendError::Upstream(err))) if caused_by::<LengthLimitError>(&err) => Failure::BodyTooLarge,
+            Ok(Err(SendError::Upstream(err))) => {
                 debug!(service = %labels.service, "upstream: {err:?}");
                 Failure::Reset
             }
@@ -296,7 +307,7 @@ impl Failure {
 
 /// One client connection, shared by its requests.
 struct Conn {
-    proxy: Arc<Proxy>,
+    worker: Arc<Worker>,
     peer: SocketAddr,
     /// The client's address as a header value, for `X-Forwarded-For` and `X-Real-IP`.
     client_ip: HeaderValue,
@@ -316,14 +327,15 @@ impl Conn {
             None => parts.headers.get(header::HOST).cloned(),
         };
         let host = original_host.as_ref().and_then(|host| host.to_str().ok()).map_or(Cow::Borrowed(""), route_host);
-        let target = self.proxy.router.route(&host, uri.path());
-        let state = target.as_ref().map(|target| self.proxy.targets.get(target));
+        let proxy = &*self.worker.proxy;
+        let target = proxy.router.route(&host, uri.path());
+        let state = target.as_ref().map(|target| proxy.targets.get(target));
         let (response, endpoint) = match (&target, &state) {
             (Some(target), Some(state)) => self.forward(parts, body, original_host.clone(), target, state).await,
             _ => (text(StatusCode::NOT_FOUND, "no route for this host and path\n"), None),
         };
         let elapsed = started.elapsed();
-        state.as_ref().map_or(&self.proxy.unrouted, |state| &state.labels).record(response.status(), elapsed);
+        state.as_ref().map_or(&proxy.unrouted, |state| &state.labels).record(response.status(), elapsed);
         tracing::info!(
             target: "access",
             client = %self.peer.ip().to_canonical(),
@@ -349,7 +361,7 @@ impl Conn {
         target: &Target,
         state: &TargetState,
     ) -> (Response<ProxyBody>, Option<SocketAddr>) {
-        let proxy = &*self.proxy;
+        let (worker, proxy) = (&*self.worker, &*self.worker.proxy);
         let limit = proxy.config.max_request_body.unwrap_or(usize::MAX);
         if parts.headers.len() > proxy.config.max_headers {
             return (text(StatusCode::REQUEST_HEADER_FIELDS_TOO_LARGE, "too many request header fields\n"), None);
@@ -366,12 +378,15 @@ impl Conn {
         let client_upgrade = if upgrade { parts.extensions.remove::<OnUpgrade>() } else { None };
         self.add_forwarded(&mut parts.headers, original_host);
         parts.version = Version::HTTP_11;
+        // Origin form: the connection already goes to the endpoint.
         let path = parts.uri.path_and_query().cloned().unwrap_or_else(|| PathAndQuery::from_static("/"));
+        parts.uri = Uri::from(path);
         // Only an empty body can be sent twice: a body streams through without buffering, so a
         // request with one is not retried. A connect failure means the endpoint saw nothing,
         // so retrying is safe for every method. The copy is made only when a retry is possible.
         let empty = body.is_end_stream();
-        let mut spare = (empty && target.endpoints.len() > 1).then(|| (parts.method.clone(), parts.headers.clone()));
+        let mut spare = (empty && target.endpoints.len() > 1)
+            .then(|| (parts.method.clone(), parts.uri.clone(), parts.headers.clone()));
         let body = if empty { Either::Right(Empty::new()) } else { Either::Left(Limited::new(body, limit)) };
         let mut request = Request::from_parts(parts, body);
 
@@ -379,8 +394,12 @@ impl Conn {
         let mut index = proxy.health.pick(endpoints, state.next.fetch_add(1, Relaxed), None).expect("endpoints");
         loop {
             let endpoint = endpoints[index];
-            *request.uri_mut() = endpoint_uri(endpoint, path.clone());
-            let failure = match proxy.send(request, &state.labels).await {
+            if !request.headers().contains_key(header::HOST) {
+                // An HTTP/1.0 client may send none; HTTP/1.1 requires one.
+                let host = HeaderValue::try_from(endpoint.to_string()).expect("an address is a valid header value");
+                request.headers_mut().insert(header::HOST, host);
+            }
+            let failure = match worker.send(endpoint, request, &state.labels).await {
                 Ok(response) => {
                     proxy.health.succeeded(endpoint);
                     return (self.respond(response, client_upgrade), Some(endpoint));
@@ -390,10 +409,11 @@ impl Conn {
             if let Failure::Connect = failure {
                 proxy.health.failed(endpoint);
                 if let Some(next) = proxy.health.pick(endpoints, index + 1, Some(index))
-                    && let Some((method, headers)) = spare.take()
+                    && let Some((method, uri, headers)) = spare.take()
                 {
                     request = Request::new(Either::Right(Empty::new()));
                     *request.method_mut() = method;
+                    *request.uri_mut() = uri;
                     *request.headers_mut() = headers;
                     index = next;
                     continue;
@@ -420,7 +440,7 @@ impl Conn {
         };
         headers.insert(X_FORWARDED_FOR, forwarded_for);
         headers.insert(X_REAL_IP, self.client_ip.clone());
-        headers.insert(X_FORWARDED_PROTO, self.proxy.proto.clone());
+        headers.insert(X_FORWARDED_PROTO, self.worker.proto.clone());
         if let Some(host) = original_host {
             if !headers.contains_key(header::HOST) {
                 headers.insert(header::HOST, host.clone());
@@ -431,13 +451,17 @@ impl Conn {
 
     /// Turns the endpoint's response into ours: strips hop-by-hop fields, and for a `101` to an
     /// upgrade request joins the two upgraded connections.
-    fn respond(&self, mut response: Response<Incoming>, client_upgrade: Option<OnUpgrade>) -> Response<ProxyBody> {
+    fn respond(
+        &self,
+        mut response: Response<PooledBody<UpstreamBody>>,
+        client_upgrade: Option<OnUpgrade>,
+    ) -> Response<ProxyBody> {
         let switching = client_upgrade.is_some() && response.status() == StatusCode::SWITCHING_PROTOCOLS;
         if strip_hop_by_hop(response.headers_mut(), switching)
             && let Some(client) = client_upgrade
         {
             let backend = hyper::upgrade::on(&mut response);
-            tokio::spawn(tunnel(client, backend, self.activity.clone(), self.proxy.config.idle_timeout));
+            tokio::spawn(tunnel(client, backend, self.activity.clone(), self.worker.proxy.config.idle_timeout));
         }
         response.map(Either::Left)
     }
@@ -502,15 +526,6 @@ fn route_host(host: &str) -> Cow<'_, str> {
         true => Cow::Owned(host.to_ascii_lowercase()),
         false => Cow::Borrowed(host),
     }
-}
-
-/// `http://<endpoint><path?query>`.
-fn endpoint_uri(endpoint: SocketAddr, path: PathAndQuery) -> Uri {
-    let mut parts = uri::Parts::default();
-    parts.scheme = Some(Scheme::HTTP);
-    parts.authority = Some(Authority::try_from(endpoint.to_string()).expect("a socket address is an authority"));
-    parts.path_and_query = Some(path);
-    Uri::from_parts(parts).expect("scheme, authority and path make a URI")
 }
 
 /// A plain-text response that the proxy itself generates.

@@ -101,7 +101,7 @@ async fn echo(name: &str, mut request: Request<Incoming>) -> Result<Response<Ful
 /// Serves `routes` with [`serve_http`]; returns the proxy's address.
 async fn start(routes: Vec<(&'static str, &'static str, Target)>, config: ProxyConfig) -> SocketAddr {
     let (listener, addr) = listen().await;
-    tokio::spawn(serve_http(listener, Arc::new(Fixture(routes)), config));
+    tokio::spawn(serve_http(Proxy::new(Arc::new(Fixture(routes)), config), listener));
     addr
 }
 
@@ -197,9 +197,9 @@ async fn proxy_balances_round_robin() {
 async fn proxy_retries_connect_failures_and_ejects_the_dead_endpoint() {
     let (dead, alive) = (dead().await, backend("alive").await);
     let router = Arc::new(Fixture(vec![("a.example", "/", target("svc", &[dead, alive]))]));
-    let proxy = Arc::new(Proxy::new(router, ProxyConfig::default(), "http"));
+    let proxy = Proxy::new(router, ProxyConfig::default());
     let (listener, addr) = listen().await;
-    tokio::spawn(proxy.clone().serve_http(listener));
+    tokio::spawn(serve_http(proxy.clone(), listener));
 
     // Round robin sends every other request to `dead`: each is retried on `alive`.
     for _ in 0..12 {
@@ -382,7 +382,7 @@ impl Pki {
 /// Serves `routes` with [`serve_https`] and `certificates`; returns the proxy's address.
 async fn start_tls(routes: Vec<(&'static str, &'static str, Target)>, certificates: Arc<Certificates>) -> SocketAddr {
     let (listener, addr) = listen().await;
-    tokio::spawn(serve_https(listener, Arc::new(Fixture(routes)), certificates, ProxyConfig::default()));
+    tokio::spawn(serve_https(Proxy::new(Arc::new(Fixture(routes)), ProxyConfig::default()), listener, certificates));
     addr
 }
 

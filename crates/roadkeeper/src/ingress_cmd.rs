@@ -1,6 +1,7 @@
 //! `roadkeeper ingress`: wiring the cluster state ([`Feed`]) to the route table, the TLS
 //! certificates and the HTTP(S) reverse proxy.
 
+use std::net::SocketAddr;
 use std::sync::Arc;
 
 use anyhow::Context;
@@ -8,7 +9,7 @@ use arc_swap::ArcSwap;
 use metrics::{Unit, describe_counter, describe_histogram};
 use metrics_exporter_prometheus::PrometheusHandle;
 use roadkeeper_cluster::{Feed, Interest, Kind, Store};
-use roadkeeper_ingress::proxy::{self, ProxyConfig};
+use roadkeeper_ingress::proxy::{self, Proxy, ProxyConfig};
 use roadkeeper_ingress::routes::{ClassConfig, RouteTable};
 use roadkeeper_ingress::tls::Certificates;
 use roadkeeper_ingress::{Router, Target};
@@ -27,12 +28,16 @@ impl Router for SharedRoutes {
 
 /// `roadkeeper ingress`: loads the cluster state, serves HTTP and HTTPS, follows changes until
 /// SIGTERM/SIGINT.
+///
+/// The cluster state, route updates and metrics run on the main thread's runtime; requests are
+/// served by one worker thread per CPU this process may run on (its affinity mask), each with a
+/// single-threaded runtime and its own `SO_REUSEPORT` listeners, among which the kernel spreads
+/// connections: a request, its backend connection and their wake-ups stay on one thread, without
+/// a work-stealing scheduler's cross-thread traffic.
 pub fn run(args: IngressArgs) -> anyhow::Result<()> {
     let class = ClassConfig { name: args.class.clone(), ..ClassConfig::default() };
-    // One worker per CPU this process may run on (its affinity mask): two workers sharing one
-    // pinned CPU lose a third of the throughput at 256 connections to switching (measured).
     let workers = std::thread::available_parallelism().map_or(2, usize::from);
-    let runtime = tokio::runtime::Builder::new_multi_thread().worker_threads(workers).enable_all().build()?;
+    let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
     runtime.block_on(async move {
         use tokio::signal::unix::{SignalKind, signal};
         let (mut sigterm, mut sigint) = (signal(SignalKind::terminate())?, signal(SignalKind::interrupt())?);
@@ -53,18 +58,16 @@ pub fn run(args: IngressArgs) -> anyhow::Result<()> {
         let certificates = Arc::new(Certificates::default());
         load_certificates(&certificates, &table, feed.store());
         let routes = Arc::new(SharedRoutes(ArcSwap::from_pointee(table.clone())));
-        let config = ProxyConfig::default();
-        let mut servers = Vec::new();
-        if let Some(listener) = serve::bind("--http", &args.http)? {
-            let listener = tokio::net::TcpListener::from_std(listener)?;
-            servers.push(tokio::spawn(proxy::serve_http(listener, routes.clone(), config.clone())));
+        let proxy = Proxy::new(routes.clone(), ProxyConfig::default());
+        let http = bind_workers("--http", &args.http, workers)?;
+        let https = bind_workers("--https", &args.https, workers)?;
+        for (index, (http, https)) in http.into_iter().zip(https).enumerate() {
+            let (proxy, tls) = (proxy.clone(), certificates.clone());
+            std::thread::Builder::new().name(format!("ingress-{index}")).spawn(move || {
+                serve_worker(proxy, http, https, tls);
+            })?;
         }
-        if let Some(listener) = serve::bind("--https", &args.https)? {
-            let listener = tokio::net::TcpListener::from_std(listener)?;
-            let tls = certificates.clone();
-            servers.push(tokio::spawn(proxy::serve_https(listener, routes.clone(), tls, config.clone())));
-        }
-        tracing::info!(http = ?args.http, https = ?args.https, class = %class.name, source = feed.describe(), "serving");
+        tracing::info!(http = ?args.http, https = ?args.https, workers, class = %class.name, source = feed.describe(), "serving");
         loop {
             tokio::select! {
                 changes = feed.changed() => {
@@ -78,9 +81,62 @@ pub fn run(args: IngressArgs) -> anyhow::Result<()> {
                 _ = sigint.recv() => break,
             }
         }
-        servers.iter().for_each(tokio::task::JoinHandle::abort);
         Ok(())
     })
+}
+
+/// `count` listeners on `address` (`IP:PORT`) with `SO_REUSEPORT`, one per worker, or one `None`
+/// per worker when the address is empty (server disabled). Port 0 is chosen once, for all.
+fn bind_workers(flag: &str, address: &str, count: usize) -> anyhow::Result<Vec<Option<std::net::TcpListener>>> {
+    if address.is_empty() {
+        return Ok((0..count).map(|_| None).collect());
+    }
+    let mut addr: SocketAddr =
+        address.parse().with_context(|| format!("{flag}: {address:?} is not an IP:PORT address"))?;
+    let mut listeners = Vec::with_capacity(count);
+    for _ in 0..count {
+        let socket = socket2::Socket::new(socket2::Domain::for_address(addr), socket2::Type::STREAM, None)?;
+        socket.set_reuse_address(true)?;
+        socket.set_reuse_port(true)?;
+        socket.set_nonblocking(true)?;
+        socket.bind(&addr.into()).with_context(|| format!("{flag}: cannot listen on {addr}"))?;
+        socket.listen(4096)?;
+        let listener = std::net::TcpListener::from(socket);
+        addr = listener.local_addr()?;
+        listeners.push(Some(listener));
+    }
+    Ok(listeners)
+}
+
+/// One worker thread: serves its listeners on a single-threaded runtime for the life of the
+/// process.
+fn serve_worker(
+    proxy: Arc<Proxy>,
+    http: Option<std::net::TcpListener>,
+    https: Option<std::net::TcpListener>,
+    tls: Arc<Certificates>,
+) {
+    let serve = async move {
+        let http = http.map(tokio::net::TcpListener::from_std).transpose()?;
+        let https = https.map(tokio::net::TcpListener::from_std).transpose()?;
+        let http = async {
+            if let Some(listener) = http {
+                proxy::serve_http(proxy.clone(), listener).await;
+            }
+        };
+        let https = async {
+            if let Some(listener) = https {
+                proxy::serve_https(proxy.clone(), listener, tls).await;
+            }
+        };
+        tokio::join!(http, https);
+        std::io::Result::Ok(())
+    };
+    let result = tokio::runtime::Builder::new_current_thread().enable_all().build().and_then(|rt| rt.block_on(serve));
+    if let Err(err) = result {
+        tracing::error!("ingress worker: {err}");
+        std::process::exit(1);
+    }
 }
 
 /// Loads the certificates of the table's TLS hosts from their `kubernetes.io/tls` Secrets; a

@@ -1,0 +1,214 @@
+//! Keep-alive HTTP/1.1 connections to endpoints, one pool per worker thread.
+//!
+//! Written on hyper's connection-level client rather than hyper-util's pooled `Client`, which
+//! costs a shared pool behind a lock, a hashed pool key and an absolute URI per request; here a
+//! request takes an idle connection from its worker's own list (an uncontended lock), is sent in
+//! origin form, and the connection comes back when its response body has been read to the end.
+
+use std::collections::HashMap;
+use std::net::SocketAddr;
+use std::pin::Pin;
+use std::sync::{Arc, Mutex, Weak};
+use std::task::{Context, Poll};
+use std::time::{Duration, Instant};
+
+use hyper::body::{Body, Bytes, Frame, Incoming, SizeHint};
+use hyper::client::conn::http1::{self, SendRequest};
+use hyper::{Request, Response, StatusCode};
+use hyper_util::rt::TokioIo;
+use tokio::net::TcpStream;
+use tracing::debug;
+
+/// Why a request could not be sent or answered.
+pub(crate) enum SendError {
+    /// No connection to the endpoint within the connect timeout, or it was refused.
+    Connect,
+    /// The connection failed after the request was (at least partly) sent.
+    Upstream(hyper::Error),
+}
+
+/// Idle keep-alive connections by endpoint. Idle connections older than the idle timeout are
+/// closed by a reaper task; connections the endpoint closed are dropped when next looked at.
+pub(crate) struct Pool<B> {
+    idle: Mutex<HashMap<SocketAddr, Vec<Idle<B>>>>,
+    connect_timeout: Duration,
+    idle_timeout: Duration,
+}
+
+/// A connection waiting for its next request.
+struct Idle<B> {
+    sender: SendRequest<B>,
+    since: Instant,
+}
+
+impl<B> Pool<B>
+where
+    B: Body + Send + Unpin + 'static,
+    B::Data: Send,
+    B::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
+{
+    /// A pool on the current tokio runtime, with a reaper task that ends with the pool.
+    pub(crate) fn new(connect_timeout: Duration, idle_timeout: Duration) -> Arc<Self> {
+        let pool = Arc::new(Self { idle: Mutex::default(), connect_timeout, idle_timeout });
+        tokio::spawn(reap(Arc::downgrade(&pool)));
+        pool
+    }
+
+    /// Sends `request` (origin-form URI, `Host` set) to `endpoint` on an idle connection, else
+    /// on a new one. A request that an idle connection refused before writing it (the endpoint
+    /// closed it meanwhile) is sent again on another.
+    pub(crate) async fn send(
+        self: &Arc<Self>,
+        endpoint: SocketAddr,
+        mut request: Request<B>,
+    ) -> Result<Response<PooledBody<B>>, SendError> {
+        loop {
+            let (mut sender, reused) = match self.take(endpoint).await {
+                Some(sender) => (sender, true),
+                None => (self.connect(endpoint).await?, false),
+            };
+            match sender.try_send_request(request).await {
+                Ok(response) => {
+                    // A 101 hands the connection over to the upgrade: it is not reused.
+                    let keep = (response.status() != StatusCode::SWITCHING_PROTOCOLS)
+                        .then(|| Keep { sender, endpoint, pool: self.clone() });
+                    return Ok(response.map(|body| PooledBody { body, done: false, keep }));
+                }
+                Err(mut err) => match err.take_message() {
+                    Some(unsent) if reused => request = unsent,
+                    _ => return Err(SendError::Upstream(err.into_error())),
+                },
+            }
+        }
+    }
+
+    /// The most recently used idle connection to `endpoint` that is still open, once it is
+    /// ready for a request.
+    async fn take(&self, endpoint: SocketAddr) -> Option<SendRequest<B>> {
+        loop {
+            let mut sender = {
+                let mut idle = self.idle.lock().expect("pool lock");
+                let list = idle.get_mut(&endpoint)?;
+                let sender = list.pop().map(|idle| idle.sender);
+                if list.is_empty() {
+                    idle.remove(&endpoint);
+                }
+                sender?
+            };
+            // Returned when its last response body ended; it is ready, or about to be once its
+            // connection task has run.
+            if !sender.is_closed() && sender.ready().await.is_ok() {
+                return Some(sender);
+            }
+        }
+    }
+
+    /// Opens a connection to `endpoint` and runs it on its own task.
+    async fn connect(&self, endpoint: SocketAddr) -> Result<SendRequest<B>, SendError> {
+        let tcp = match tokio::time::timeout(self.connect_timeout, TcpStream::connect(endpoint)).await {
+            Ok(Ok(tcp)) => tcp,
+            Ok(Err(err)) => {
+                debug!(%endpoint, "connect: {err}");
+                return Err(SendError::Connect);
+            }
+            Err(_elapsed) => {
+                debug!(%endpoint, "connect: timed out");
+                return Err(SendError::Connect);
+            }
+        };
+        if let Err(err) = tcp.set_nodelay(true) {
+            debug!(%endpoint, "TCP_NODELAY: {err}");
+        }
+        let (sender, connection) = http1::handshake(TokioIo::new(tcp)).await.map_err(SendError::Upstream)?;
+        tokio::spawn(async move {
+            if let Err(err) = connection.with_upgrades().await {
+                debug!(%endpoint, "backend connection: {err}");
+            }
+        });
+        Ok(sender)
+    }
+}
+
+/// Reaps `pool` every half idle timeout until it is dropped.
+async fn reap<B>(pool: Weak<Pool<B>>) {
+    let period = match pool.upgrade() {
+        Some(pool) => (pool.idle_timeout / 2).max(Duration::from_millis(10)),
+        None => return,
+    };
+    loop {
+        tokio::time::sleep(period).await;
+        match pool.upgrade() {
+            Some(pool) => pool.reap_idle(),
+            None => return,
+        }
+    }
+}
+
+/// What goes back to the pool when a response body has been read to its end.
+struct Keep<B> {
+    sender: SendRequest<B>,
+    endpoint: SocketAddr,
+    pool: Arc<Pool<B>>,
+}
+
+/// An endpoint's response body. When it is dropped after its end, its connection goes back to
+/// the pool; dropped earlier (the client went away), the connection is closed with it.
+pub(crate) struct PooledBody<B> {
+    body: Incoming,
+    done: bool,
+    keep: Option<Keep<B>>,
+}
+
+impl<B> Body for PooledBody<B> {
+    type Data = Bytes;
+    type Error = hyper::Error;
+
+    fn poll_frame(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Result<Frame<Bytes>, hyper::Error>>> {
+        let poll = Pin::new(&mut self.body).poll_frame(cx);
+        if let Poll::Ready(None) = poll {
+            self.done = true;
+        }
+        poll
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.done || self.body.is_end_stream()
+    }
+
+    fn size_hint(&self) -> SizeHint {
+        self.body.size_hint()
+    }
+}
+
+impl<B> Drop for PooledBody<B> {
+    fn drop(&mut self) {
+        if let Some(keep) = self.keep.take()
+            && (self.done || self.body.is_end_stream())
+        {
+            keep.pool.put(keep.endpoint, keep.sender);
+        }
+    }
+}
+
+impl<B> Pool<B> {
+    /// Makes `sender` the most recently used idle connection to `endpoint`, unless it closed.
+    fn put(&self, endpoint: SocketAddr, sender: SendRequest<B>) {
+        if !sender.is_closed() {
+            let idle = Idle { sender, since: Instant::now() };
+            self.idle.lock().expect("pool lock").entry(endpoint).or_default().push(idle);
+        }
+    }
+
+    /// Closes connections idle for longer than the idle timeout, and forgets closed ones.
+    fn reap_idle(&self) {
+        let now = Instant::now();
+        self.idle.lock().expect("pool lock").retain(|_, list| {
+            list.retain(|idle| !idle.sender.is_closed() && now.duration_since(idle.since) < self.idle_timeout);
+            !list.is_empty()
+        });
+    }
+}
+
+#[cfg(test)]
+#[path = "pool_tests.rs"]
+mod tests;
