@@ -58,13 +58,7 @@ impl ApiSource {
     /// in-cluster service account) and starts watching the kinds of `interest`. Must run inside a
     /// tokio runtime.
     pub(crate) async fn connect(kubeconfig: Option<&Path>, interest: &Interest) -> Result<Self, Error> {
-        let config = match kubeconfig {
-            Some(path) => {
-                let file = Kubeconfig::read_from(path).map_err(|e| Error::Kube(format!("{}: {e}", path.display())))?;
-                Config::from_custom_kubeconfig(file, &KubeConfigOptions::default()).await.map_err(Error::kube)?
-            }
-            None => Config::infer().await.map_err(Error::kube)?,
-        };
+        let config = config(kubeconfig).await?;
         let server = config.cluster_url.to_string();
         let client = Client::try_from(config).map_err(Error::kube)?;
         let (tx, updates) = mpsc::unbounded_channel();
@@ -180,6 +174,25 @@ impl ApiSource {
             tracing::error!("{key}: {field}{}; keeping its previous version", error.message);
         }
         None
+    }
+}
+
+/// A client of the API server found as kube-proxy finds it: `kubeconfig`, else `KUBECONFIG` or
+/// `~/.kube/config`, else the in-cluster service account (the one [`Feed`](crate::Feed) reads
+/// from with [`SourceSpec::Kubernetes`](crate::SourceSpec::Kubernetes)), for components that
+/// write to the API. Must run inside a tokio runtime.
+pub async fn client(kubeconfig: Option<&Path>) -> Result<Client, Error> {
+    Client::try_from(config(kubeconfig).await?).map_err(Error::kube)
+}
+
+/// The client configuration of [`client`].
+async fn config(kubeconfig: Option<&Path>) -> Result<Config, Error> {
+    match kubeconfig {
+        Some(path) => {
+            let file = Kubeconfig::read_from(path).map_err(|e| Error::Kube(format!("{}: {e}", path.display())))?;
+            Config::from_custom_kubeconfig(file, &KubeConfigOptions::default()).await.map_err(Error::kube)
+        }
+        None => Config::infer().await.map_err(Error::kube),
     }
 }
 

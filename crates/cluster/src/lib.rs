@@ -4,7 +4,8 @@
 //! [`ManifestSource`] loads `*.yaml`, `*.yml` and `*.json` files into a [`Store`] of Services,
 //! EndpointSlices, Pods, Nodes and ServiceCIDRs; [`watch`] reports changed files so that
 //! [`ManifestSource::reload`] can apply them incrementally. EndpointSlices for Services with a
-//! selector are derived from the Pods, like kube-controller-manager would.
+//! selector are derived from the Pods, like kube-controller-manager would. [`client`] connects to
+//! the API server a [`Feed`] reads from, for components that also write to it.
 
 mod api_source;
 mod changes;
@@ -21,7 +22,9 @@ mod validate;
 mod watch;
 
 pub use k8s_openapi;
+pub use kube;
 
+pub use api_source::client;
 pub use changes::Changes;
 pub use error::{Error, ManifestError};
 pub use feed::{Feed, Interest, SourceSpec};

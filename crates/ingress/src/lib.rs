@@ -1,10 +1,12 @@
 //! roadkeeper ingress: the L7 front door. Ingress v1 rules become a route table ([`routes`],
 //! pure); [`proxy`] serves HTTP/1.1 and HTTP/2 (TLS by SNI from [`tls`]) and forwards each request
-//! to a ready endpoint of the chosen Service.
+//! to a ready endpoint of the chosen Service; [`status`] decides which Ingresses must carry our
+//! addresses in `status.loadBalancer` (pure).
 
 mod pool;
 pub mod proxy;
 pub mod routes;
+pub mod status;
 pub mod tls;
 
 use std::net::SocketAddr;

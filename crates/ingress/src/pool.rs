@@ -70,8 +70,11 @@ where
             match sender.try_send_request(request).await {
                 Ok(response) => {
                     // A 101 hands the connection over to the upgrade: it is not reused.
-                    let keep = (response.status() != StatusCode::SWITCHING_PROTOCOLS)
-                        .then(|| Keep { sender, endpoint, pool: self.clone() });
+                    let keep = (response.status() != StatusCode::SWITCHING_PROTOCOLS).then(|| Keep {
+                        sender,
+                        endpoint,
+                        pool: self.clone(),
+                    });
                     return Ok(response.map(|body| PooledBody { body, done: false, keep }));
                 }
                 Err(mut err) => match err.take_message() {

@@ -52,7 +52,9 @@ async fn backend(kind: Backend) -> (SocketAddr, Arc<AtomicUsize>, Arc<AtomicUsiz
                     (head, answered) = (Vec::new(), true);
                     let response: &[u8] = match kind {
                         Backend::Length | Backend::ShortKeepAlive => b"HTTP/1.1 200 OK\r\ncontent-length: 2\r\n\r\nok",
-                        Backend::Chunked => b"HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\n\r\n2\r\nok\r\n0\r\n\r\n",
+                        Backend::Chunked => {
+                            b"HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\n\r\n2\r\nok\r\n0\r\n\r\n"
+                        }
                         Backend::Close => b"HTTP/1.1 200 OK\r\ncontent-length: 2\r\nconnection: close\r\n\r\nok",
                     };
                     if tcp.write_all(response).await.is_err() || matches!(kind, Backend::Close) {

@@ -31,6 +31,7 @@ use hyper::upgrade::OnUpgrade;
 use hyper::{Request, Response, StatusCode, Uri, Version};
 use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
 use hyper_util::server::conn::auto;
+use hyper_util::server::graceful::{GracefulShutdown, Watcher};
 use metrics::{Counter, Histogram, counter, histogram};
 use roadkeeper_cluster::NamespacedName;
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
@@ -113,25 +114,30 @@ impl Default for ProxyConfig {
     }
 }
 
-/// Serves plain HTTP (HTTP/1.1, and HTTP/2 with prior knowledge) on `listener` until the task is
-/// aborted, as one worker of `proxy`. Aborting stops accepting; connections in progress run to
-/// their end.
-pub async fn serve_http(proxy: Arc<Proxy>, listener: TcpListener) {
+/// Serves plain HTTP (HTTP/1.1, and HTTP/2 with prior knowledge) on `listener` as one worker of
+/// `proxy`, until `stop` completes: then it stops accepting, asks every connection to close after
+/// its requests in progress (HTTP/2 with GOAWAY), and returns once all have closed; the caller
+/// bounds that wait.
+pub async fn serve_http(proxy: Arc<Proxy>, listener: TcpListener, stop: impl Future<Output = ()>) {
     let worker = Arc::new(Worker::new(proxy, "http"));
-    accept(listener, move |tcp, peer| worker.clone().serve_connection(tcp, peer)).await
+    accept(listener, stop, move |tcp, peer, watcher| worker.clone().serve_connection(tcp, peer, watcher)).await
 }
 
-/// Serves HTTPS on `listener` until the task is aborted, as one worker of `proxy`: the
-/// certificate is chosen by SNI from `tls`, and ALPN picks HTTP/2 or HTTP/1.1. Aborting stops
-/// accepting; connections in progress run to their end.
-pub async fn serve_https(proxy: Arc<Proxy>, listener: TcpListener, tls: Arc<Certificates>) {
+/// Serves HTTPS on `listener` as [`serve_http`] serves HTTP: the certificate is chosen by SNI
+/// from `tls`, and ALPN picks HTTP/2 or HTTP/1.1.
+pub async fn serve_https(
+    proxy: Arc<Proxy>,
+    listener: TcpListener,
+    tls: Arc<Certificates>,
+    stop: impl Future<Output = ()>,
+) {
     let worker = Arc::new(Worker::new(proxy, "https"));
     let acceptor = TlsAcceptor::from(tls.server_config());
-    accept(listener, move |tcp, peer| {
+    accept(listener, stop, move |tcp, peer, watcher| {
         let (worker, acceptor) = (worker.clone(), acceptor.clone());
         async move {
             match tokio::time::timeout(worker.proxy.config.client_header_timeout, acceptor.accept(tcp)).await {
-                Ok(Ok(tls)) => worker.serve_connection(tls, peer).await,
+                Ok(Ok(tls)) => worker.serve_connection(tls, peer, watcher).await,
                 Ok(Err(err)) => debug!(%peer, "TLS handshake failed: {err}"),
                 Err(_) => debug!(%peer, "TLS handshake timed out"),
             }
@@ -194,8 +200,9 @@ impl Worker {
         Self { proto: HeaderValue::from_static(proto), server, pool, proxy }
     }
 
-    /// Serves one client connection until it ends or stays idle for `idle_timeout`.
-    async fn serve_connection<IO>(self: Arc<Self>, io: IO, peer: SocketAddr)
+    /// Serves one client connection until it ends, stays idle for `idle_timeout`, or is closed
+    /// gracefully through `watcher`.
+    async fn serve_connection<IO>(self: Arc<Self>, io: IO, peer: SocketAddr, watcher: Watcher)
     where
         IO: AsyncRead + AsyncWrite + Unpin + Send + 'static,
     {
@@ -213,7 +220,7 @@ impl Worker {
         });
         let io = TokioIo::new(Tracked { io, activity: activity.clone() });
         tokio::select! {
-            result = self.server.serve_connection_with_upgrades(io, service) => {
+            result = watcher.watch(self.server.serve_connection_with_upgrades(io, service)) => {
                 if let Err(err) = result {
                     debug!(%peer, "connection: {err}");
                 }
@@ -252,19 +259,26 @@ fn caused_by<E: Error + 'static>(err: &(dyn Error + 'static)) -> bool {
     std::iter::successors(Some(err), |&err| err.source()).any(|err| err.is::<E>())
 }
 
-/// Accepts connections forever, with TCP_NODELAY, and runs `serve` for each on its own task.
-async fn accept<F, Fut>(listener: TcpListener, serve: F)
+/// Accepts connections until `stop` completes, with TCP_NODELAY, and runs `serve` for each on
+/// its own task; then closes the listener and shuts the connections down gracefully.
+async fn accept<F, Fut>(listener: TcpListener, stop: impl Future<Output = ()>, serve: F)
 where
-    F: Fn(TcpStream, SocketAddr) -> Fut,
+    F: Fn(TcpStream, SocketAddr, Watcher) -> Fut,
     Fut: Future<Output = ()> + Send + 'static,
 {
+    let graceful = GracefulShutdown::new();
+    tokio::pin!(stop);
     loop {
-        match listener.accept().await {
+        let accepted = tokio::select! {
+            accepted = listener.accept() => accepted,
+            () = &mut stop => break,
+        };
+        match accepted {
             Ok((tcp, peer)) => {
                 if let Err(err) = tcp.set_nodelay(true) {
                     debug!(%peer, "TCP_NODELAY: {err}");
                 }
-                tokio::spawn(serve(tcp, peer));
+                tokio::spawn(serve(tcp, peer, graceful.watcher()));
             }
             Err(err) => {
                 // Out of file descriptors, most likely: give connections time to close.
@@ -273,6 +287,9 @@ where
             }
         }
     }
+    drop(listener);
+    debug!(connections = graceful.count(), "draining");
+    graceful.shutdown().await;
 }
 
 /// Why forwarding to an endpoint failed.

@@ -101,7 +101,7 @@ async fn echo(name: &str, mut request: Request<Incoming>) -> Result<Response<Ful
 /// Serves `routes` with [`serve_http`]; returns the proxy's address.
 async fn start(routes: Vec<(&'static str, &'static str, Target)>, config: ProxyConfig) -> SocketAddr {
     let (listener, addr) = listen().await;
-    tokio::spawn(serve_http(Proxy::new(Arc::new(Fixture(routes)), config), listener));
+    tokio::spawn(serve_http(Proxy::new(Arc::new(Fixture(routes)), config), listener, std::future::pending()));
     addr
 }
 
@@ -199,7 +199,7 @@ async fn proxy_retries_connect_failures_and_ejects_the_dead_endpoint() {
     let router = Arc::new(Fixture(vec![("a.example", "/", target("svc", &[dead, alive]))]));
     let proxy = Proxy::new(router, ProxyConfig::default());
     let (listener, addr) = listen().await;
-    tokio::spawn(serve_http(proxy.clone(), listener));
+    tokio::spawn(serve_http(proxy.clone(), listener, std::future::pending()));
 
     // Round robin sends every other request to `dead`: each is retried on `alive`.
     for _ in 0..12 {
@@ -382,7 +382,8 @@ impl Pki {
 /// Serves `routes` with [`serve_https`] and `certificates`; returns the proxy's address.
 async fn start_tls(routes: Vec<(&'static str, &'static str, Target)>, certificates: Arc<Certificates>) -> SocketAddr {
     let (listener, addr) = listen().await;
-    tokio::spawn(serve_https(Proxy::new(Arc::new(Fixture(routes)), ProxyConfig::default()), listener, certificates));
+    let proxy = Proxy::new(Arc::new(Fixture(routes)), ProxyConfig::default());
+    tokio::spawn(serve_https(proxy, listener, certificates, std::future::pending()));
     addr
 }
 
@@ -469,4 +470,33 @@ fn proxy_route_host_strips_the_port_and_lowercases() {
     ] {
         assert_eq!(route_host(host), routed, "{host}");
     }
+}
+
+#[tokio::test]
+async fn proxy_stops_accepting_then_finishes_requests_in_flight() {
+    // A backend that answers after 300 ms.
+    let (listener, backend) = listen().await;
+    tokio::spawn(async move {
+        while let Ok((tcp, _)) = listener.accept().await {
+            let service = service_fn(|_request| async {
+                tokio::time::sleep(Duration::from_millis(300)).await;
+                Ok::<_, Infallible>(Response::new(Full::new(Bytes::from_static(b"late"))))
+            });
+            tokio::spawn(hyper::server::conn::http1::Builder::new().serve_connection(TokioIo::new(tcp), service));
+        }
+    });
+    let proxy =
+        Proxy::new(Arc::new(Fixture(vec![("a.example", "/", target("svc", &[backend]))])), ProxyConfig::default());
+    let (listener, addr) = listen().await;
+    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+    let server = tokio::spawn(serve_http(proxy, listener, async move { stopped.await.unwrap_or(()) }));
+
+    let in_flight = tokio::spawn(fetch(addr, get("a.example", "/")));
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    stop.send(()).unwrap();
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    assert!(TcpStream::connect(addr).await.is_err(), "the listener is closed");
+    assert!(!server.is_finished(), "a request is still in flight");
+    assert_eq!(in_flight.await.unwrap(), (StatusCode::OK, "late".to_owned()));
+    tokio::time::timeout(Duration::from_secs(2), server).await.expect("drained").unwrap();
 }

@@ -189,6 +189,11 @@ impl RouteTable {
         self.ingresses.keys().cloned().collect()
     }
 
+    /// Whether we serve Ingress `key` (so its `status.loadBalancer` is ours to write).
+    pub fn serves(&self, key: &NamespacedName) -> bool {
+        self.ingresses.contains_key(key)
+    }
+
     /// Recompiles the Ingresses `ingresses` and refreshes the backends naming `services`.
     fn update(
         &mut self,

@@ -1,7 +1,9 @@
 //! `roadkeeper bench ingress`: `roadkeeper ingress` and nginx as reverse proxies for the same
 //! route and backends, side by side in one run, loaded by wrk at several connection counts in a
 //! scratch network namespace. Each proxy is pinned to one CPU; the backends (nginx answering a
-//! fixed 200) and wrk share the other.
+//! fixed 200) and wrk share the other. Besides wrk's rate and latency, each row gives the proxy's
+//! CPU time per request (user + system, from `/proc`), which does not depend on whether the proxy
+//! or the client side was the bottleneck.
 
 use std::path::Path;
 use std::time::Duration;
@@ -24,14 +26,14 @@ pub fn run(args: IngressBenchArgs) -> anyhow::Result<()> {
     let backend_cpu = args.client_cpu.to_string();
     let proxy_cpu = args.proxy_cpu.to_string();
     let _backends = nginx(&ns, dir.path(), "backends", &backend_cpu, &backends_conf())?;
-    let _nginx = nginx(&ns, dir.path(), "proxy", &proxy_cpu, &proxy_conf())?;
+    let nginx_proxy = nginx(&ns, dir.path(), "proxy", &proxy_cpu, &proxy_conf())?;
     let manifests = dir.path().join("manifests");
     std::fs::create_dir(&manifests)?;
     std::fs::write(manifests.join("bench.yaml"), cluster())?;
     let binary = std::env::current_exe()?.display().to_string();
     let manifests_arg = manifests.display().to_string();
     let log = dir.path().join("ingress.log");
-    let _roadkeeper = ns.spawn_logged(
+    let roadkeeper = ns.spawn_logged(
         [
             "taskset",
             "-c",
@@ -58,15 +60,41 @@ pub fn run(args: IngressBenchArgs) -> anyhow::Result<()> {
         args.proxy_cpu, args.client_cpu, args.seconds
     );
     println!();
-    println!("| connections | proxy | requests/s | p50 | p99 |");
-    println!("|---|---|---|---|---|");
+    println!("| connections | proxy | requests/s | p50 | p99 | proxy CPU per request |");
+    println!("|---|---|---|---|---|---|");
+    let proxies = [("roadkeeper ingress", 8080, roadkeeper.id()), ("nginx 1.22", 8081, nginx_proxy.0.id())];
     for connections in &args.connections {
-        for (name, port) in [("roadkeeper ingress", 8080), ("nginx 1.22", 8081)] {
+        for (name, port, pid) in proxies {
+            let before = cpu_time(pid)?;
             let run = wrk(&ns, &backend_cpu, port, *connections, args.seconds)?;
-            println!("| {connections} | {name} | {:.0} | {} | {} |", run.rps, run.p50, run.p99);
+            let per_request = (cpu_time(pid)? - before).as_secs_f64() * 1e6 / run.requests;
+            println!(
+                "| {connections} | {name} | {:.0} | {} | {} | {per_request:.1} µs |",
+                run.requests / run.seconds,
+                run.p50,
+                run.p99
+            );
         }
     }
     Ok(())
+}
+
+/// CPU time (user + system) of process `pid` and of its children (nginx's workers).
+fn cpu_time(pid: u32) -> anyhow::Result<Duration> {
+    let ticks = |pid: &str| -> anyhow::Result<u64> {
+        let stat = std::fs::read_to_string(format!("/proc/{pid}/stat"))?;
+        // Fields after the command name (which may hold spaces) in parentheses; utime and stime
+        // are fields 14 and 15.
+        let fields: Vec<&str> = stat.rsplit_once(')').context("malformed stat")?.1.split_whitespace().collect();
+        Ok(fields[11].parse::<u64>()? + fields[12].parse::<u64>()?)
+    };
+    let children = std::fs::read_to_string(format!("/proc/{pid}/task/{pid}/children"))?;
+    let mut total = ticks(&pid.to_string())?;
+    for child in children.split_whitespace() {
+        total += ticks(child)?;
+    }
+    // /proc counts in USER_HZ ticks, which Linux fixes at 100 (sysconf's CLK_TCK) on x86 and ARM.
+    Ok(Duration::from_millis(total * 10))
 }
 
 /// An nginx master process, stopped with SIGTERM on drop so that it stops its workers too (the
@@ -159,7 +187,8 @@ fn wait_for_200(ns: &Netns, port: u16) -> anyhow::Result<()> {
 
 /// What one wrk run reported.
 struct Run {
-    rps: f64,
+    requests: f64,
+    seconds: f64,
     p50: String,
     p99: String,
 }
@@ -184,5 +213,13 @@ fn wrk(ns: &Netns, cpu: &str, port: u16, connections: usize, seconds: u32) -> an
     if text.contains("Non-2xx or 3xx responses") {
         bail!("errors through port {port}:\n{text}");
     }
-    Ok(Run { rps: value("Requests/sec:")?.parse()?, p50: value("50%")?, p99: value("99%")? })
+    // "N requests in 8.00s, ..."
+    let (requests, seconds) = text
+        .lines()
+        .find_map(|l| {
+            let (requests, rest) = l.trim().split_once(" requests in ")?;
+            Some((requests.parse::<f64>().ok()?, rest.split_once('s')?.0.parse::<f64>().ok()?))
+        })
+        .with_context(|| format!("no request count in wrk's output:\n{text}"))?;
+    Ok(Run { requests, seconds, p50: value("50%")?, p99: value("99%")? })
 }

@@ -5,6 +5,7 @@ use std::path::PathBuf;
 
 use clap::{Args, Parser, Subcommand};
 use roadkeeper_cluster::SourceSpec;
+use roadkeeper_ingress::status::Address;
 
 /// roadkeeper: Kubernetes Service networking, written in Rust.
 #[derive(Debug, Parser)]
@@ -278,7 +279,17 @@ pub struct IngressArgs {
     /// The IngressClass served (controller `roadkeeper.dev/ingress`).
     #[arg(long, value_name = "NAME", default_value = "roadkeeper")]
     pub class: String,
+    /// Addresses written to `status.loadBalancer.ingress` of every Ingress served, comma-separated:
+    /// IPs (as `ip`) or DNS names (as `hostname`), e.g. those of the load balancer in front of
+    /// this controller. Default: the IP of `--http` if it names one (not 0.0.0.0 or ::), else
+    /// that of `--https`, else no status is published.
+    #[arg(long, value_name = "ADDRESSES", value_delimiter = ',')]
+    pub publish_status_address: Vec<Address>,
     /// Address of the Prometheus metrics server (`/metrics`); empty disables it.
     #[arg(long, value_name = "IP:PORT", default_value = "0.0.0.0:10254")]
     pub metrics_bind_address: String,
+    /// On SIGTERM or SIGINT: stop accepting, let requests in flight finish (idle keep-alive
+    /// connections close, HTTP/2 gets GOAWAY) for at most this many seconds, then exit.
+    #[arg(long, value_name = "SECONDS", default_value_t = 30)]
+    pub shutdown_timeout: u64,
 }

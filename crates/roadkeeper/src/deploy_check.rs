@@ -1,4 +1,5 @@
-//! Tests of the manifests in `deploy/`: real Kubernetes objects that run this binary with flags it accepts.
+//! Tests of the manifests in `deploy/` (`roadkeeper.yaml`, the node proxy; `ingress.yaml`, the
+//! Ingress controller): real Kubernetes objects that run this binary with flags it accepts.
 
 #[cfg(test)]
 mod tests {
@@ -11,17 +12,25 @@ mod tests {
     use roadkeeper_proxy::config::{ProxyConfig, ProxyMode};
     use serde_json::Value;
 
-    use k8s_openapi::api::apps::v1::DaemonSet;
-    use k8s_openapi::api::core::v1::{ConfigMap, Container, PodSpec, Probe, ServiceAccount};
+    use k8s_openapi::api::apps::v1::{DaemonSet, Deployment};
+    use k8s_openapi::api::core::v1::{ConfigMap, Container, PodSpec, Probe, Service, ServiceAccount};
+    use k8s_openapi::api::networking::v1::IngressClass;
     use k8s_openapi::api::rbac::v1::{ClusterRole, ClusterRoleBinding};
     use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
     use k8s_openapi::serde::Serialize;
     use k8s_openapi::serde::de::DeserializeOwned;
 
-    use crate::cli::{Cli, Command, ProxyArgs};
+    use roadkeeper_ingress::routes::ClassConfig;
+
+    use crate::cli::{Cli, Command, IngressArgs, ProxyArgs};
 
     /// The node name the downward API gives `NODE_NAME` in these tests.
     const NODE: &str = "node-a";
+
+    /// The node proxy's file.
+    const PROXY: &str = "roadkeeper.yaml";
+    /// The Ingress controller's file.
+    const INGRESS: &str = "ingress.yaml";
 
     /// What roadkeeper reads from the API, each with exactly `list` and `watch`.
     const READS: [(&str, &str); 4] = [
@@ -31,11 +40,21 @@ mod tests {
         ("networking.k8s.io", "servicecidrs"),
     ];
 
+    /// What `roadkeeper ingress` reads from the API (with `list` and `watch`) and writes (`patch`).
+    const INGRESS_GRANTS: [(&str, &str, &[&str]); 6] = [
+        ("", "services", &["list", "watch"]),
+        ("", "secrets", &["list", "watch"]),
+        ("discovery.k8s.io", "endpointslices", &["list", "watch"]),
+        ("networking.k8s.io", "ingresses", &["list", "watch"]),
+        ("networking.k8s.io", "ingressclasses", &["list", "watch"]),
+        ("networking.k8s.io", "ingresses/status", &["patch"]),
+    ];
+
     fn deploy_dir() -> PathBuf {
         Path::new(env!("CARGO_MANIFEST_DIR")).join("../../deploy")
     }
 
-    /// Every object of `deploy/*.yaml`, typed.
+    /// Every object of one file of `deploy/`, typed.
     #[derive(Default)]
     struct Deploy {
         service_accounts: Vec<ServiceAccount>,
@@ -43,44 +62,48 @@ mod tests {
         bindings: Vec<ClusterRoleBinding>,
         config_maps: Vec<ConfigMap>,
         daemon_sets: Vec<DaemonSet>,
+        deployments: Vec<Deployment>,
+        services: Vec<Service>,
+        ingress_classes: Vec<IngressClass>,
     }
 
-    /// Reads every YAML document of the folder into its k8s-openapi type; panics on any other kind
-    /// and on any field the type does not know.
-    fn load() -> Deploy {
-        let mut files: Vec<PathBuf> = std::fs::read_dir(deploy_dir())
+    /// The names of the `*.yaml` files of `deploy/`, sorted.
+    fn yaml_files() -> Vec<String> {
+        let mut files: Vec<String> = std::fs::read_dir(deploy_dir())
             .expect("deploy/ exists")
-            .map(|entry| entry.expect("deploy/ is readable").path())
-            .filter(|path| path.extension().is_some_and(|ext| ext == "yaml"))
+            .map(|entry| entry.expect("deploy/ is readable").file_name().to_string_lossy().into_owned())
+            .filter(|name| name.ends_with(".yaml"))
             .collect();
         files.sort();
-        assert!(!files.is_empty(), "no *.yaml in {}", deploy_dir().display());
+        files
+    }
+
+    /// Reads every YAML document of `deploy/<name>` into its k8s-openapi type; panics on any other
+    /// kind and on any field the type does not know.
+    fn load(file_name: &str) -> Deploy {
+        let file = deploy_dir().join(file_name);
+        let text = std::fs::read_to_string(&file).unwrap_or_else(|e| panic!("{}: {e}", file.display()));
+        let documents: Vec<Value> =
+            serde_saphyr::from_multiple(&text).unwrap_or_else(|e| panic!("{}: {e}", file.display()));
         let mut deploy = Deploy::default();
-        for file in &files {
-            let text = std::fs::read_to_string(file).unwrap_or_else(|e| panic!("{}: {e}", file.display()));
-            let documents: Vec<Value> =
-                serde_saphyr::from_multiple(&text).unwrap_or_else(|e| panic!("{}: {e}", file.display()));
-            for (index, document) in documents.into_iter().enumerate() {
-                let api_version = document["apiVersion"].as_str().unwrap_or_default().to_owned();
-                let kind = document["kind"].as_str().unwrap_or_default().to_owned();
-                let name = document["metadata"]["name"].as_str().unwrap_or_default();
-                let file_name = file.file_name().unwrap_or_default().to_string_lossy();
-                let what = format!("deploy/{file_name}, object {} ({kind} {name})", index + 1);
-                match (api_version.as_str(), kind.as_str()) {
-                    ("v1", "ServiceAccount") => deploy.service_accounts.push(strict(&what, document)),
-                    ("rbac.authorization.k8s.io/v1", "ClusterRole") => {
-                        deploy.cluster_roles.push(strict(&what, document))
-                    }
-                    ("rbac.authorization.k8s.io/v1", "ClusterRoleBinding") => {
-                        deploy.bindings.push(strict(&what, document))
-                    }
-                    ("v1", "ConfigMap") => deploy.config_maps.push(strict(&what, document)),
-                    ("apps/v1", "DaemonSet") => deploy.daemon_sets.push(strict(&what, document)),
-                    _ => panic!(
-                        "{what}: {api_version:?} {kind:?} is not a kind deploy/ should hold \
-                         (ServiceAccount, ClusterRole, ClusterRoleBinding, ConfigMap, DaemonSet)"
-                    ),
-                }
+        for (index, document) in documents.into_iter().enumerate() {
+            let api_version = document["apiVersion"].as_str().unwrap_or_default().to_owned();
+            let kind = document["kind"].as_str().unwrap_or_default().to_owned();
+            let name = document["metadata"]["name"].as_str().unwrap_or_default();
+            let what = format!("deploy/{file_name}, object {} ({kind} {name})", index + 1);
+            match (api_version.as_str(), kind.as_str()) {
+                ("v1", "ServiceAccount") => deploy.service_accounts.push(strict(&what, document)),
+                ("rbac.authorization.k8s.io/v1", "ClusterRole") => deploy.cluster_roles.push(strict(&what, document)),
+                ("rbac.authorization.k8s.io/v1", "ClusterRoleBinding") => deploy.bindings.push(strict(&what, document)),
+                ("v1", "ConfigMap") => deploy.config_maps.push(strict(&what, document)),
+                ("apps/v1", "DaemonSet") => deploy.daemon_sets.push(strict(&what, document)),
+                ("apps/v1", "Deployment") => deploy.deployments.push(strict(&what, document)),
+                ("v1", "Service") => deploy.services.push(strict(&what, document)),
+                ("networking.k8s.io/v1", "IngressClass") => deploy.ingress_classes.push(strict(&what, document)),
+                _ => panic!(
+                    "{what}: {api_version:?} {kind:?} is not a kind deploy/ should hold (ServiceAccount, \
+                     ClusterRole, ClusterRoleBinding, ConfigMap, DaemonSet, Deployment, Service, IngressClass)"
+                ),
             }
         }
         deploy
@@ -99,6 +122,33 @@ mod tests {
             differences.join("\n")
         );
         typed
+    }
+
+    /// The verbs `role` grants per (API group, resource); panics on aggregation, resource names and
+    /// non-resource URLs.
+    fn grants(role: &ClusterRole) -> BTreeMap<(String, String), BTreeSet<String>> {
+        assert!(role.aggregation_rule.is_none(), "no aggregation");
+        let mut granted: BTreeMap<(String, String), BTreeSet<String>> = BTreeMap::new();
+        for rule in role.rules.iter().flatten() {
+            assert!(rule.resource_names.is_none() && rule.non_resource_urls.is_none(), "{rule:?}");
+            let groups = rule.api_groups.as_deref().unwrap_or_default();
+            let resources = rule.resources.as_deref().unwrap_or_default();
+            assert!(!groups.is_empty() && !resources.is_empty(), "a rule names groups and resources: {rule:?}");
+            for group in groups {
+                for resource in resources {
+                    granted.entry((group.clone(), resource.clone())).or_default().extend(rule.verbs.iter().cloned());
+                }
+            }
+        }
+        granted
+    }
+
+    /// `(group, resource, verbs)` as [`grants`] returns them.
+    fn grant_map<'a>(
+        wanted: impl IntoIterator<Item = (&'a str, &'a str, &'a [&'a str])>,
+    ) -> BTreeMap<(String, String), BTreeSet<String>> {
+        let verbs = |verbs: &[&str]| verbs.iter().map(|verb| verb.to_string()).collect();
+        wanted.into_iter().map(|(group, resource, v)| ((group.into(), resource.into()), verbs(v))).collect()
     }
 
     /// Collects the paths where `written` and its typed round trip differ.
@@ -127,7 +177,7 @@ mod tests {
     }
 
     fn only<'a, T>(what: &str, objects: &'a [T]) -> &'a T {
-        assert_eq!(objects.len(), 1, "deploy/ must hold exactly one {what}");
+        assert_eq!(objects.len(), 1, "each file of deploy/ must hold exactly one {what}");
         &objects[0]
     }
 
@@ -136,10 +186,18 @@ mod tests {
     }
 
     fn container(ds: &DaemonSet) -> &Container {
-        let containers = &pod_spec(ds).containers;
-        assert_eq!(containers.len(), 1, "one container");
-        assert!(pod_spec(ds).init_containers.is_none(), "no init containers");
-        &containers[0]
+        only_container(pod_spec(ds))
+    }
+
+    fn only_container(pod: &PodSpec) -> &Container {
+        assert_eq!(pod.containers.len(), 1, "one container");
+        assert!(pod.init_containers.is_none(), "no init containers");
+        &pod.containers[0]
+    }
+
+    fn deployment_pod_spec(deployment: &Deployment) -> &PodSpec {
+        let spec = deployment.spec.as_ref().and_then(|spec| spec.template.spec.as_ref());
+        spec.expect("Deployment has a pod template spec")
     }
 
     /// The container's environment as the kubelet would set it on node [`NODE`].
@@ -266,17 +324,27 @@ mod tests {
 
     #[test]
     fn every_document_is_a_known_kind_without_unknown_fields() {
-        let deploy = load();
+        assert_eq!(yaml_files(), [INGRESS, PROXY], "a new file in deploy/ needs its checks here");
+        let deploy = load(PROXY);
         only("ServiceAccount", &deploy.service_accounts);
         only("ClusterRole", &deploy.cluster_roles);
         only("ClusterRoleBinding", &deploy.bindings);
         only("DaemonSet", &deploy.daemon_sets);
         assert!(deploy.config_maps.len() <= 1, "at most one ConfigMap");
+        assert!(deploy.deployments.is_empty() && deploy.services.is_empty() && deploy.ingress_classes.is_empty());
+        let deploy = load(INGRESS);
+        only("ServiceAccount", &deploy.service_accounts);
+        only("ClusterRole", &deploy.cluster_roles);
+        only("ClusterRoleBinding", &deploy.bindings);
+        only("Deployment", &deploy.deployments);
+        only("Service", &deploy.services);
+        only("IngressClass", &deploy.ingress_classes);
+        assert!(deploy.config_maps.is_empty() && deploy.daemon_sets.is_empty());
     }
 
     #[test]
     fn command_line_is_accepted_by_roadkeeper_proxy() {
-        let deploy = load();
+        let deploy = load(PROXY);
         let ds = only("DaemonSet", &deploy.daemon_sets);
         let argv = command_line(container(ds));
         assert!(
@@ -290,7 +358,7 @@ mod tests {
 
     #[test]
     fn probes_use_the_health_server() {
-        let deploy = load();
+        let deploy = load(PROXY);
         let ds = only("DaemonSet", &deploy.daemon_sets);
         let container = container(ds);
         let cfg = effective_config(&deploy, ds, &proxy_args(container));
@@ -317,30 +385,14 @@ mod tests {
 
     #[test]
     fn cluster_role_grants_only_list_and_watch_on_what_is_read() {
-        let deploy = load();
-        let role = only("ClusterRole", &deploy.cluster_roles);
-        assert!(role.aggregation_rule.is_none(), "no aggregation");
-        let mut granted: BTreeMap<(String, String), BTreeSet<String>> = BTreeMap::new();
-        for rule in role.rules.iter().flatten() {
-            assert!(rule.resource_names.is_none() && rule.non_resource_urls.is_none(), "{rule:?}");
-            let groups = rule.api_groups.as_deref().unwrap_or_default();
-            let resources = rule.resources.as_deref().unwrap_or_default();
-            assert!(!groups.is_empty() && !resources.is_empty(), "a rule names groups and resources: {rule:?}");
-            for group in groups {
-                for resource in resources {
-                    granted.entry((group.clone(), resource.clone())).or_default().extend(rule.verbs.iter().cloned());
-                }
-            }
-        }
-        let verbs: BTreeSet<String> = ["list".into(), "watch".into()].into();
-        let wanted: BTreeMap<(String, String), BTreeSet<String>> =
-            READS.iter().map(|(group, resource)| ((group.to_string(), resource.to_string()), verbs.clone())).collect();
-        assert_eq!(granted, wanted);
+        let deploy = load(PROXY);
+        let wanted = READS.iter().map(|&(group, resource)| (group, resource, &["list", "watch"][..]));
+        assert_eq!(grants(only("ClusterRole", &deploy.cluster_roles)), grant_map(wanted));
     }
 
     #[test]
     fn binding_ties_the_service_account_of_the_daemon_set_to_the_role() {
-        let deploy = load();
+        let deploy = load(PROXY);
         let account = only("ServiceAccount", &deploy.service_accounts);
         let role = only("ClusterRole", &deploy.cluster_roles);
         let binding = only("ClusterRoleBinding", &deploy.bindings);
@@ -363,7 +415,7 @@ mod tests {
 
     #[test]
     fn config_file_loads_and_is_mounted_at_the_config_path() {
-        let deploy = load();
+        let deploy = load(PROXY);
         let ds = only("DaemonSet", &deploy.daemon_sets);
         let args = proxy_args(container(ds));
         match &args.config {
@@ -383,7 +435,7 @@ mod tests {
 
     #[test]
     fn pod_runs_on_the_host_network_unprivileged_with_only_the_capabilities_it_needs() {
-        let deploy = load();
+        let deploy = load(PROXY);
         let ds = only("DaemonSet", &deploy.daemon_sets);
         let pod = pod_spec(ds);
         let container = container(ds);
@@ -429,5 +481,116 @@ mod tests {
         assert!(env.get("KUBERNETES_SERVICE_HOST").is_some_and(|host| !host.is_empty()), "KUBERNETES_SERVICE_HOST");
         let port = env.get("KUBERNETES_SERVICE_PORT").map(|port| port.parse::<u16>());
         assert!(matches!(port, Some(Ok(_))), "KUBERNETES_SERVICE_PORT: {port:?}");
+    }
+
+    /// The Deployment of `deploy/ingress.yaml` and its command line, parsed by roadkeeper's own
+    /// flag parser.
+    fn ingress_args(deploy: &Deploy) -> (&Deployment, IngressArgs) {
+        let deployment = only("Deployment", &deploy.deployments);
+        let argv = command_line(only_container(deployment_pod_spec(deployment)));
+        assert!(
+            matches!(argv.first().map(String::as_str), Some("roadkeeper" | "/usr/local/bin/roadkeeper")),
+            "the command runs the roadkeeper binary of the image: {argv:?}"
+        );
+        assert!(
+            !argv.iter().any(|arg| arg.starts_with("--manifests") || arg.starts_with("--kubeconfig")),
+            "cluster state comes from the API through the in-cluster config: {argv:?}"
+        );
+        let cli = Cli::try_parse_from(&argv)
+            .unwrap_or_else(|e| panic!("roadkeeper rejects the Deployment's command line {argv:?}:\n{e}"));
+        match cli.command {
+            Command::Ingress(args) => (deployment, args),
+            other => panic!("the Deployment must run `roadkeeper ingress`, not {other:?}"),
+        }
+    }
+
+    /// The port of `--http` or `--https` (`IP:PORT`), which must listen on every address (the pod
+    /// IP is what the Service and the kubelet reach).
+    fn listen_port(flag: &str, address: &str) -> i32 {
+        let address: SocketAddr = address.parse().unwrap_or_else(|e| panic!("{flag} {address:?}: {e}"));
+        assert!(address.ip().is_unspecified(), "{flag} {address} must listen on 0.0.0.0 or [::]");
+        address.port().into()
+    }
+
+    #[test]
+    fn ingress_command_line_is_accepted_and_publishes_a_status_for_the_deployed_class() {
+        let deploy = load(INGRESS);
+        let (_, args) = ingress_args(&deploy);
+        assert!(!args.publish_status_address.is_empty(), "--publish-status-address: the Service's address");
+        let class = only("IngressClass", &deploy.ingress_classes);
+        assert_eq!(class.metadata.name.as_deref(), Some(args.class.as_str()), "IngressClass name vs --class");
+        let controller = class.spec.as_ref().and_then(|spec| spec.controller.as_deref());
+        assert_eq!(controller, Some(ClassConfig::default().controller.as_str()));
+    }
+
+    #[test]
+    fn ingress_cluster_role_grants_exactly_what_roadkeeper_ingress_uses() {
+        let deploy = load(INGRESS);
+        assert_eq!(grants(only("ClusterRole", &deploy.cluster_roles)), grant_map(INGRESS_GRANTS));
+    }
+
+    #[test]
+    fn ingress_binding_ties_the_service_account_of_the_deployment_to_the_role() {
+        let deploy = load(INGRESS);
+        let account = only("ServiceAccount", &deploy.service_accounts);
+        let role = only("ClusterRole", &deploy.cluster_roles);
+        let binding = only("ClusterRoleBinding", &deploy.bindings);
+        let deployment = only("Deployment", &deploy.deployments);
+        let role_ref = &binding.role_ref;
+        assert_eq!(
+            (role_ref.api_group.as_str(), role_ref.kind.as_str(), Some(role_ref.name.as_str())),
+            ("rbac.authorization.k8s.io", "ClusterRole", role.metadata.name.as_deref())
+        );
+        let subjects = binding.subjects.as_deref().unwrap_or_default();
+        let expected =
+            (Some("ServiceAccount"), account.metadata.name.as_deref(), account.metadata.namespace.as_deref());
+        let subject = subjects.first().map(|s| (Some(s.kind.as_str()), Some(s.name.as_str()), s.namespace.as_deref()));
+        assert_eq!((subjects.len(), subject), (1, Some(expected)), "one subject: {subjects:?}");
+        assert_eq!(deployment_pod_spec(deployment).service_account_name.as_deref(), account.metadata.name.as_deref());
+        assert_eq!(
+            deployment.metadata.namespace, account.metadata.namespace,
+            "Deployment and ServiceAccount namespace"
+        );
+    }
+
+    #[test]
+    fn ingress_service_and_probes_reach_the_ports_roadkeeper_ingress_listens_on() {
+        let deploy = load(INGRESS);
+        let (deployment, args) = ingress_args(&deploy);
+        let pod = deployment.spec.as_ref().map(|spec| &spec.template).expect("pod template");
+        let container = only_container(deployment_pod_spec(deployment));
+        let (http, https) = (listen_port("--http", &args.http), listen_port("--https", &args.https));
+
+        let service = only("Service", &deploy.services);
+        assert_eq!(service.metadata.namespace, deployment.metadata.namespace, "Service and Deployment namespace");
+        let spec = service.spec.as_ref().expect("Service spec");
+        assert_eq!(spec.type_.as_deref(), Some("LoadBalancer"));
+        let labels = pod.metadata.as_ref().and_then(|m| m.labels.clone()).unwrap_or_default();
+        let selector = spec.selector.clone().unwrap_or_default();
+        assert!(!selector.is_empty() && selector.iter().all(|(k, v)| labels.get(k) == Some(v)), "{selector:?}");
+        let target = |port: i32| {
+            let port = spec.ports.iter().flatten().find(|p| p.port == port).unwrap_or_else(|| panic!("port {port}"));
+            match port.target_port.as_ref().expect("targetPort") {
+                IntOrString::Int(number) => *number,
+                IntOrString::String(name) => {
+                    container
+                        .ports
+                        .iter()
+                        .flatten()
+                        .find(|p| p.name.as_ref() == Some(name))
+                        .unwrap_or_else(|| panic!("no container port named {name}"))
+                        .container_port
+                }
+            }
+        };
+        assert_eq!((target(80), target(443)), (http, https), "Service ports 80 and 443 vs --http and --https");
+
+        for (name, probe) in
+            [("readinessProbe", &container.readiness_probe), ("livenessProbe", &container.liveness_probe)]
+        {
+            let tcp = probe.as_ref().and_then(|p| p.tcp_socket.as_ref());
+            let port = tcp.map(|tcp| &tcp.port).unwrap_or_else(|| panic!("{name}: tcpSocket expected"));
+            assert_eq!(port, &IntOrString::Int(http), "{name} vs --http");
+        }
     }
 }

@@ -1,8 +1,9 @@
 //! `roadkeeper ingress`: wiring the cluster state ([`Feed`]) to the route table, the TLS
-//! certificates and the HTTP(S) reverse proxy.
+//! certificates, the HTTP(S) reverse proxy and the Ingresses' status.
 
 use std::net::SocketAddr;
 use std::sync::Arc;
+use std::time::Duration;
 
 use anyhow::Context;
 use arc_swap::ArcSwap;
@@ -15,6 +16,7 @@ use roadkeeper_ingress::tls::Certificates;
 use roadkeeper_ingress::{Router, Target};
 
 use crate::cli::IngressArgs;
+use crate::ingress_status::StatusPublisher;
 use crate::serve;
 
 /// The current route table, replaced as a whole on every change (requests never lock).
@@ -57,16 +59,24 @@ pub fn run(args: IngressArgs) -> anyhow::Result<()> {
         warnings.iter().for_each(|w| tracing::warn!("{w}"));
         let certificates = Arc::new(Certificates::default());
         load_certificates(&certificates, &table, feed.store());
+        let mut status = StatusPublisher::start(&args, &spec).await?;
+        if let Some(status) = &mut status {
+            status.publish_all(feed.store(), &table);
+        }
         let routes = Arc::new(SharedRoutes(ArcSwap::from_pointee(table.clone())));
         let proxy = Proxy::new(routes.clone(), ProxyConfig::default());
         let http = bind_workers("--http", &args.http, workers)?;
         let https = bind_workers("--https", &args.https, workers)?;
+        let (stop, stopping) = tokio::sync::watch::channel(false);
+        let (drained, mut draining) = tokio::sync::mpsc::unbounded_channel();
         for (index, (http, https)) in http.into_iter().zip(https).enumerate() {
-            let (proxy, tls) = (proxy.clone(), certificates.clone());
+            let (proxy, tls, stopping, drained) = (proxy.clone(), certificates.clone(), stopping.clone(), drained.clone());
             std::thread::Builder::new().name(format!("ingress-{index}")).spawn(move || {
-                serve_worker(proxy, http, https, tls);
+                serve_worker(proxy, http, https, tls, stopping);
+                let _ = drained.send(());
             })?;
         }
+        drop(drained);
         tracing::info!(http = ?args.http, https = ?args.https, workers, class = %class.name, source = feed.describe(), "serving");
         loop {
             tokio::select! {
@@ -76,10 +86,19 @@ pub fn run(args: IngressArgs) -> anyhow::Result<()> {
                         load_certificates(&certificates, &table, feed.store());
                     }
                     routes.0.store(Arc::new(table.clone()));
+                    if let Some(status) = &mut status {
+                        status.publish(feed.store(), &table, &changes);
+                    }
                 }
                 _ = sigterm.recv() => break,
                 _ = sigint.recv() => break,
             }
+        }
+        // Stop accepting; let requests in flight finish, within the shutdown timeout.
+        stop.send_replace(true);
+        let timeout = Duration::from_secs(args.shutdown_timeout);
+        if tokio::time::timeout(timeout, async { while draining.recv().await.is_some() {} }).await.is_err() {
+            tracing::warn!("requests still in flight after --shutdown-timeout {}s: closing them", args.shutdown_timeout);
         }
         Ok(())
     })
@@ -108,25 +127,33 @@ fn bind_workers(flag: &str, address: &str, count: usize) -> anyhow::Result<Vec<O
     Ok(listeners)
 }
 
-/// One worker thread: serves its listeners on a single-threaded runtime for the life of the
-/// process.
+/// One worker thread: serves its listeners on a single-threaded runtime until `stopping` turns
+/// true, then drains its connections.
 fn serve_worker(
     proxy: Arc<Proxy>,
     http: Option<std::net::TcpListener>,
     https: Option<std::net::TcpListener>,
     tls: Arc<Certificates>,
+    stopping: tokio::sync::watch::Receiver<bool>,
 ) {
+    let stop = move || {
+        let mut stopping = stopping.clone();
+        async move {
+            // An error means the sender is gone: the process is ending anyway.
+            let _ = stopping.wait_for(|stop| *stop).await;
+        }
+    };
     let serve = async move {
         let http = http.map(tokio::net::TcpListener::from_std).transpose()?;
         let https = https.map(tokio::net::TcpListener::from_std).transpose()?;
         let http = async {
             if let Some(listener) = http {
-                proxy::serve_http(proxy.clone(), listener).await;
+                proxy::serve_http(proxy.clone(), listener, stop()).await;
             }
         };
         let https = async {
             if let Some(listener) = https {
-                proxy::serve_https(proxy.clone(), listener, tls).await;
+                proxy::serve_https(proxy.clone(), listener, tls, stop()).await;
             }
         };
         tokio::join!(http, https);

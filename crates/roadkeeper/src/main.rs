@@ -8,6 +8,7 @@ mod deploy_check;
 mod dns_cmd;
 mod healthcheck;
 mod ingress_cmd;
+mod ingress_status;
 mod lab;
 mod proxy_cmd;
 mod proxy_metrics;

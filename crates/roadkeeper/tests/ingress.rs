@@ -1,69 +1,337 @@
 //! `roadkeeper ingress` end to end: the real binary in its own network namespace reading a
-//! manifest folder, real HTTP backends, and curl as the client: host and path routing, the
-//! one-label wildcard, 404, TLS by SNI from a `kubernetes.io/tls` Secret, X-Forwarded-For, and a
-//! rule change applied without a restart.
+//! manifest folder, real HTTP and WebSocket backends, and curl or a small Rust client as the
+//! client. Every test has its own namespace (the same ports in each), so they run in parallel.
+//!
+//! - host and path routing, TLS by SNI, and a rule change without a restart;
+//! - every matching rule (Exact, Prefix by path element, longest match, wildcard hosts, rules
+//!   without a host, the oldest default backend, another class ignored, 404);
+//! - zero failed requests while the manifests change under load;
+//! - a connect failure retried on another endpoint, 502 and 503, and the metrics that count them;
+//! - HTTP/2 over TLS (ALPN) and with prior knowledge;
+//! - WebSocket through the proxy;
+//! - `X-Forwarded-For/-Proto/-Host` and `X-Real-IP` as the backend sees them;
+//! - SIGTERM: no new connections, the request in flight completes, then a clean exit.
 
 mod common;
 
-use std::io::{BufRead, BufReader, Write};
-use std::net::TcpListener;
+use std::collections::BTreeMap;
+use std::io::{self, BufRead, BufReader, Read, Write};
+use std::net::{IpAddr, SocketAddr, TcpListener, TcpStream};
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
 use common::{binary, eventually};
-use roadkeeper_netlab::Netns;
+use futures::{SinkExt, StreamExt};
+use roadkeeper_netlab::{Netns, Process};
+use tokio_tungstenite::tungstenite::Message;
 
-/// Answers every HTTP request with `<name> <path> xff=<X-Forwarded-For>`.
+/// Where the binary serves plain HTTP, inside each test's namespace.
+const HTTP: &str = "127.0.0.1:8080";
+/// Where it serves HTTPS.
+const HTTPS: &str = "127.0.0.1:8443";
+/// Where it serves `/metrics`.
+const METRICS: &str = "127.0.0.1:10254";
+/// How long a client waits for a connection or a response: generous, the machine is shared.
+const PATIENCE: Duration = Duration::from_secs(10);
+/// How long a manifest change may take to show (the binary promises about a second).
+const SETTLE: Duration = Duration::from_secs(10);
+/// The request headers that [`backend`] echoes in its body.
+const ECHOED: [&str; 5] = ["host", "x-forwarded-for", "x-forwarded-proto", "x-forwarded-host", "x-real-ip"];
+
+/// One `roadkeeper ingress` in its own namespace, reading its own manifest folder. Field order is
+/// drop order: the namespace (killing the binary) goes before the folder.
+struct Lab {
+    ns: Netns,
+    dir: tempfile::TempDir,
+}
+
+impl Lab {
+    /// A namespace `<prefix>-<pid>-<n>` and an empty manifest folder; nothing running yet.
+    fn new(prefix: &str) -> Lab {
+        let lab = Lab { ns: Netns::new(prefix).expect("netns"), dir: tempfile::tempdir().expect("tempdir") };
+        std::fs::create_dir(lab.manifests()).expect("manifest folder");
+        lab
+    }
+
+    /// The watched folder (files beside it, such as the log, are not watched).
+    fn manifests(&self) -> PathBuf {
+        self.dir.path().join("manifests")
+    }
+
+    /// Writes (or replaces) a manifest atomically, so that the watcher never reads half a file.
+    fn write(&self, file: &str, yaml: &str) {
+        let tmp = self.dir.path().join(format!("{file}.tmp"));
+        std::fs::write(&tmp, yaml).expect("write manifest");
+        std::fs::rename(&tmp, self.manifests().join(file)).expect("rename manifest");
+    }
+
+    /// Deletes a manifest.
+    fn remove(&self, file: &str) {
+        std::fs::remove_file(self.manifests().join(file)).expect("remove manifest");
+    }
+
+    /// Writes a file outside the manifest folder and returns its path.
+    fn scratch(&self, file: &str, contents: &str) -> String {
+        let path = self.dir.path().join(file);
+        std::fs::write(&path, contents).expect("write scratch file");
+        path.display().to_string()
+    }
+
+    /// Starts `roadkeeper ingress` on [`HTTP`], [`HTTPS`] and [`METRICS`] (killed with the
+    /// namespace) and waits until it answers: it serves only once the manifests are loaded.
+    fn start(&self) -> Process {
+        let mut args = vec![binary().display().to_string(), "ingress".into(), "--manifests".into()];
+        args.push(self.manifests().display().to_string());
+        for (flag, value) in [("--http", HTTP), ("--https", HTTPS), ("--metrics-bind-address", METRICS)] {
+            args.extend([flag.to_owned(), value.to_owned()]);
+        }
+        let process = self.ns.spawn_logged(&args, &self.dir.path().join("ingress.log")).expect("spawn");
+        let up = eventually(Duration::from_secs(30), || self.try_get("probe.invalid", "/", &[], None).is_ok());
+        assert!(up, "roadkeeper ingress does not answer; log:\n{}", self.log());
+        process
+    }
+
+    /// What the binary logged so far.
+    fn log(&self) -> String {
+        std::fs::read_to_string(self.dir.path().join("ingress.log")).unwrap_or_default()
+    }
+
+    /// Starts [`backend`] `name` on `addr` inside the namespace.
+    fn backend(&self, addr: &str, name: &'static str) {
+        backend(self.ns.run(|| TcpListener::bind(addr)).unwrap_or_else(|err| panic!("bind {addr}: {err}")), name);
+    }
+
+    /// `GET path` with `Host: host` to [`HTTP`], on a fresh connection.
+    fn get(&self, host: &str, path: &str) -> Reply {
+        self.get_with(host, path, &[], None)
+    }
+
+    /// `GET path` with `Host: host` and the extra header lines `headers` to [`HTTP`], on a fresh
+    /// connection from source address `from` (default: the kernel's choice, 127.0.0.1).
+    fn get_with(&self, host: &str, path: &str, headers: &[&str], from: Option<&str>) -> Reply {
+        self.try_get(host, path, headers, from)
+            .unwrap_or_else(|err| panic!("GET {host}{path}: {err}; log:\n{}", self.log()))
+    }
+
+    fn try_get(&self, host: &str, path: &str, headers: &[&str], from: Option<&str>) -> io::Result<Reply> {
+        let from = from.map(|ip| ip.parse().expect("source address"));
+        let head = request_head(host, path, headers, "close");
+        self.ns.run(|| exchange(HTTP.parse().expect("address"), from, &head))
+    }
+
+    /// The Prometheus text of `/metrics`.
+    fn metrics(&self) -> String {
+        let head = request_head(METRICS, "/metrics", &[], "close");
+        let reply = self.ns.run(|| exchange(METRICS.parse().expect("address"), None, &head)).expect("GET /metrics");
+        assert_eq!(reply.status, 200, "{}", reply.body);
+        reply.body
+    }
+
+    /// `curl` in the namespace with `args`: its stdout, or why it failed.
+    fn curl(&self, args: &[&str]) -> String {
+        let mut command = vec!["curl", "-sS", "--max-time", "10"];
+        command.extend(args);
+        match self.ns.exec(&command) {
+            Ok(output) => String::from_utf8_lossy(&output.stdout).into_owned(),
+            Err(err) => format!("curl failed: {err:#}"),
+        }
+    }
+}
+
+/// One response as a client saw it.
+#[derive(Debug)]
+struct Reply {
+    status: u16,
+    body: String,
+}
+
+impl Reply {
+    /// The name of the [`backend`] that answered (the body's first word), or `"<status>"` for an
+    /// answer of the proxy itself, so that both read alike in a table.
+    fn served_by(&self) -> String {
+        match self.status {
+            200 => self.body.split_whitespace().next().unwrap_or_default().to_owned(),
+            status => status.to_string(),
+        }
+    }
+
+    /// The value of request header `name` as the [`backend`] received it (every line of it,
+    /// joined by `" | "` when it came more than once).
+    fn echoed(&self, name: &str) -> Option<String> {
+        let values: Vec<&str> =
+            self.body.lines().skip(1).filter_map(|line| line.strip_prefix(name)?.strip_prefix(": ")).collect();
+        (!values.is_empty()).then(|| values.join(" | "))
+    }
+}
+
+/// An HTTP/1.1 backend on `listener`, a thread per connection, keep-alive: answers every request
+/// with `<name> <target>` on the first line, then `<header>: <value>` for each [`ECHOED`] header
+/// it received, in the order of [`ECHOED`]; a target under `/slow` after one second.
 fn backend(listener: TcpListener, name: &'static str) {
     std::thread::spawn(move || {
         for stream in listener.incoming().flatten() {
-            let mut reader = BufReader::new(stream);
-            let mut path = String::new();
-            let mut forwarded = String::new();
-            let mut line = String::new();
-            while reader.read_line(&mut line).is_ok_and(|n| n > 0) && line != "\r\n" {
-                if path.is_empty() {
-                    path = line.split_whitespace().nth(1).unwrap_or_default().to_owned();
+            std::thread::spawn(move || {
+                let mut reader = BufReader::new(stream);
+                while let Ok(Some(head)) = read_head(&mut reader) {
+                    let target = head[0].split_whitespace().nth(1).unwrap_or_default();
+                    if target.starts_with("/slow") {
+                        std::thread::sleep(Duration::from_secs(1));
+                    }
+                    let fields: Vec<(String, &str)> = head[1..]
+                        .iter()
+                        .filter_map(|line| line.split_once(':'))
+                        .map(|(key, value)| (key.trim().to_ascii_lowercase(), value.trim()))
+                        .collect();
+                    let mut body = format!("{name} {target}\n");
+                    for echoed in ECHOED {
+                        for (_, value) in fields.iter().filter(|(key, _)| key == echoed) {
+                            body.push_str(&format!("{echoed}: {value}\n"));
+                        }
+                    }
+                    let length = fields.iter().find(|(key, _)| key == "content-length");
+                    let mut request_body = vec![0; length.and_then(|(_, n)| n.parse().ok()).unwrap_or(0)];
+                    let response = format!("HTTP/1.1 200 OK\r\ncontent-length: {}\r\n\r\n{body}", body.len());
+                    if reader.read_exact(&mut request_body).is_err()
+                        || reader.get_mut().write_all(response.as_bytes()).is_err()
+                    {
+                        break;
+                    }
                 }
-                if let Some(value) = line.to_ascii_lowercase().strip_prefix("x-forwarded-for:") {
-                    forwarded = value.trim().to_owned();
-                }
-                line.clear();
-            }
-            let body = format!("{name} {path} xff={forwarded}");
-            let response =
-                format!("HTTP/1.1 200 OK\r\ncontent-length: {}\r\nconnection: close\r\n\r\n{body}", body.len());
-            let _ = reader.get_mut().write_all(response.as_bytes());
+            });
         }
     });
 }
 
-fn service(name: &str, port: u16) -> String {
+/// Reads a message head (request or status line, then header lines) up to its empty line;
+/// `None` at a clean end of the stream before it.
+fn read_head(reader: &mut impl BufRead) -> io::Result<Option<Vec<String>>> {
+    let mut lines = Vec::new();
+    loop {
+        let mut line = String::new();
+        if reader.read_line(&mut line)? == 0 {
+            return match lines.is_empty() {
+                true => Ok(None),
+                false => Err(io::Error::new(io::ErrorKind::UnexpectedEof, "the head ends early")),
+            };
+        }
+        let line = line.trim_end_matches(['\r', '\n']);
+        match (line.is_empty(), lines.is_empty()) {
+            (true, true) => continue, // empty lines before a message are ignored (RFC 9112 §2.2)
+            (true, false) => return Ok(Some(lines)),
+            (false, _) => {}
+        }
+        lines.push(line.to_owned());
+    }
+}
+
+/// Reads one HTTP/1.1 response (body by Content-Length, chunked, or up to the end).
+fn read_response(reader: &mut impl BufRead) -> io::Result<Reply> {
+    let head = read_head(reader)?.ok_or_else(|| io::Error::new(io::ErrorKind::UnexpectedEof, "no response"))?;
+    let bad = |what: &str| io::Error::new(io::ErrorKind::InvalidData, format!("{what}: {head:?}"));
+    let status = head[0].split_whitespace().nth(1).and_then(|code| code.parse().ok()).ok_or_else(|| bad("status"))?;
+    let field = |name: &str| {
+        head[1..].iter().filter_map(|line| line.split_once(':')).find(|(key, _)| key.trim().eq_ignore_ascii_case(name))
+    };
+    let mut body = Vec::new();
+    if let Some((_, length)) = field("content-length") {
+        body.resize(length.trim().parse().map_err(|_| bad("content-length"))?, 0);
+        reader.read_exact(&mut body)?;
+    } else if field("transfer-encoding").is_some_and(|(_, coding)| coding.trim().eq_ignore_ascii_case("chunked")) {
+        loop {
+            let mut size = String::new();
+            reader.read_line(&mut size)?;
+            let size = usize::from_str_radix(size.trim(), 16).map_err(|_| bad("chunk size"))?;
+            if size == 0 {
+                read_head(reader)?; // trailers
+                break;
+            }
+            let start = body.len();
+            body.resize(start + size + 2, 0); // the chunk and its CRLF
+            reader.read_exact(&mut body[start..])?;
+            body.truncate(start + size);
+        }
+    } else {
+        reader.read_to_end(&mut body)?;
+    }
+    Ok(Reply { status, body: String::from_utf8_lossy(&body).into_owned() })
+}
+
+/// The head of `GET path` with `Host: host`, extra header lines and `Connection: connection`.
+fn request_head(host: &str, path: &str, headers: &[&str], connection: &str) -> String {
+    let headers: String = headers.iter().map(|line| format!("{line}\r\n")).collect();
+    format!("GET {path} HTTP/1.1\r\nHost: {host}\r\n{headers}Connection: {connection}\r\n\r\n")
+}
+
+/// Sends `head` to `to` on a new connection (from `from`, if given) and reads the response, from
+/// the calling thread's namespace.
+fn exchange(to: SocketAddr, from: Option<IpAddr>, head: &str) -> io::Result<Reply> {
+    let socket = socket2::Socket::new(socket2::Domain::IPV4, socket2::Type::STREAM, None)?;
+    if let Some(from) = from {
+        socket.bind(&SocketAddr::new(from, 0).into())?;
+    }
+    socket.connect_timeout(&to.into(), PATIENCE)?;
+    let mut stream = TcpStream::from(socket);
+    stream.set_read_timeout(Some(PATIENCE))?;
+    stream.write_all(head.as_bytes())?;
+    read_response(&mut BufReader::new(stream))
+}
+
+/// A headless Service `name` (port 80 named `http`) with an EndpointSlice of target port `port`:
+/// the addresses `ready`, and `unready` with `conditions.ready: false`.
+fn service(name: &str, port: u16, ready: &[&str], unready: &[&str]) -> String {
+    let endpoint = |address: &&str, ready: bool| format!("{{addresses: [{address}], conditions: {{ready: {ready}}}}}");
+    let endpoints: Vec<String> =
+        ready.iter().map(|a| endpoint(a, true)).chain(unready.iter().map(|a| endpoint(a, false))).collect();
     format!(
         "apiVersion: v1\nkind: Service\nmetadata: {{name: {name}, namespace: default}}\n\
          spec: {{clusterIP: None, ports: [{{name: http, port: 80}}]}}\n---\n\
          apiVersion: discovery.k8s.io/v1\nkind: EndpointSlice\n\
          metadata: {{name: {name}-1, namespace: default, labels: {{kubernetes.io/service-name: {name}}}}}\n\
-         addressType: IPv4\nports: [{{name: http, port: {port}, protocol: TCP}}]\nendpoints: [{{addresses: [127.0.0.1]}}]\n"
+         addressType: IPv4\nports: [{{name: http, port: {port}, protocol: TCP}}]\nendpoints: [{}]\n",
+        endpoints.join(", ")
     )
 }
 
-fn ingress(api_backend: &str) -> String {
-    let path = |path: &str, service: &str, port: &str| {
-        format!("{{path: {path}, pathType: Prefix, backend: {{service: {{name: {service}, port: {port}}}}}}}")
-    };
+/// A Service `name` with one ready endpoint, 127.0.0.1:`port`.
+fn local_service(name: &str, port: u16) -> String {
+    service(name, port, &["127.0.0.1"], &[])
+}
+
+/// An Ingress `name` of class `class`, created at `created` (RFC 3339; the oldest wins
+/// conflicts), with `spec` entries in YAML flow style (see [`rules`], [`to`]).
+fn ingress(name: &str, class: &str, created: &str, spec: &[String]) -> String {
     format!(
-        "apiVersion: networking.k8s.io/v1\nkind: Ingress\nmetadata: {{name: web, namespace: default}}\n\
-         spec:\n  ingressClassName: roadkeeper\n  tls: [{{hosts: [a.example], secretName: a-tls}}]\n  rules:\n\
-         \x20 - {{host: a.example, http: {{paths: [{}, {}]}}}}\n\
-         \x20 - {{host: '*.wild.example', http: {{paths: [{}]}}}}\n",
-        path("/", "web-a", "{name: http}"),
-        path("/api", api_backend, "{number: 80}"),
-        path("/", "web-b", "{number: 80}"),
+        "apiVersion: networking.k8s.io/v1\nkind: Ingress\n\
+         metadata: {{name: {name}, namespace: default, creationTimestamp: '{created}'}}\n\
+         spec: {{ingressClassName: {class}, {}}}\n",
+        spec.join(", ")
     )
 }
 
-/// A TLS Secret for a.example and the CA that signed it (PEM).
-fn tls_secret() -> (String, String) {
+/// A path of a rule: `(path, pathType, Service)`.
+type PathRule<'a> = (&'a str, &'a str, &'a str);
+
+/// `rules:` entries: one rule per `(host, paths)` (`""`: no host).
+fn rules(rules: &[(&str, &[PathRule])]) -> String {
+    let rule = |(host, paths): &(&str, &[PathRule])| {
+        let paths: Vec<String> = paths
+            .iter()
+            .map(|(path, kind, service)| format!("{{path: '{path}', pathType: {kind}, backend: {}}}", to(service)))
+            .collect();
+        let host = if host.is_empty() { String::new() } else { format!("host: '{host}', ") };
+        format!("{{{host}http: {{paths: [{}]}}}}", paths.join(", "))
+    };
+    format!("rules: [{}]", rules.iter().map(rule).collect::<Vec<_>>().join(", "))
+}
+
+/// A backend: port 80 of Service `service`.
+fn to(service: &str) -> String {
+    format!("{{service: {{name: {service}, port: {{number: 80}}}}}}")
+}
+
+/// A TLS Secret `<host>-tls` for `host` and the CA that signed it (PEM).
+fn tls_secret(host: &str) -> (String, String) {
     let ca_key = rcgen::KeyPair::generate().expect("key");
     let mut ca_params = rcgen::CertificateParams::new(Vec::new()).expect("params");
     ca_params.is_ca = rcgen::IsCa::Ca(rcgen::BasicConstraints::Unconstrained);
@@ -71,13 +339,13 @@ fn tls_secret() -> (String, String) {
     ca_params.distinguished_name.push(rcgen::DnType::CommonName, "roadkeeper test CA");
     let ca = ca_params.self_signed(&ca_key).expect("ca");
     let key = rcgen::KeyPair::generate().expect("key");
-    let mut params = rcgen::CertificateParams::new(vec!["a.example".to_owned()]).expect("params");
-    params.distinguished_name.push(rcgen::DnType::CommonName, "a.example");
+    let mut params = rcgen::CertificateParams::new(vec![host.to_owned()]).expect("params");
+    params.distinguished_name.push(rcgen::DnType::CommonName, host);
     let issuer = rcgen::Issuer::from_params(&ca_params, &ca_key);
     let cert = params.signed_by(&key, &issuer).expect("cert");
     let b64 = |pem: String| data_encoding::BASE64.encode(pem.as_bytes());
     let secret = format!(
-        "apiVersion: v1\nkind: Secret\nmetadata: {{name: a-tls, namespace: default}}\ntype: kubernetes.io/tls\n\
+        "apiVersion: v1\nkind: Secret\nmetadata: {{name: {host}-tls, namespace: default}}\ntype: kubernetes.io/tls\n\
          data: {{tls.crt: {}, tls.key: {}}}\n",
         b64(cert.pem()),
         b64(key.serialize_pem())
@@ -85,69 +353,569 @@ fn tls_secret() -> (String, String) {
     (secret, ca.pem())
 }
 
-/// `curl` in `ns` with `args`; the body (empty on failure).
-fn curl(ns: &Netns, args: &[&str]) -> String {
-    let mut command = vec!["curl", "-s", "--max-time", "3"];
-    command.extend(args);
-    ns.exec(&command).map(|o| String::from_utf8_lossy(&o.stdout).into_owned()).unwrap_or_default()
+/// The sum of the samples of counter `name` whose labels include every one of `labels`
+/// (`key="value"`).
+fn counter(metrics: &str, name: &str, labels: &[&str]) -> f64 {
+    metrics
+        .lines()
+        .filter_map(|line| line.strip_prefix(name)?.strip_prefix('{'))
+        .filter_map(|rest| rest.split_once("} "))
+        .filter(|(found, _)| labels.iter().all(|label| found.split(',').any(|l| l == *label)))
+        .filter_map(|(_, value)| value.trim().parse::<f64>().ok())
+        .sum()
 }
 
+/// Routes by host and path (longest prefix, host case and port ignored, one-label wildcard, 404),
+/// serves TLS by SNI with the certificate of a `kubernetes.io/tls` Secret, and applies a changed
+/// rule without a restart, within a second.
 #[test]
 fn routes_by_host_and_path_with_tls_and_follows_rule_changes() {
-    let ns = Netns::new("rk-ingress").expect("netns");
-    let a = ns.run(|| TcpListener::bind("127.0.0.1:8081").expect("bind"));
-    let b = ns.run(|| TcpListener::bind("127.0.0.1:8082").expect("bind"));
-    backend(a, "web-a");
-    backend(b, "web-b");
-    let dir = tempfile::tempdir().expect("tempdir");
-    let (secret, ca) = tls_secret();
-    for (file, yaml) in [
-        ("a.yaml", service("web-a", 8081)),
-        ("b.yaml", service("web-b", 8082)),
-        ("ingress.yaml", ingress("web-b")),
-        ("secret.yaml", secret),
-    ] {
-        std::fs::write(dir.path().join(file), yaml).expect("write");
-    }
-    let ca_file = dir.path().join(".ca.pem");
-    std::fs::write(&ca_file, ca).expect("write ca");
-    let log = dir.path().join(".ingress.log");
-    let manifests = dir.path().display().to_string();
-    let args = [binary().display().to_string(), "ingress".into(), "--manifests".into(), manifests];
-    let args = args.into_iter().chain(["--http", "127.0.0.1:8080", "--https", "127.0.0.1:8443"].map(String::from));
-    let _proxy = ns.spawn_logged(args.collect::<Vec<_>>(), &log).expect("spawn");
-    let log = || std::fs::read_to_string(&log).unwrap_or_default();
-
-    let get =
-        |host: &str, path: &str| curl(&ns, &["-H", &format!("Host: {host}"), &format!("http://127.0.0.1:8080{path}")]);
-    let up = eventually(Duration::from_secs(20), || get("a.example", "/").starts_with("web-a"));
-    assert!(up, "no answer; log:\n{}", log());
-    assert_eq!(get("a.example", "/x"), "web-a /x xff=127.0.0.1");
-    assert!(get("A.Example:8080", "/api/v1").starts_with("web-b /api/v1"), "longest prefix, host case and port");
-    assert!(get("a.example", "/apiary").starts_with("web-a"), "/api does not match /apiary");
-    assert!(get("x.wild.example", "/").starts_with("web-b"), "one-label wildcard");
-    let status = |host: &str| {
-        curl(&ns, &["-o", "/dev/null", "-w", "%{http_code}", "-H", &format!("Host: {host}"), "http://127.0.0.1:8080/"])
+    let lab = Lab::new("rk-ingress");
+    lab.backend("127.0.0.1:8081", "web-a");
+    lab.backend("127.0.0.1:8082", "web-b");
+    let web = |api_backend: &str| {
+        let paths = [("/", "Prefix", "web-a"), ("/api", "Prefix", api_backend)];
+        let rules = rules(&[("a.example", &paths[..]), ("*.wild.example", &[("/", "Prefix", "web-b")])])
+            // web-a's port by name, the others by number.
+            .replace("{name: web-a, port: {number: 80}}", "{name: web-a, port: {name: http}}");
+        let tls = "tls: [{hosts: [a.example], secretName: a.example-tls}]".to_owned();
+        ingress("web", "roadkeeper", "2024-01-01T00:00:00Z", &[rules, tls])
     };
-    assert_eq!(status("y.x.wild.example"), "404", "the wildcard covers one label only");
-    assert_eq!(status("other.example"), "404");
+    let (secret, ca) = tls_secret("a.example");
+    lab.write("a.yaml", &local_service("web-a", 8081));
+    lab.write("b.yaml", &local_service("web-b", 8082));
+    lab.write("ingress.yaml", &web("web-b"));
+    lab.write("secret.yaml", &secret);
+    let ca_file = lab.scratch("ca.pem", &ca);
+    lab.start();
+
+    assert_eq!(lab.get("a.example", "/x").body.lines().next(), Some("web-a /x"));
+    assert_eq!(lab.get("A.Example:8080", "/api/v1").served_by(), "web-b", "longest prefix, host case and port");
+    assert_eq!(lab.get("a.example", "/apiary").served_by(), "web-a", "/api does not match /apiary");
+    assert_eq!(lab.get("x.wild.example", "/").served_by(), "web-b", "one-label wildcard");
+    assert_eq!(lab.get("y.x.wild.example", "/").status, 404, "the wildcard covers one label only");
+    assert_eq!(lab.get("other.example", "/").status, 404);
 
     // TLS by SNI, from the Secret.
-    let https = curl(
-        &ns,
-        &[
-            "--cacert",
-            &ca_file.display().to_string(),
-            "--resolve",
-            "a.example:8443:127.0.0.1",
-            "https://a.example:8443/tls",
-        ],
-    );
-    assert!(https.starts_with("web-a /tls"), "{https:?}; log:\n{}", log());
+    let https =
+        lab.curl(&["--cacert", &ca_file, "--resolve", "a.example:8443:127.0.0.1", "https://a.example:8443/tls"]);
+    assert!(https.starts_with("web-a /tls"), "{https:?}; log:\n{}", lab.log());
 
     // A rule change applies without a restart, within a second.
     let started = Instant::now();
-    std::fs::write(dir.path().join("ingress.yaml"), ingress("web-a")).expect("write");
-    let moved = eventually(Duration::from_secs(5), || get("a.example", "/api").starts_with("web-a"));
-    assert!(moved && started.elapsed() < Duration::from_secs(1), "took {:?}; log:\n{}", started.elapsed(), log());
+    lab.write("ingress.yaml", &web("web-a"));
+    let moved = eventually(Duration::from_secs(5), || lab.get("a.example", "/api").served_by() == "web-a");
+    assert!(moved && started.elapsed() < Duration::from_secs(1), "took {:?}; log:\n{}", started.elapsed(), lab.log());
+}
+
+/// Every matching rule through the binary, as one table: `Exact` beats `Prefix` on the same path,
+/// `Prefix` matches by path element (`/foo` covers `/foo/` and `/foo/x`, not `/foobar`), the
+/// longest path wins, paths are case-sensitive and compared without the query, hosts are not
+/// (nor their port); a one-label wildcard covers neither two labels nor its bare domain; requests
+/// that the host's paths miss fall through to rules without a host, then to the oldest
+/// `spec.defaultBackend`; Ingresses of another class are ignored entirely; and when no default
+/// backend is left, 404 with its plain-text body.
+#[test]
+fn matches_paths_hosts_and_default_backends() {
+    let lab = Lab::new("rk-ing-match");
+    let backends = [
+        ("exact-foo", 8101),
+        ("prefix-foo", 8102),
+        ("foo-bar", 8103),
+        ("wild", 8104),
+        ("hostless", 8105),
+        ("default-old", 8106),
+        ("default-new", 8107),
+        ("foreign", 8108),
+    ];
+    for (name, port) in backends {
+        lab.backend(&format!("127.0.0.1:{port}"), name);
+        lab.write(&format!("svc-{name}.yaml"), &local_service(name, port));
+    }
+    let foo: &[_] =
+        &[("/foo", "Exact", "exact-foo"), ("/foo", "Prefix", "prefix-foo"), ("/foo/bar", "Prefix", "foo-bar")];
+    let rules_ours = rules(&[
+        ("m.example", foo),
+        ("*.wild.example", &[("/", "Prefix", "wild")]),
+        ("", &[("/common", "Prefix", "hostless")]),
+    ]);
+    lab.write("rules.yaml", &ingress("rules", "roadkeeper", "2024-01-02T00:00:00Z", &[rules_ours]));
+    let default =
+        |name: &str, created: &str| ingress(name, "roadkeeper", created, &[format!("defaultBackend: {}", to(name))]);
+    lab.write("default-new.yaml", &default("default-new", "2024-01-03T00:00:00Z"));
+    lab.write("default-old.yaml", &default("default-old", "2024-01-01T00:00:00Z"));
+    // Another class, older than all of ours: its paths and default backend would win if served.
+    let foreign_rules = rules(&[
+        ("other-class.example", &[("/", "Prefix", "foreign")]),
+        ("m.example", &[("/foo/bar/baz", "Exact", "foreign"), ("/foobar", "Prefix", "foreign")]),
+    ]);
+    let foreign = ingress(
+        "foreign",
+        "nginx",
+        "2020-01-01T00:00:00Z",
+        &[foreign_rules, format!("defaultBackend: {}", to("foreign"))],
+    );
+    lab.write("foreign.yaml", &foreign);
+    lab.start();
+
+    let check = |table: &[(&str, &str, &str)]| {
+        let wrong: Vec<String> = table
+            .iter()
+            .filter_map(|&(host, path, expected)| {
+                let reply = lab.get(host, path);
+                (reply.served_by() != expected).then(|| format!("{host} {path}: expected {expected}, got {reply:?}"))
+            })
+            .collect();
+        assert!(wrong.is_empty(), "{}\nlog:\n{}", wrong.join("\n"), lab.log());
+    };
+    check(&[
+        ("m.example", "/foo", "exact-foo"),
+        ("m.example", "/foo?q=1", "exact-foo"),
+        ("M.Example:8080", "/foo", "exact-foo"),
+        ("m.example", "/foo/", "prefix-foo"),
+        ("m.example", "/foo/x", "prefix-foo"),
+        ("m.example", "/foo/barbaz", "prefix-foo"),
+        ("m.example", "/foo/bar", "foo-bar"),
+        ("m.example", "/foo/bar/", "foo-bar"),
+        ("m.example", "/foo/bar/baz", "foo-bar"),
+        ("m.example", "/foobar", "default-old"),
+        ("m.example", "/Foo", "default-old"),
+        ("m.example", "/", "default-old"),
+        ("m.example", "/common/x", "hostless"),
+        ("x.wild.example", "/foo", "wild"),
+        ("X.Wild.Example", "/", "wild"),
+        ("a.b.wild.example", "/", "default-old"),
+        ("a.b.wild.example", "/common", "hostless"),
+        ("wild.example", "/", "default-old"),
+        ("unknown.example", "/common", "hostless"),
+        ("unknown.example", "/commons", "default-old"),
+        ("unknown.example", "/x", "default-old"),
+        ("other-class.example", "/", "default-old"),
+    ]);
+
+    // The next oldest default backend takes over; without one, nothing matches.
+    lab.remove("default-old.yaml");
+    let next = eventually(SETTLE, || lab.get("unknown.example", "/x").served_by() == "default-new");
+    assert!(next, "the newer default backend does not take over; log:\n{}", lab.log());
+    lab.remove("default-new.yaml");
+    let gone = eventually(SETTLE, || lab.get("unknown.example", "/x").status == 404);
+    assert!(gone, "the default backend stays; log:\n{}", lab.log());
+    check(&[
+        ("m.example", "/foo", "exact-foo"),
+        ("m.example", "/foobar", "404"),
+        ("m.example", "/", "404"),
+        ("a.b.wild.example", "/", "404"),
+        ("other-class.example", "/", "404"),
+        ("unknown.example", "/common", "hostless"),
+    ]);
+    assert_eq!(lab.get("unknown.example", "/x").body, "no route for this host and path\n");
+}
+
+/// What one load client saw.
+#[derive(Default)]
+struct Tally {
+    /// Answers by backend name (status 200 from an expected backend).
+    ok: BTreeMap<String, usize>,
+    /// Everything else, in order: wrong status or backend, I/O errors.
+    failures: Vec<String>,
+}
+
+/// Sends `GET /load` with `Host: host` to [`HTTP`] over one keep-alive connection, request after
+/// request, until `stop` (or two minutes, or 200,000 requests), from the calling thread's
+/// namespace; a 200 from one of `expected` counts as good. Reconnects after an error (counted).
+fn load(host: &str, expected: &[&str], stop: &AtomicBool) -> Tally {
+    let mut tally = Tally::default();
+    let head = request_head(host, "/load", &[], "keep-alive");
+    let started = Instant::now();
+    let mut connection: Option<BufReader<TcpStream>> = None;
+    let mut sent = 0;
+    while !stop.load(Ordering::Relaxed) && started.elapsed() < Duration::from_secs(120) && sent < 200_000 {
+        sent += 1;
+        let result = (|| {
+            let reader = match &mut connection {
+                Some(reader) => reader,
+                None => {
+                    let stream = TcpStream::connect_timeout(&HTTP.parse().expect("address"), PATIENCE)?;
+                    stream.set_read_timeout(Some(PATIENCE))?;
+                    connection.insert(BufReader::new(stream))
+                }
+            };
+            reader.get_mut().write_all(head.as_bytes())?;
+            read_response(reader)
+        })();
+        match result {
+            Ok(reply) if reply.status == 200 && expected.contains(&reply.served_by().as_str()) => {
+                *tally.ok.entry(reply.served_by()).or_default() += 1;
+            }
+            Ok(reply) => tally.failures.push(format!("request {sent}: {reply:?}")),
+            Err(err) => {
+                tally.failures.push(format!("request {sent}: {err}"));
+                connection = None;
+            }
+        }
+    }
+    tally
+}
+
+/// Zero failed requests while the configuration changes under load: four keep-alive clients
+/// send requests back to back while the manifests change seven times (an unrelated Ingress added,
+/// endpoints added to the backend's EndpointSlice, one removed that was not the only one, another
+/// Service changed, the unrelated Ingress removed, a path added to the loaded Ingress). Every
+/// answer is a 200 from one of the backend's endpoints, and each change takes effect.
+#[test]
+fn no_request_fails_while_the_configuration_changes_under_load() {
+    let lab = Lab::new("rk-ing-reload");
+    for (addr, name) in [
+        ("127.0.0.1:8081", "a1"),
+        ("127.0.0.2:8081", "a2"),
+        ("127.0.0.3:8081", "a3"),
+        ("127.0.0.1:8082", "b1"),
+        ("127.0.0.2:8082", "b2"),
+    ] {
+        lab.backend(addr, name);
+    }
+    let loaded = |extra: &[PathRule]| {
+        let paths: Vec<_> = [("/", "Prefix", "web-a")].into_iter().chain(extra.iter().copied()).collect();
+        ingress("load", "roadkeeper", "2024-01-01T00:00:00Z", &[rules(&[("load.example", &paths[..])])])
+    };
+    lab.write("web-a.yaml", &service("web-a", 8081, &["127.0.0.1"], &[]));
+    lab.write("web-b.yaml", &service("web-b", 8082, &["127.0.0.1"], &[]));
+    lab.write("load.yaml", &loaded(&[]));
+    lab.start();
+
+    let other_rules = rules(&[("other.example", &[("/new", "Prefix", "web-b")])]);
+    let other = ingress("other", "roadkeeper", "2024-01-02T00:00:00Z", &[other_rules]);
+    let stop = AtomicBool::new(false);
+    let started = Instant::now();
+    let tallies: Vec<Tally> = std::thread::scope(|scope| {
+        let clients: Vec<_> =
+            (0..4).map(|_| scope.spawn(|| lab.ns.run(|| load("load.example", &["a1", "a2", "a3"], &stop)))).collect();
+        // Stops the clients also when a step below panics, so that the scope can end.
+        struct StopOnDrop<'a>(&'a AtomicBool);
+        impl Drop for StopOnDrop<'_> {
+            fn drop(&mut self) {
+                self.0.store(true, Ordering::Relaxed);
+            }
+        }
+        let stopper = StopOnDrop(&stop);
+        let step = |what: &str, change: &dyn Fn(), took_effect: &dyn Fn() -> bool| {
+            std::thread::sleep(Duration::from_millis(300)); // some load on each configuration
+            change();
+            assert!(eventually(SETTLE, took_effect), "{what}: no effect; log:\n{}", lab.log());
+        };
+        let answers = |host: &str, path: &str, name: &str| lab.get(host, path).served_by() == name;
+        step("an unrelated Ingress added", &|| lab.write("other.yaml", &other), &|| {
+            answers("other.example", "/new", "b1")
+        });
+        step(
+            "a second endpoint",
+            &|| lab.write("web-a.yaml", &service("web-a", 8081, &["127.0.0.1", "127.0.0.2"], &[])),
+            &|| answers("load.example", "/", "a2"),
+        );
+        step(
+            "a third endpoint",
+            &|| lab.write("web-a.yaml", &service("web-a", 8081, &["127.0.0.1", "127.0.0.2", "127.0.0.3"], &[])),
+            &|| answers("load.example", "/", "a3"),
+        );
+        step(
+            "the first endpoint removed",
+            &|| lab.write("web-a.yaml", &service("web-a", 8081, &["127.0.0.2", "127.0.0.3"], &[])),
+            &|| (0..20).all(|_| lab.get("load.example", "/").served_by() != "a1"),
+        );
+        step(
+            "another Service changed",
+            &|| lab.write("web-b.yaml", &service("web-b", 8082, &["127.0.0.2"], &[])),
+            &|| answers("other.example", "/new", "b2"),
+        );
+        step("the unrelated Ingress removed", &|| lab.remove("other.yaml"), &|| {
+            lab.get("other.example", "/new").status == 404
+        });
+        step("a path added", &|| lab.write("load.yaml", &loaded(&[("/added", "Exact", "web-b")])), &|| {
+            answers("load.example", "/added", "b2")
+        });
+        std::thread::sleep(Duration::from_millis(300));
+        drop(stopper);
+        clients.into_iter().map(|client| client.join().expect("load client")).collect()
+    });
+    let elapsed = started.elapsed();
+
+    let failures: Vec<&String> = tallies.iter().flat_map(|t| &t.failures).collect();
+    let mut by_backend = BTreeMap::new();
+    for (name, n) in tallies.iter().flat_map(|t| &t.ok) {
+        *by_backend.entry(name.as_str()).or_insert(0) += n;
+    }
+    let total: usize = by_backend.values().sum();
+    println!("{total} requests in {elapsed:.1?} by backend {by_backend:?}");
+    assert!(
+        failures.is_empty(),
+        "{} failed of {}:\n{:#?}\nlog:\n{}",
+        failures.len(),
+        total + failures.len(),
+        &failures[..failures.len().min(20)],
+        lab.log()
+    );
+    for (i, tally) in tallies.iter().enumerate() {
+        // Generous: thousands are usual, but the machine is shared with compilers and tests.
+        assert!(tally.ok.values().sum::<usize>() >= 100, "client {i} made only {:?} requests", tally.ok);
+    }
+    assert!(["a1", "a2", "a3"].iter().all(|name| by_backend.contains_key(name)), "{by_backend:?}");
+}
+
+/// A connect failure is retried on another endpoint: with one of two endpoints refusing
+/// connections, every request succeeds, and `/metrics` counts the failed attempts
+/// (`upstream_errors_total{kind="connect"}`) and the 200s. With every endpoint refusing, the
+/// answer is 502; without a ready endpoint, 503; both with their plain-text bodies and counted.
+#[test]
+fn retries_a_refused_connection_on_another_endpoint() {
+    let lab = Lab::new("rk-ing-retry");
+    lab.backend("127.0.0.1:8091", "up");
+    // Nothing listens on 127.0.0.2:8091, 127.0.0.2:8092 or 127.0.0.3:8092: connections are refused.
+    lab.write("flaky.yaml", &service("flaky", 8091, &["127.0.0.1", "127.0.0.2"], &[]));
+    lab.write("dead.yaml", &service("dead", 8092, &["127.0.0.2", "127.0.0.3"], &[]));
+    lab.write("none.yaml", &service("none", 8091, &[], &["127.0.0.1"]));
+    let rules = rules(&[
+        ("flaky.example", &[("/", "Prefix", "flaky")]),
+        ("dead.example", &[("/", "Prefix", "dead")]),
+        ("none.example", &[("/", "Prefix", "none")]),
+    ]);
+    lab.write("ingress.yaml", &ingress("retry", "roadkeeper", "2024-01-01T00:00:00Z", &[rules]));
+    lab.start();
+
+    let answers: Vec<Reply> = (0..50).map(|i| lab.get("flaky.example", &format!("/{i}"))).collect();
+    let failed: Vec<&Reply> = answers.iter().filter(|reply| reply.served_by() != "up").collect();
+    assert!(failed.is_empty(), "{} of 50 failed: {failed:#?}\nlog:\n{}", failed.len(), lab.log());
+    let metrics = lab.metrics();
+    let flaky = r#"service="default/flaky""#;
+    let connect_errors = counter(&metrics, "roadkeeper_ingress_upstream_errors_total", &[flaky, r#"kind="connect""#]);
+    assert!(connect_errors > 0.0, "no connect errors counted:\n{metrics}");
+    let ok = counter(&metrics, "roadkeeper_ingress_requests_total", &[flaky, r#"status="200""#]);
+    assert_eq!(ok, 50.0, "{metrics}");
+
+    let dead = lab.get("dead.example", "/");
+    assert_eq!((dead.status, dead.body.as_str()), (502, "upstream connect error\n"));
+    let none = lab.get("none.example", "/");
+    assert_eq!((none.status, none.body.as_str()), (503, "no ready endpoints for default/none\n"));
+    let metrics = lab.metrics();
+    let count = |service: &str, status: &str| {
+        counter(
+            &metrics,
+            "roadkeeper_ingress_requests_total",
+            &[&format!(r#"service="default/{service}""#), &format!(r#"status="{status}""#)],
+        )
+    };
+    assert_eq!((count("dead", "502"), count("none", "503")), (1.0, 1.0), "{metrics}");
+    let dead_errors = counter(
+        &metrics,
+        "roadkeeper_ingress_upstream_errors_total",
+        &[r#"service="default/dead""#, r#"kind="connect""#],
+    );
+    assert_eq!(dead_errors, 2.0, "one attempt per endpoint:\n{metrics}");
+}
+
+/// HTTP/2 from clients: over TLS when ALPN picks it (and HTTP/1.1 when the client offers only
+/// that), and over plain HTTP with prior knowledge; requests are routed by `:authority` and path
+/// (over TLS two on one connection), and the backend gets `Host` and the forwarded headers.
+#[test]
+fn serves_http2_over_tls_and_with_prior_knowledge() {
+    let lab = Lab::new("rk-ing-h2");
+    lab.backend("127.0.0.1:8081", "web-a");
+    lab.backend("127.0.0.1:8082", "web-b");
+    let (secret, ca) = tls_secret("a.example");
+    lab.write("a.yaml", &local_service("web-a", 8081));
+    lab.write("b.yaml", &local_service("web-b", 8082));
+    lab.write("secret.yaml", &secret);
+    let rules = rules(&[("a.example", &[("/", "Prefix", "web-a"), ("/api", "Prefix", "web-b")])]);
+    let tls = "tls: [{hosts: [a.example], secretName: a.example-tls}]".to_owned();
+    lab.write("ingress.yaml", &ingress("web", "roadkeeper", "2024-01-01T00:00:00Z", &[rules, tls]));
+    let ca_file = lab.scratch("ca.pem", &ca);
+    lab.start();
+
+    // Each answer ends with the HTTP version curl used; the URLs of one call share a connection.
+    let fetch = |args: &[&str], base: &str, paths: &[&str]| {
+        let urls: Vec<String> = paths.iter().map(|path| format!("{base}{path}")).collect();
+        let mut command = vec!["-w", "version=%{http_version}\n"];
+        command.extend(args);
+        command.extend(urls.iter().map(String::as_str));
+        lab.curl(&command)
+    };
+    let both = ["/h2", "/api/h2"];
+    let resolve = ["--resolve", "a.example:8443:127.0.0.1", "--resolve", "a.example:8080:127.0.0.1"];
+    let tls = [&resolve[..], &["--cacert", &ca_file]].concat();
+    let expected = |version: &str, scheme: &str, port: u16| {
+        format!(
+            "web-a /h2\nhost: a.example:{port}\nx-forwarded-for: 127.0.0.1\nx-forwarded-proto: {scheme}\n\
+             x-forwarded-host: a.example:{port}\nx-real-ip: 127.0.0.1\nversion={version}\n\
+             web-b /api/h2\nhost: a.example:{port}\nx-forwarded-for: 127.0.0.1\nx-forwarded-proto: {scheme}\n\
+             x-forwarded-host: a.example:{port}\nx-real-ip: 127.0.0.1\nversion={version}\n"
+        )
+    };
+    let h2 = fetch(&[&tls[..], &["--http2"]].concat(), "https://a.example:8443", &both);
+    assert_eq!(h2, expected("2", "https", 8443), "HTTP/2 by ALPN; log:\n{}", lab.log());
+    let h1 = fetch(&[&tls[..], &["--http1.1"]].concat(), "https://a.example:8443", &both);
+    assert_eq!(h1, expected("1.1", "https", 8443), "HTTP/1.1 by ALPN; log:\n{}", lab.log());
+    // One connection per URL: curl 7.88 fails to reuse a prior-knowledge connection (curl#10634,
+    // fixed in 8.0).
+    let prior_knowledge = [&resolve[..], &["--http2-prior-knowledge"]].concat();
+    let h2c: String = both.iter().map(|path| fetch(&prior_knowledge, "http://a.example:8080", &[path])).collect();
+    assert_eq!(h2c, expected("2", "http", 8080), "HTTP/2 with prior knowledge; log:\n{}", lab.log());
+}
+
+/// A WebSocket echo server on `addr` inside `ns`, on a tokio runtime of its own thread.
+fn websocket_echo(ns: &Netns, addr: &str) {
+    let listener = ns.run(|| TcpListener::bind(addr)).unwrap_or_else(|err| panic!("bind {addr}: {err}"));
+    listener.set_nonblocking(true).expect("nonblocking");
+    std::thread::spawn(move || {
+        let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build().expect("runtime");
+        runtime.block_on(async move {
+            let listener = tokio::net::TcpListener::from_std(listener).expect("listener");
+            while let Ok((stream, _)) = listener.accept().await {
+                tokio::spawn(async move {
+                    let Ok(mut socket) = tokio_tungstenite::accept_async(stream).await else { return };
+                    while let Some(Ok(message)) = socket.next().await {
+                        if (message.is_text() || message.is_binary()) && socket.send(message).await.is_err() {
+                            break;
+                        }
+                    }
+                });
+            }
+        });
+    });
+}
+
+/// A WebSocket upgrade passes through, routed by `Host`: text and binary messages (one of
+/// 256 KiB) come back unchanged from an echo backend, and a close handshake ends it cleanly.
+#[test]
+fn passes_websocket_through() {
+    let lab = Lab::new("rk-ing-ws");
+    websocket_echo(&lab.ns, "127.0.0.1:8083");
+    lab.backend("127.0.0.1:8081", "web-a");
+    lab.write("ws.yaml", &local_service("ws-echo", 8083));
+    lab.write("a.yaml", &local_service("web-a", 8081));
+    let rules = rules(&[("ws.example", &[("/", "Prefix", "ws-echo")]), ("", &[("/", "Prefix", "web-a")])]);
+    lab.write("ingress.yaml", &ingress("ws", "roadkeeper", "2024-01-01T00:00:00Z", &[rules]));
+    lab.start();
+
+    let messages = vec![
+        Message::text("hello"),
+        Message::binary(vec![0u8, 1, 2, 255]),
+        Message::text("héllo wörld ".repeat(100)),
+        Message::binary((0..256 * 1024).map(|i| (i % 251) as u8).collect::<Vec<u8>>()),
+        Message::text(""),
+        Message::binary(Vec::<u8>::new()),
+    ];
+    let (echoes, closing) = lab.ns.run(|| {
+        let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build().expect("runtime");
+        runtime.block_on(async {
+            let session = async {
+                let stream = tokio::net::TcpStream::connect(HTTP).await.expect("connect");
+                // The URL's host becomes the Host header, which routes the upgrade.
+                let (mut socket, response) =
+                    tokio_tungstenite::client_async("ws://ws.example/chat", stream).await.expect("WebSocket handshake");
+                assert_eq!(response.status(), 101);
+                let mut echoes = Vec::new();
+                for message in &messages {
+                    socket.send(message.clone()).await.expect("send");
+                    echoes.push(socket.next().await.expect("an echo").expect("an echo"));
+                }
+                socket.close(None).await.expect("close");
+                let mut closing = Vec::new();
+                while let Some(message) = socket.next().await {
+                    closing.push(message.map_err(|err| err.to_string()));
+                }
+                (echoes, closing)
+            };
+            tokio::time::timeout(Duration::from_secs(30), session).await.expect("the session takes under 30 s")
+        })
+    });
+    assert!(echoes == messages, "echoes differ: {:?}", echoes.iter().map(Message::len).collect::<Vec<_>>());
+    assert!(
+        matches!(&closing[..], [Ok(Message::Close(_))]),
+        "a close answered by a close, then the end: {closing:?}; log:\n{}",
+        lab.log()
+    );
+    // The plain route of the same listener still answers afterwards.
+    assert_eq!(lab.get("plain.example", "/").served_by(), "web-a");
+}
+
+/// What the backend sees: `X-Forwarded-For` is the client's address, appended to the values a
+/// client sent (one header or several); `X-Real-IP` is the client's address; `X-Forwarded-Proto`
+/// is `http` or `https` by listener and `X-Forwarded-Host` the Host the client asked for, whatever
+/// a client claims in those three.
+#[test]
+fn sets_forwarded_headers() {
+    let lab = Lab::new("rk-ing-fwd");
+    lab.backend("127.0.0.1:8081", "web-a");
+    let (secret, ca) = tls_secret("a.example");
+    lab.write("a.yaml", &local_service("web-a", 8081));
+    lab.write("secret.yaml", &secret);
+    let rules = rules(&[("a.example", &[("/", "Prefix", "web-a")])]);
+    let tls = "tls: [{hosts: [a.example], secretName: a.example-tls}]".to_owned();
+    lab.write("ingress.yaml", &ingress("web", "roadkeeper", "2024-01-01T00:00:00Z", &[rules, tls]));
+    let ca_file = lab.scratch("ca.pem", &ca);
+    lab.start();
+
+    let seen = |reply: &Reply| {
+        let headers = ["x-forwarded-for", "x-real-ip", "x-forwarded-proto", "x-forwarded-host"];
+        headers.map(|name| reply.echoed(name).unwrap_or_default())
+    };
+    let plain = lab.get("a.example", "/");
+    assert_eq!(seen(&plain), ["127.0.0.1", "127.0.0.1", "http", "a.example"]);
+
+    let spoofed = ["X-Real-IP: 192.0.2.1", "X-Forwarded-Proto: https", "X-Forwarded-Host: evil.example"];
+    let from_9 = lab.get_with(
+        "a.example:8080",
+        "/",
+        &[&["X-Forwarded-For: 203.0.113.7"], &spoofed[..]].concat(),
+        Some("127.0.0.9"),
+    );
+    assert_eq!(seen(&from_9), ["203.0.113.7, 127.0.0.9", "127.0.0.9", "http", "a.example:8080"], "{from_9:?}");
+    let two = lab.get_with("a.example", "/", &["X-Forwarded-For: 198.51.100.1", "X-Forwarded-For: 203.0.113.7"], None);
+    assert_eq!(seen(&two)[0], "198.51.100.1, 203.0.113.7, 127.0.0.1", "{two:?}");
+
+    let https = lab.curl(&[
+        "--cacert",
+        &ca_file,
+        "--resolve",
+        "a.example:8443:127.0.0.1",
+        "--interface",
+        "127.0.0.9",
+        "-H",
+        "X-Forwarded-For: 203.0.113.7",
+        "-H",
+        "X-Forwarded-Proto: http",
+        "https://a.example:8443/",
+    ]);
+    let https = Reply { status: 200, body: https };
+    assert_eq!(
+        seen(&https),
+        ["203.0.113.7, 127.0.0.9", "127.0.0.9", "https", "a.example:8443"],
+        "{https:?}; log:\n{}",
+        lab.log()
+    );
+}
+
+/// SIGTERM drains: the listener closes at once, a request in flight still gets its answer, and
+/// the process exits cleanly once it has.
+#[test]
+fn finishes_requests_in_flight_on_sigterm() {
+    let lab = Lab::new("rk-ing-drain");
+    lab.backend("127.0.0.1:8091", "slow");
+    lab.write("slow.yaml", &local_service("slow", 8091));
+    let rules = rules(&[("slow.example", &[("/", "Prefix", "slow")])]);
+    lab.write("ingress.yaml", &ingress("slow", "roadkeeper", "2024-01-01T00:00:00Z", &[rules]));
+    let process = lab.start();
+
+    std::thread::scope(|scope| {
+        let in_flight = scope.spawn(|| lab.get("slow.example", "/slow"));
+        std::thread::sleep(Duration::from_millis(300));
+        let started = Instant::now();
+        let stopped = scope.spawn(|| process.terminate(Duration::from_secs(20)));
+        let refused = eventually(Duration::from_secs(5), || lab.try_get("slow.example", "/", &[], None).is_err());
+        assert!(refused, "still accepting after SIGTERM; log:\n{}", lab.log());
+        let reply = in_flight.join().expect("client thread");
+        assert_eq!(reply.served_by(), "slow", "{reply:?}; log:\n{}", lab.log());
+        let status = stopped.join().expect("terminate thread").expect("exited");
+        assert!(status.success(), "{status:?}; log:\n{}", lab.log());
+        assert!(started.elapsed() < Duration::from_secs(15), "exited only after {:?}", started.elapsed());
+    });
 }
