@@ -85,18 +85,22 @@ where
         }
     }
 
-    /// The most recently used idle connection to `endpoint` that is still open, once it is
-    /// ready for a request.
+    /// The most recently used idle connection to `endpoint` that is ready for a request, else
+    /// the most recent one that is still open, once it is ready.
     async fn take(&self, endpoint: SocketAddr) -> Option<SendRequest<B>> {
         loop {
             let mut sender = {
                 let mut idle = self.idle.lock().expect("pool lock");
                 let list = idle.get_mut(&endpoint)?;
-                let sender = list.pop().map(|idle| idle.sender);
+                // One whose connection task has already taken in the end of its last exchange
+                // saves waiting for that task to run; looking at the few most recent is enough.
+                let last = list.len() - 1;
+                let index = (last.saturating_sub(7)..=last).rev().find(|&i| list[i].sender.is_ready()).unwrap_or(last);
+                let sender = list.remove(index).sender;
                 if list.is_empty() {
                     idle.remove(&endpoint);
                 }
-                sender?
+                sender
             };
             // Returned when its last response body ended; it is ready, or about to be once its
             // connection task has run.
