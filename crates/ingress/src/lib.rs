@@ -1,7 +1,7 @@
 //! roadkeeper ingress: the L7 front door. Ingress v1 rules become a route table ([`routes`],
 //! pure); [`proxy`] serves HTTP/1.1 and HTTP/2 (TLS by SNI from [`tls`]) and forwards each request
-//! to a ready endpoint of the chosen Service; [`status`] decides which Ingresses must carry our
-//! addresses in `status.loadBalancer` (pure).
+//! to a ready endpoint of the chosen Service over its worker's pooled connections (`pool`);
+//! [`status`] decides which Ingresses must carry our addresses in `status.loadBalancer` (pure).
 
 mod pool;
 pub mod proxy;

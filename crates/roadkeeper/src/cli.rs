@@ -44,6 +44,10 @@ pub enum Command {
     Dns(DnsArgs),
     /// Run the Ingress controller: an HTTP/HTTPS reverse proxy routing by the Ingress v1 rules of
     /// its class to ready endpoints of the backend Services.
+    ///
+    /// The access log (one line per request with client, method, host, path, status, Ingress,
+    /// Service, endpoint and duration, on stderr) is off by default, as its cost shows at high
+    /// rates: turn it on with `RUST_LOG=warn,roadkeeper=info,access=info` (or `-v`).
     Ingress(IngressArgs),
 }
 

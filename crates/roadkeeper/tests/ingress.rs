@@ -78,10 +78,12 @@ impl Lab {
         path.display().to_string()
     }
 
-    /// Starts `roadkeeper ingress` on [`HTTP`], [`HTTPS`] and [`METRICS`] (killed with the
-    /// namespace) and waits until it answers: it serves only once the manifests are loaded.
+    /// Starts `roadkeeper ingress` on [`HTTP`], [`HTTPS`] and [`METRICS`], with its access log
+    /// (killed with the namespace), and waits until it answers: it serves only once the manifests
+    /// are loaded.
     fn start(&self) -> Process {
-        let mut args = vec![binary().display().to_string(), "ingress".into(), "--manifests".into()];
+        let mut args = vec!["env".to_owned(), "RUST_LOG=warn,roadkeeper=info,access=info".to_owned()];
+        args.extend([binary().display().to_string(), "ingress".into(), "--manifests".into()]);
         args.push(self.manifests().display().to_string());
         for (flag, value) in [("--http", HTTP), ("--https", HTTPS), ("--metrics-bind-address", METRICS)] {
             args.extend([flag.to_owned(), value.to_owned()]);
@@ -690,6 +692,14 @@ fn retries_a_refused_connection_on_another_endpoint() {
     assert!(connect_errors > 0.0, "no connect errors counted:\n{metrics}");
     let ok = counter(&metrics, "roadkeeper_ingress_requests_total", &[flaky, r#"status="200""#]);
     assert_eq!(ok, 50.0, "{metrics}");
+
+    let log = lab.log();
+    let access = log.lines().find(|line| line.contains("access") && line.contains("service=default/flaky"));
+    let access = access.unwrap_or_else(|| panic!("no access log line for default/flaky:\n{log}"));
+    for field in ["method=GET", "host=flaky.example", "status=200", "ingress=default/retry", "endpoint=127.0.0.1:8091"]
+    {
+        assert!(access.contains(field), "{field} missing from the access log line {access:?}");
+    }
 
     let dead = lab.get("dead.example", "/");
     assert_eq!((dead.status, dead.body.as_str()), (502, "upstream connect error\n"));
