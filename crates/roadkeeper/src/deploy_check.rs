@@ -390,27 +390,31 @@ mod tests {
         assert_eq!(grants(only("ClusterRole", &deploy.cluster_roles)), grant_map(wanted));
     }
 
-    #[test]
-    fn binding_ties_the_service_account_of_the_daemon_set_to_the_role() {
-        let deploy = load(PROXY);
+    /// The file's one ClusterRoleBinding ties its one ServiceAccount to its one ClusterRole, and
+    /// the workload `kind` (in `namespace`, running `pod`) runs as that account, in its namespace.
+    fn assert_bound(deploy: &Deploy, kind: &str, namespace: Option<&String>, pod: &PodSpec) {
         let account = only("ServiceAccount", &deploy.service_accounts);
         let role = only("ClusterRole", &deploy.cluster_roles);
         let binding = only("ClusterRoleBinding", &deploy.bindings);
-        let ds = only("DaemonSet", &deploy.daemon_sets);
         let role_ref = &binding.role_ref;
         assert_eq!(
             (role_ref.api_group.as_str(), role_ref.kind.as_str(), Some(role_ref.name.as_str())),
             ("rbac.authorization.k8s.io", "ClusterRole", role.metadata.name.as_deref())
         );
         let subjects = binding.subjects.as_deref().unwrap_or_default();
-        assert_eq!(subjects.len(), 1, "one subject: {subjects:?}");
-        let subject = &subjects[0];
-        assert_eq!(
-            (subject.kind.as_str(), Some(subject.name.as_str()), subject.namespace.as_deref()),
-            ("ServiceAccount", account.metadata.name.as_deref(), account.metadata.namespace.as_deref())
-        );
-        assert_eq!(pod_spec(ds).service_account_name.as_deref(), account.metadata.name.as_deref());
-        assert_eq!(ds.metadata.namespace, account.metadata.namespace, "DaemonSet and ServiceAccount namespace");
+        let expected =
+            (Some("ServiceAccount"), account.metadata.name.as_deref(), account.metadata.namespace.as_deref());
+        let subject = subjects.first().map(|s| (Some(s.kind.as_str()), Some(s.name.as_str()), s.namespace.as_deref()));
+        assert_eq!((subjects.len(), subject), (1, Some(expected)), "one subject: {subjects:?}");
+        assert_eq!(pod.service_account_name.as_deref(), account.metadata.name.as_deref());
+        assert_eq!(namespace, account.metadata.namespace.as_ref(), "{kind} and ServiceAccount namespace");
+    }
+
+    #[test]
+    fn binding_ties_the_service_account_of_the_daemon_set_to_the_role() {
+        let deploy = load(PROXY);
+        let ds = only("DaemonSet", &deploy.daemon_sets);
+        assert_bound(&deploy, "DaemonSet", ds.metadata.namespace.as_ref(), pod_spec(ds));
     }
 
     #[test]
@@ -532,25 +536,8 @@ mod tests {
     #[test]
     fn ingress_binding_ties_the_service_account_of_the_deployment_to_the_role() {
         let deploy = load(INGRESS);
-        let account = only("ServiceAccount", &deploy.service_accounts);
-        let role = only("ClusterRole", &deploy.cluster_roles);
-        let binding = only("ClusterRoleBinding", &deploy.bindings);
         let deployment = only("Deployment", &deploy.deployments);
-        let role_ref = &binding.role_ref;
-        assert_eq!(
-            (role_ref.api_group.as_str(), role_ref.kind.as_str(), Some(role_ref.name.as_str())),
-            ("rbac.authorization.k8s.io", "ClusterRole", role.metadata.name.as_deref())
-        );
-        let subjects = binding.subjects.as_deref().unwrap_or_default();
-        let expected =
-            (Some("ServiceAccount"), account.metadata.name.as_deref(), account.metadata.namespace.as_deref());
-        let subject = subjects.first().map(|s| (Some(s.kind.as_str()), Some(s.name.as_str()), s.namespace.as_deref()));
-        assert_eq!((subjects.len(), subject), (1, Some(expected)), "one subject: {subjects:?}");
-        assert_eq!(deployment_pod_spec(deployment).service_account_name.as_deref(), account.metadata.name.as_deref());
-        assert_eq!(
-            deployment.metadata.namespace, account.metadata.namespace,
-            "Deployment and ServiceAccount namespace"
-        );
+        assert_bound(&deploy, "Deployment", deployment.metadata.namespace.as_ref(), deployment_pod_spec(deployment));
     }
 
     #[test]
