@@ -293,7 +293,54 @@ pub struct IngressArgs {
     #[arg(long, value_name = "IP:PORT", default_value = "0.0.0.0:10254")]
     pub metrics_bind_address: String,
     /// On SIGTERM or SIGINT: stop accepting, let requests in flight finish (idle keep-alive
-    /// connections close, HTTP/2 gets GOAWAY) for at most this many seconds, then exit.
-    #[arg(long, value_name = "SECONDS", default_value_t = 30)]
-    pub shutdown_timeout: u64,
+    /// connections close, HTTP/2 gets GOAWAY) for at most this long, then exit.
+    #[arg(long, value_name = "DURATION", default_value = "30s")]
+    pub shutdown_timeout: humantime::Duration,
+    /// Time to open a connection to an endpoint; on failure the request goes to another endpoint
+    /// (bodiless requests), else 502.
+    #[arg(long, value_name = "DURATION", default_value = "2s")]
+    pub upstream_connect_timeout: humantime::Duration,
+    /// Time from sending a request to an endpoint until its response head; then 504.
+    #[arg(long, value_name = "DURATION", default_value = "60s")]
+    pub upstream_response_timeout: humantime::Duration,
+    /// Time a client has for the TLS handshake and for each HTTP/1 request head (counted from the
+    /// connection's start or its previous response, so it also closes idle keep-alive
+    /// connections).
+    #[arg(long, value_name = "DURATION", default_value = "10s")]
+    pub client_header_timeout: humantime::Duration,
+    /// A client connection, upgraded tunnel or pooled backend connection on which nothing moved
+    /// for this long is closed.
+    #[arg(long, value_name = "DURATION", default_value = "60s")]
+    pub idle_timeout: humantime::Duration,
+    /// Largest request body in bytes (413 beyond it); 0: unlimited.
+    #[arg(long, value_name = "BYTES", default_value_t = 10 << 20)]
+    pub max_request_body: usize,
+    /// Most request header fields (431 beyond it).
+    #[arg(long, value_name = "N", default_value_t = 100)]
+    pub max_request_headers: usize,
+}
+
+impl IngressArgs {
+    /// `roadkeeper ingress <flags>` parsed, or clap's error message.
+    #[cfg(test)]
+    pub fn parse_for_test(flags: &[&str]) -> Result<Self, String> {
+        let argv = ["roadkeeper", "ingress"].iter().chain(flags);
+        match Cli::try_parse_from(argv).map_err(|e| e.to_string())?.command {
+            Command::Ingress(args) => Ok(args),
+            other => panic!("{other:?}"),
+        }
+    }
+
+    /// The proxy's limits and timeouts from the flags.
+    pub fn proxy_config(&self) -> roadkeeper_ingress::proxy::ProxyConfig {
+        roadkeeper_ingress::proxy::ProxyConfig {
+            connect_timeout: *self.upstream_connect_timeout,
+            response_timeout: *self.upstream_response_timeout,
+            client_header_timeout: *self.client_header_timeout,
+            idle_timeout: *self.idle_timeout,
+            max_request_body: (self.max_request_body > 0).then_some(self.max_request_body),
+            max_headers: self.max_request_headers,
+            ..Default::default()
+        }
+    }
 }

@@ -3,14 +3,13 @@
 
 use std::net::SocketAddr;
 use std::sync::Arc;
-use std::time::Duration;
 
 use anyhow::Context;
 use arc_swap::ArcSwap;
 use metrics::{Unit, describe_counter, describe_histogram};
 use metrics_exporter_prometheus::PrometheusHandle;
 use roadkeeper_cluster::{Feed, Interest, Kind, Store};
-use roadkeeper_ingress::proxy::{self, Proxy, ProxyConfig};
+use roadkeeper_ingress::proxy::{self, Proxy};
 use roadkeeper_ingress::routes::{ClassConfig, RouteTable};
 use roadkeeper_ingress::tls::Certificates;
 use roadkeeper_ingress::{Router, Target};
@@ -64,7 +63,7 @@ pub fn run(args: IngressArgs) -> anyhow::Result<()> {
             status.publish_all(feed.store(), &table);
         }
         let routes = Arc::new(SharedRoutes(ArcSwap::from_pointee(table.clone())));
-        let proxy = Proxy::new(routes.clone(), ProxyConfig::default());
+        let proxy = Proxy::new(routes.clone(), args.proxy_config());
         let http = bind_workers("--http", &args.http, workers)?;
         let https = bind_workers("--https", &args.https, workers)?;
         let (stop, stopping) = tokio::sync::watch::channel(false);
@@ -96,9 +95,9 @@ pub fn run(args: IngressArgs) -> anyhow::Result<()> {
         }
         // Stop accepting; let requests in flight finish, within the shutdown timeout.
         stop.send_replace(true);
-        let timeout = Duration::from_secs(args.shutdown_timeout);
-        if tokio::time::timeout(timeout, async { while draining.recv().await.is_some() {} }).await.is_err() {
-            tracing::warn!("requests still in flight after --shutdown-timeout {}s: closing them", args.shutdown_timeout);
+        let drain = async { while draining.recv().await.is_some() {} };
+        if tokio::time::timeout(*args.shutdown_timeout, drain).await.is_err() {
+            tracing::warn!("requests still in flight after --shutdown-timeout {}: closing them", args.shutdown_timeout);
         }
         Ok(())
     })
@@ -191,4 +190,30 @@ fn install_metrics() -> anyhow::Result<PrometheusHandle> {
     describe_histogram!(proxy::REQUEST_DURATION_SECONDS, Unit::Seconds, "Time to the response head, by Ingress");
     describe_counter!(proxy::UPSTREAM_ERRORS_TOTAL, "Backend errors by Service and kind (connect, timeout, reset)");
     Ok(handle)
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use roadkeeper_ingress::proxy::ProxyConfig;
+
+    use crate::cli::IngressArgs;
+
+    #[test]
+    fn flag_defaults_are_the_proxy_defaults() {
+        let config = IngressArgs::parse_for_test(&[]).unwrap().proxy_config();
+        assert_eq!(format!("{config:?}"), format!("{:?}", ProxyConfig::default()));
+    }
+
+    #[test]
+    fn flags_set_the_proxy_limits_and_timeouts() {
+        let flags = ["--upstream-response-timeout", "300ms", "--idle-timeout", "2m", "--max-request-body", "0"];
+        let config = IngressArgs::parse_for_test(&flags).unwrap().proxy_config();
+        assert_eq!(config.response_timeout, Duration::from_millis(300));
+        assert_eq!(config.idle_timeout, Duration::from_secs(120));
+        assert_eq!(config.max_request_body, None, "0 is unlimited");
+        let error = IngressArgs::parse_for_test(&["--upstream-connect-timeout", "soon"]).unwrap_err();
+        assert!(error.contains("--upstream-connect-timeout"), "{error}");
+    }
 }

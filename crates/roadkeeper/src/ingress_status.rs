@@ -192,21 +192,10 @@ impl Queue {
 
 #[cfg(test)]
 mod tests {
-    use clap::Parser;
-
     use super::*;
-    use crate::cli::{Cli, Command};
-
-    fn ingress_args(flags: &[&str]) -> Result<IngressArgs, String> {
-        let argv = ["roadkeeper", "ingress"].iter().chain(flags);
-        match Cli::try_parse_from(argv).map_err(|e| e.to_string())?.command {
-            Command::Ingress(args) => Ok(args),
-            other => panic!("{other:?}"),
-        }
-    }
 
     fn published(flags: &[&str]) -> Option<String> {
-        addresses(&ingress_args(flags).unwrap()).map(|addresses| list(&addresses))
+        addresses(&IngressArgs::parse_for_test(flags).unwrap()).map(|addresses| list(&addresses))
     }
 
     #[test]
@@ -222,7 +211,7 @@ mod tests {
 
     #[test]
     fn a_bad_address_is_refused_at_start_naming_the_flag_and_the_value() {
-        let err = ingress_args(&["--publish-status-address", "192.0.2.10,LB_1.example"]).unwrap_err();
+        let err = IngressArgs::parse_for_test(&["--publish-status-address", "192.0.2.10,LB_1.example"]).unwrap_err();
         assert!(err.contains("--publish-status-address") && err.contains("LB_1.example"), "{err}");
     }
 

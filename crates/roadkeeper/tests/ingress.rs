@@ -10,6 +10,7 @@
 //! - HTTP/2 over TLS (ALPN) and with prior knowledge;
 //! - WebSocket through the proxy;
 //! - `X-Forwarded-For/-Proto/-Host` and `X-Real-IP` as the backend sees them;
+//! - `--upstream-response-timeout`: 504 from a slow endpoint, counted;
 //! - SIGTERM: no new connections, the request in flight completes, then a clean exit.
 
 mod common;
@@ -82,12 +83,18 @@ impl Lab {
     /// (killed with the namespace), and waits until it answers: it serves only once the manifests
     /// are loaded.
     fn start(&self) -> Process {
+        self.start_with(&[])
+    }
+
+    /// [`Lab::start`] with more flags.
+    fn start_with(&self, flags: &[&str]) -> Process {
         let mut args = vec!["env".to_owned(), "RUST_LOG=warn,roadkeeper=info,access=info".to_owned()];
         args.extend([binary().display().to_string(), "ingress".into(), "--manifests".into()]);
         args.push(self.manifests().display().to_string());
         for (flag, value) in [("--http", HTTP), ("--https", HTTPS), ("--metrics-bind-address", METRICS)] {
             args.extend([flag.to_owned(), value.to_owned()]);
         }
+        args.extend(flags.iter().map(|flag| flag.to_string()));
         let process = self.ns.spawn_logged(&args, &self.dir.path().join("ingress.log")).expect("spawn");
         let up = eventually(Duration::from_secs(30), || self.try_get("probe.invalid", "/", &[], None).is_ok());
         assert!(up, "roadkeeper ingress does not answer; log:\n{}", self.log());
@@ -928,4 +935,26 @@ fn finishes_requests_in_flight_on_sigterm() {
         assert!(status.success(), "{status:?}; log:\n{}", lab.log());
         assert!(started.elapsed() < Duration::from_secs(15), "exited only after {:?}", started.elapsed());
     });
+}
+
+/// `--upstream-response-timeout` bounds the wait for an endpoint's response head: a backend that
+/// takes a second gets 504 with its plain-text body after 300 ms, counted as a `timeout` upstream
+/// error, and a quick request to the same backend still succeeds.
+#[test]
+fn answers_504_when_the_endpoint_is_slower_than_the_response_timeout() {
+    let lab = Lab::new("rk-ing-timeout");
+    lab.backend("127.0.0.1:8091", "slow");
+    lab.write("slow.yaml", &local_service("slow", 8091));
+    let rules = rules(&[("slow.example", &[("/", "Prefix", "slow")])]);
+    lab.write("ingress.yaml", &ingress("slow", "roadkeeper", "2024-01-01T00:00:00Z", &[rules]));
+    lab.start_with(&["--upstream-response-timeout", "300ms"]);
+
+    let started = Instant::now();
+    let late = lab.get("slow.example", "/slow");
+    assert_eq!((late.status, late.body.as_str()), (504, "upstream response timeout\n"));
+    assert!(started.elapsed() < Duration::from_millis(950), "answered after {:?}", started.elapsed());
+    assert_eq!(lab.get("slow.example", "/quick").served_by(), "slow");
+    let metrics = lab.metrics();
+    let labels = [r#"service="default/slow""#, r#"kind="timeout""#];
+    assert_eq!(counter(&metrics, "roadkeeper_ingress_upstream_errors_total", &labels), 1.0, "{metrics}");
 }
