@@ -500,3 +500,41 @@ async fn proxy_stops_accepting_then_finishes_requests_in_flight() {
     assert_eq!(in_flight.await.unwrap(), (StatusCode::OK, "late".to_owned()));
     tokio::time::timeout(Duration::from_secs(2), server).await.expect("drained").unwrap();
 }
+
+#[tokio::test]
+async fn proxy_streams_large_bodies_both_ways_and_reuses_the_connection() {
+    // A backend that counts its connections and answers with a body of the size asked for in the
+    // path, after reading the whole request body.
+    let (listener, backend) = listen().await;
+    let connections = Arc::new(AtomicUsize::new(0));
+    let accepted = connections.clone();
+    tokio::spawn(async move {
+        while let Ok((tcp, _)) = listener.accept().await {
+            accepted.fetch_add(1, Relaxed);
+            let service = service_fn(|request: Request<Incoming>| async move {
+                let size: usize = request.uri().path()[1..].parse().unwrap();
+                let received = request.into_body().collect().await.unwrap().to_bytes().len();
+                let mut body = vec![b'y'; size];
+                body[..8].copy_from_slice(&(received as u64).to_be_bytes());
+                Ok::<_, Infallible>(Response::new(Full::new(Bytes::from(body))))
+            });
+            tokio::spawn(hyper::server::conn::http1::Builder::new().serve_connection(TokioIo::new(tcp), service));
+        }
+    });
+    let proxy = start(vec![("a.example", "/", target("svc", &[backend]))], ProxyConfig::default()).await;
+    let mut client: http1::SendRequest<Full<Bytes>> = {
+        let (sender, connection) =
+            http1::handshake(TokioIo::new(TcpStream::connect(proxy).await.unwrap())).await.unwrap();
+        tokio::spawn(connection);
+        sender
+    };
+    for (up, down) in [(3 << 20, 8 << 20), (0, 5 << 20), (1 << 20, 16)] {
+        let request = Request::post(format!("/{down}")).header("host", "a.example").body(Full::from(vec![b'x'; up]));
+        let response = client.send_request(request.unwrap()).await.unwrap();
+        assert_eq!(response.status(), StatusCode::OK);
+        let body = response.into_body().collect().await.unwrap().to_bytes();
+        assert_eq!(body.len(), down);
+        assert_eq!(u64::from_be_bytes(body[..8].try_into().unwrap()), up as u64, "request body received");
+    }
+    assert_eq!(connections.load(Relaxed), 1, "one backend connection, reused");
+}
