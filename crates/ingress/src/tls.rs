@@ -14,8 +14,9 @@ use rustls::sign::CertifiedKey;
 
 /// The certificates of every TLS host, looked up by the client's SNI: the exact host first, then
 /// a one-label wildcard (`*.example.com` covers `a.example.com`, not `a.b.example.com` nor
-/// `example.com`). There is no default certificate: a handshake without SNI, or for a host
-/// without a certificate, fails, as no certificate could be valid for it anyway.
+/// `example.com`), then the default certificate (host `*`, as ingress-nginx's
+/// `--default-ssl-certificate`), if there is one; without it, a handshake without SNI or for a
+/// host without a certificate fails.
 ///
 /// Lookups read an immutable snapshot; [`Certificates::update`] swaps in a new one, so open
 /// connections keep their certificate and new handshakes get the new ones.
@@ -24,7 +25,10 @@ pub struct Certificates {
     hosts: ArcSwap<Hosts>,
 }
 
-/// One snapshot: exact host names, and wildcards keyed by the suffix after `*.`.
+/// The host name of the default certificate (never a client's SNI).
+const DEFAULT: &str = "*";
+
+/// One snapshot: exact host names (and [`DEFAULT`]), and wildcards keyed by the suffix after `*.`.
 #[derive(Default)]
 struct Hosts {
     exact: HashMap<String, Arc<CertifiedKey>>,
@@ -32,8 +36,9 @@ struct Hosts {
 }
 
 impl Hosts {
-    fn get(&self, host: &str) -> Option<&Arc<CertifiedKey>> {
-        self.exact.get(host).or_else(|| self.wildcard.get(host.split_once('.')?.1))
+    fn get(&self, host: Option<&str>) -> Option<&Arc<CertifiedKey>> {
+        let named = host.and_then(|host| self.exact.get(host).or_else(|| self.wildcard.get(host.split_once('.')?.1)));
+        named.or_else(|| self.exact.get(DEFAULT))
     }
 }
 
@@ -46,9 +51,9 @@ impl Certificates {
         }
     }
 
-    /// Replaces the certificates with `entries`: host (or `*.domain`), `tls.crt` PEM (the chain,
-    /// leaf first) and `tls.key` PEM. Host names are case-insensitive; the first entry for a host
-    /// wins. An entry that does not load keeps the host's previous certificate, if it had one,
+    /// Replaces the certificates with `entries`: host (or `*.domain`, or `*` for the default),
+    /// `tls.crt` PEM (the chain, leaf first) and `tls.key` PEM. Host names are case-insensitive;
+    /// the first entry for a host wins. An entry that does not load keeps the host's previous certificate, if it had one,
     /// and yields one error line naming the host. Meant to be called from one task: of two
     /// concurrent updates, the last to finish wins.
     pub fn update(&self, entries: Vec<(String, Vec<u8>, Vec<u8>)>) -> Vec<String> {
@@ -61,7 +66,7 @@ impl Certificates {
                 Some(suffix) => (true, suffix),
                 None => (false, host.as_str()),
             };
-            if name.is_empty() || name.contains('*') {
+            if name.is_empty() || (name.contains('*') && name != DEFAULT) {
                 errors.push(format!("{host}: unsupported host name (only exact names and *.domain)"));
                 continue;
             }
@@ -128,7 +133,7 @@ impl fmt::Debug for Certificates {
 impl ResolvesServerCert for Certificates {
     fn resolve(&self, hello: ClientHello<'_>) -> Option<Arc<CertifiedKey>> {
         // rustls hands the SNI over lowercased.
-        self.hosts.load().get(hello.server_name()?).cloned()
+        self.hosts.load().get(hello.server_name()).cloned()
     }
 }
 
@@ -148,9 +153,9 @@ mod tests {
     fn tls_update_reports_bad_entries_by_host_and_keeps_their_last_good_certificate() {
         let certificates = Certificates::new();
         assert!(certificates.update(vec![entry("A.example"), entry("*.b.example")]).is_empty());
-        let good = certificates.hosts.load().get("a.example").cloned().unwrap();
-        assert!(certificates.hosts.load().get("x.b.example").is_some());
-        assert!(certificates.hosts.load().get("b.example").is_none());
+        let good = certificates.hosts.load().get(Some("a.example")).cloned().unwrap();
+        assert!(certificates.hosts.load().get(Some("x.b.example")).is_some());
+        assert!(certificates.hosts.load().get(Some("b.example")).is_none());
 
         let (_, cert, _) = entry("a.example");
         let (_, _, other_key) = entry("a.example");
@@ -164,8 +169,23 @@ mod tests {
         assert!(errors[1].starts_with("c.example: tls.crt: no certificate"), "{errors:?}");
         assert!(errors[2].starts_with("a.*.example: unsupported host name"), "{errors:?}");
         let hosts = certificates.hosts.load();
-        assert!(Arc::ptr_eq(hosts.get("a.example").unwrap(), &good), "kept the last good one");
-        assert!(hosts.get("x.b.example").is_none(), "left out of the update: removed");
-        assert!(hosts.get("c.example").is_none());
+        assert!(Arc::ptr_eq(hosts.get(Some("a.example")).unwrap(), &good), "kept the last good one");
+        assert!(hosts.get(Some("x.b.example")).is_none(), "left out of the update: removed");
+        assert!(hosts.get(Some("c.example")).is_none());
+    }
+
+    #[test]
+    fn tls_default_certificate_answers_unknown_names_and_handshakes_without_sni() {
+        let certificates = Certificates::new();
+        assert!(certificates.update(vec![entry("a.example")]).is_empty());
+        assert!(certificates.hosts.load().get(Some("other.example")).is_none(), "no default: no certificate");
+        assert!(certificates.hosts.load().get(None).is_none());
+
+        assert!(certificates.update(vec![entry("a.example"), entry("*")]).is_empty());
+        let hosts = certificates.hosts.load();
+        let (own, default) = (hosts.get(Some("a.example")).unwrap(), hosts.exact.get(DEFAULT).unwrap());
+        assert!(!Arc::ptr_eq(own, default), "a host with its own certificate keeps it");
+        assert!(Arc::ptr_eq(hosts.get(Some("other.example")).unwrap(), default));
+        assert!(Arc::ptr_eq(hosts.get(None).unwrap(), default), "no SNI");
     }
 }

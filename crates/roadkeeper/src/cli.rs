@@ -4,7 +4,7 @@ use std::net::SocketAddr;
 use std::path::PathBuf;
 
 use clap::{Args, Parser, Subcommand};
-use roadkeeper_cluster::SourceSpec;
+use roadkeeper_cluster::{NamespacedName, SourceSpec};
 use roadkeeper_ingress::status::Address;
 
 /// roadkeeper: Kubernetes Service networking, written in Rust.
@@ -283,6 +283,10 @@ pub struct IngressArgs {
     /// The IngressClass served (controller `roadkeeper.dev/ingress`).
     #[arg(long, value_name = "NAME", default_value = "roadkeeper")]
     pub class: String,
+    /// A `kubernetes.io/tls` Secret whose certificate answers HTTPS handshakes without SNI or for
+    /// hosts without a certificate of their own (without it, those handshakes fail).
+    #[arg(long, value_name = "NAMESPACE/NAME", value_parser = parse_namespaced_name)]
+    pub default_ssl_certificate: Option<NamespacedName>,
     /// Addresses written to `status.loadBalancer.ingress` of every Ingress served, comma-separated:
     /// IPs (as `ip`) or DNS names (as `hostname`), e.g. those of the load balancer in front of
     /// this controller. Default: the IP of `--http` if it names one (not 0.0.0.0 or ::), else
@@ -342,5 +346,15 @@ impl IngressArgs {
             max_headers: self.max_request_headers,
             ..Default::default()
         }
+    }
+}
+
+/// `NAMESPACE/NAME`, both parts non-empty.
+fn parse_namespaced_name(text: &str) -> Result<NamespacedName, String> {
+    match text.split_once('/') {
+        Some((namespace, name)) if !namespace.is_empty() && !name.is_empty() && !name.contains('/') => {
+            Ok(NamespacedName::new(namespace, name))
+        }
+        _ => Err(format!("{text:?} is not NAMESPACE/NAME")),
     }
 }

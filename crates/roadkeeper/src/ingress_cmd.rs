@@ -8,7 +8,7 @@ use anyhow::Context;
 use arc_swap::ArcSwap;
 use metrics::{Unit, describe_counter, describe_histogram};
 use metrics_exporter_prometheus::PrometheusHandle;
-use roadkeeper_cluster::{Feed, Interest, Kind, Store};
+use roadkeeper_cluster::{Feed, Interest, Kind, NamespacedName, Store};
 use roadkeeper_ingress::proxy::{self, Proxy};
 use roadkeeper_ingress::routes::{ClassConfig, RouteTable};
 use roadkeeper_ingress::tls::Certificates;
@@ -57,7 +57,7 @@ pub fn run(args: IngressArgs) -> anyhow::Result<()> {
         let (mut table, warnings) = RouteTable::build(feed.store(), &class);
         warnings.iter().for_each(|w| tracing::warn!("{w}"));
         let certificates = Arc::new(Certificates::default());
-        load_certificates(&certificates, &table, feed.store());
+        load_certificates(&certificates, &table, feed.store(), args.default_ssl_certificate.as_ref());
         let mut status = StatusPublisher::start(&args, &spec).await?;
         if let Some(status) = &mut status {
             status.publish_all(feed.store(), &table);
@@ -82,7 +82,7 @@ pub fn run(args: IngressArgs) -> anyhow::Result<()> {
                 changes = feed.changed() => {
                     table.apply(feed.store(), &changes, &class).iter().for_each(|w| tracing::warn!("{w}"));
                     if !changes.secrets.is_empty() || !changes.ingresses.is_empty() {
-                        load_certificates(&certificates, &table, feed.store());
+                        load_certificates(&certificates, &table, feed.store(), args.default_ssl_certificate.as_ref());
                     }
                     routes.0.store(Arc::new(table.clone()));
                     if let Some(status) = &mut status {
@@ -165,11 +165,12 @@ fn serve_worker(
     }
 }
 
-/// Loads the certificates of the table's TLS hosts from their `kubernetes.io/tls` Secrets; a
-/// missing or malformed Secret is logged, naming it.
-fn load_certificates(certificates: &Certificates, table: &RouteTable, store: &Store) {
+/// Loads the certificates of the table's TLS hosts, and the default one (`*`) of `default`, from
+/// their `kubernetes.io/tls` Secrets; a missing or malformed Secret is logged, naming it.
+fn load_certificates(certificates: &Certificates, table: &RouteTable, store: &Store, default: Option<&NamespacedName>) {
     let mut entries = Vec::new();
-    for (host, secret) in table.tls_hosts() {
+    let default = default.map(|secret| ("*".to_owned(), secret.clone()));
+    for (host, secret) in default.into_iter().chain(table.tls_hosts()) {
         let data = store.secret(&secret).and_then(|s| s.data.as_ref());
         let pem = |key: &str| data.and_then(|d| d.get(key)).map(|b| b.0.clone());
         match (pem("tls.crt"), pem("tls.key")) {
@@ -215,5 +216,15 @@ mod tests {
         assert_eq!(config.max_request_body, None, "0 is unlimited");
         let error = IngressArgs::parse_for_test(&["--upstream-connect-timeout", "soon"]).unwrap_err();
         assert!(error.contains("--upstream-connect-timeout"), "{error}");
+    }
+
+    #[test]
+    fn default_ssl_certificate_is_a_namespaced_name() {
+        let args = IngressArgs::parse_for_test(&["--default-ssl-certificate", "ingress/wildcard-tls"]).unwrap();
+        assert_eq!(args.default_ssl_certificate.unwrap().to_string(), "ingress/wildcard-tls");
+        for bad in ["wildcard-tls", "/x", "x/", "a/b/c"] {
+            let error = IngressArgs::parse_for_test(&["--default-ssl-certificate", bad]).unwrap_err();
+            assert!(error.contains("--default-ssl-certificate") && error.contains("NAMESPACE/NAME"), "{error}");
+        }
     }
 }

@@ -11,6 +11,7 @@
 //! - WebSocket through the proxy;
 //! - `X-Forwarded-For/-Proto/-Host` and `X-Real-IP` as the backend sees them;
 //! - `--upstream-response-timeout`: 504 from a slow endpoint, counted;
+//! - `--default-ssl-certificate` for hosts without a certificate and handshakes without SNI;
 //! - SIGTERM: no new connections, the request in flight completes, then a clean exit.
 
 mod common;
@@ -957,4 +958,36 @@ fn answers_504_when_the_endpoint_is_slower_than_the_response_timeout() {
     let metrics = lab.metrics();
     let labels = [r#"service="default/slow""#, r#"kind="timeout""#];
     assert_eq!(counter(&metrics, "roadkeeper_ingress_upstream_errors_total", &labels), 1.0, "{metrics}");
+}
+
+/// `--default-ssl-certificate` answers TLS for a host that has no certificate of its own and for
+/// a handshake without SNI, while a host with its own keeps it; without the flag such a
+/// handshake fails.
+#[test]
+fn serves_the_default_certificate_to_hosts_without_one() {
+    let lab = Lab::new("rk-ing-defcert");
+    lab.backend("127.0.0.1:8081", "web-a");
+    lab.write("a.yaml", &local_service("web-a", 8081));
+    let rules = rules(&[("a.example", &[("/", "Prefix", "web-a")])]);
+    let tls = "tls: [{hosts: [a.example], secretName: a.example-tls}]".to_owned();
+    lab.write("ingress.yaml", &ingress("web", "roadkeeper", "2024-01-01T00:00:00Z", &[rules, tls]));
+    let (own, own_ca) = tls_secret("a.example");
+    let (fallback, fallback_ca) = tls_secret("fallback.example");
+    lab.write("own.yaml", &own);
+    lab.write("fallback.yaml", &fallback);
+    let (own_ca, fallback_ca) = (lab.scratch("own-ca.pem", &own_ca), lab.scratch("fallback-ca.pem", &fallback_ca));
+    let https = |ca: &str, host: &str| {
+        lab.curl(&["--cacert", ca, "--resolve", &format!("{host}:8443:127.0.0.1"), &format!("https://{host}:8443/")])
+    };
+
+    let without = lab.start();
+    assert!(https(&fallback_ca, "fallback.example").starts_with("curl failed"), "no default certificate yet");
+    without.terminate(Duration::from_secs(10)).expect("stopped");
+    lab.start_with(&["--default-ssl-certificate", "default/fallback.example-tls"]);
+    assert!(https(&own_ca, "a.example").starts_with("web-a /"), "a host with its own certificate keeps it");
+    let unknown = https(&fallback_ca, "fallback.example");
+    assert_eq!(unknown, "no route for this host and path\n", "default certificate for a host without one");
+    // curl sends no SNI to an IP address; any certificate would do (-k), but there must be one.
+    let no_sni = lab.curl(&["-k", "https://127.0.0.1:8443/"]);
+    assert_eq!(no_sni, "no route for this host and path\n", "default certificate without SNI; log:\n{}", lab.log());
 }
