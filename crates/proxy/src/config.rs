@@ -346,23 +346,13 @@ impl KubeProxyConfiguration {
 mod tests {
     use super::*;
 
+    /// `text` as a config file, applied over the defaults; the file is removed afterwards.
     fn from_yaml(text: &str) -> Result<ProxyConfig, Error> {
-        let dir = tempfile_path(text);
+        let file = tempfile::Builder::new().prefix("rk-config-").suffix(".yaml").tempfile().unwrap();
+        std::fs::write(file.path(), text).unwrap();
         let mut cfg = ProxyConfig::default();
-        cfg.apply_file(&dir)?;
+        cfg.apply_file(file.path())?;
         Ok(cfg)
-    }
-
-    fn tempfile_path(text: &str) -> std::path::PathBuf {
-        use std::sync::atomic::{AtomicUsize, Ordering};
-        static N: AtomicUsize = AtomicUsize::new(0);
-        let path = std::env::temp_dir().join(format!(
-            "rk-config-{}-{}.yaml",
-            std::process::id(),
-            N.fetch_add(1, Ordering::Relaxed)
-        ));
-        std::fs::write(&path, text).unwrap();
-        path
     }
 
     #[test]
