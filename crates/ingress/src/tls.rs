@@ -25,10 +25,12 @@ pub struct Certificates {
     hosts: ArcSwap<Hosts>,
 }
 
-/// The host name of the default certificate (never a client's SNI).
-const DEFAULT: &str = "*";
+/// The host name under which [`Certificates::update`] takes the default certificate (never a
+/// client's SNI).
+pub const DEFAULT_HOST: &str = "*";
 
-/// One snapshot: exact host names (and [`DEFAULT`]), and wildcards keyed by the suffix after `*.`.
+/// One snapshot: exact host names (and [`DEFAULT_HOST`]), and wildcards keyed by the suffix
+/// after `*.`.
 #[derive(Default)]
 struct Hosts {
     exact: HashMap<String, Arc<CertifiedKey>>,
@@ -38,7 +40,7 @@ struct Hosts {
 impl Hosts {
     fn get(&self, host: Option<&str>) -> Option<&Arc<CertifiedKey>> {
         let named = host.and_then(|host| self.exact.get(host).or_else(|| self.wildcard.get(host.split_once('.')?.1)));
-        named.or_else(|| self.exact.get(DEFAULT))
+        named.or_else(|| self.exact.get(DEFAULT_HOST))
     }
 }
 
@@ -66,7 +68,7 @@ impl Certificates {
                 Some(suffix) => (true, suffix),
                 None => (false, host.as_str()),
             };
-            if name.is_empty() || (name.contains('*') && name != DEFAULT) {
+            if name.is_empty() || (name.contains('*') && name != DEFAULT_HOST) {
                 errors.push(format!("{host}: unsupported host name (only exact names and *.domain)"));
                 continue;
             }
@@ -183,7 +185,7 @@ mod tests {
 
         assert!(certificates.update(vec![entry("a.example"), entry("*")]).is_empty());
         let hosts = certificates.hosts.load();
-        let (own, default) = (hosts.get(Some("a.example")).unwrap(), hosts.exact.get(DEFAULT).unwrap());
+        let (own, default) = (hosts.get(Some("a.example")).unwrap(), hosts.exact.get(DEFAULT_HOST).unwrap());
         assert!(!Arc::ptr_eq(own, default), "a host with its own certificate keeps it");
         assert!(Arc::ptr_eq(hosts.get(Some("other.example")).unwrap(), default));
         assert!(Arc::ptr_eq(hosts.get(None).unwrap(), default), "no SNI");

@@ -1,7 +1,6 @@
 //! `roadkeeper ingress`: wiring the cluster state ([`Feed`]) to the route table, the TLS
 //! certificates, the HTTP(S) reverse proxy and the Ingresses' status.
 
-use std::net::SocketAddr;
 use std::sync::Arc;
 
 use anyhow::Context;
@@ -11,7 +10,7 @@ use metrics_exporter_prometheus::PrometheusHandle;
 use roadkeeper_cluster::{Feed, Interest, Kind, NamespacedName, Store};
 use roadkeeper_ingress::proxy::{self, Proxy};
 use roadkeeper_ingress::routes::{ClassConfig, RouteTable};
-use roadkeeper_ingress::tls::Certificates;
+use roadkeeper_ingress::tls::{self, Certificates};
 use roadkeeper_ingress::{Router, Target};
 
 use crate::cli::IngressArgs;
@@ -106,11 +105,9 @@ pub fn run(args: IngressArgs) -> anyhow::Result<()> {
 /// `count` listeners on `address` (`IP:PORT`) with `SO_REUSEPORT`, one per worker, or one `None`
 /// per worker when the address is empty (server disabled). Port 0 is chosen once, for all.
 fn bind_workers(flag: &str, address: &str, count: usize) -> anyhow::Result<Vec<Option<std::net::TcpListener>>> {
-    if address.is_empty() {
+    let Some(mut addr) = serve::listen_address(flag, address)? else {
         return Ok((0..count).map(|_| None).collect());
-    }
-    let mut addr: SocketAddr =
-        address.parse().with_context(|| format!("{flag}: {address:?} is not an IP:PORT address"))?;
+    };
     let mut listeners = Vec::with_capacity(count);
     for _ in 0..count {
         let socket = socket2::Socket::new(socket2::Domain::for_address(addr), socket2::Type::STREAM, None)?;
@@ -165,11 +162,11 @@ fn serve_worker(
     }
 }
 
-/// Loads the certificates of the table's TLS hosts, and the default one (`*`) of `default`, from
+/// Loads the certificates of the table's TLS hosts, and the default one of `default`, from
 /// their `kubernetes.io/tls` Secrets; a missing or malformed Secret is logged, naming it.
 fn load_certificates(certificates: &Certificates, table: &RouteTable, store: &Store, default: Option<&NamespacedName>) {
     let mut entries = Vec::new();
-    let default = default.map(|secret| ("*".to_owned(), secret.clone()));
+    let default = default.map(|secret| (tls::DEFAULT_HOST.to_owned(), secret.clone()));
     for (host, secret) in default.into_iter().chain(table.tls_hosts()) {
         let data = store.secret(&secret).and_then(|s| s.data.as_ref());
         let pem = |key: &str| data.and_then(|d| d.get(key)).map(|b| b.0.clone());

@@ -40,13 +40,19 @@ pub fn install_recorder(buckets: &[f64]) -> anyhow::Result<PrometheusHandle> {
 /// Binds `address` (`IP:PORT`) for the server of `flag`; `None` when the address is empty
 /// (server disabled). Called before the first sync so that a bad address fails at start.
 pub fn bind(flag: &str, address: &str) -> anyhow::Result<Option<TcpListener>> {
-    if address.is_empty() {
-        return Ok(None);
-    }
-    let addr: SocketAddr = address.parse().with_context(|| format!("{flag}: {address:?} is not an IP:PORT address"))?;
+    let Some(addr) = listen_address(flag, address)? else { return Ok(None) };
     let listener = TcpListener::bind(addr).with_context(|| format!("{flag}: cannot listen on {addr}"))?;
     listener.set_nonblocking(true)?;
     Ok(Some(listener))
+}
+
+/// `address` (`IP:PORT`) of the server of `flag`; `None` when it is empty (server disabled).
+pub fn listen_address(flag: &str, address: &str) -> anyhow::Result<Option<SocketAddr>> {
+    if address.is_empty() {
+        return Ok(None);
+    }
+    let addr = address.parse().with_context(|| format!("{flag}: {address:?} is not an IP:PORT address"))?;
+    Ok(Some(addr))
 }
 
 /// Serves `/healthz` and `/livez` on `listener` (a task on the current runtime).
