@@ -8,6 +8,7 @@ use ipnet::IpNet;
 use roadkeeper_cluster::{NamespacedName, Store};
 
 use crate::Error;
+use crate::claims::{Claimant, FrontendClaims, frontends_of};
 use crate::config::ProxyConfig;
 use crate::table::{NodeInfo, ServicePort, service_ports};
 
@@ -28,6 +29,20 @@ pub struct SyncReport {
     pub kernel: Duration,
     /// Stale UDP/SCTP conntrack entries deleted after the sync (filled by the sync loop).
     pub conntrack_deleted: u64,
+    /// Frontend claims skipped after the sync because an older Service owns the frontend (see
+    /// [`crate::claims`]).
+    pub frontend_conflicts: usize,
+}
+
+/// What the periodic check of our rules found.
+#[derive(Debug)]
+pub enum RulesCheck {
+    /// Our rules are in place.
+    InPlace,
+    /// Someone deleted or flushed them: a full resync puts them back.
+    Missing,
+    /// They could not be read (permission, resources, the xtables lock): nothing is known.
+    Unknown(Error),
 }
 
 /// A node proxy backend: turns the store into kernel rules, fully or for changed Services.
@@ -43,8 +58,9 @@ pub trait Proxier: Send {
     fn sync(&mut self, store: &Store, changed: &BTreeSet<NamespacedName>) -> Result<SyncReport, Error>;
     /// True when the kernel refused some Service at the last sync.
     fn has_refused(&self) -> bool;
-    /// True while our rules are in place (nobody deleted or flushed them).
-    fn healthy(&mut self) -> bool;
+    /// Whether our rules are in place (nobody deleted or flushed them), or whether that cannot
+    /// be told.
+    fn check_rules(&mut self) -> RulesCheck;
     /// The current service table.
     fn table(&self) -> &BTreeMap<NamespacedName, Vec<ServicePort>>;
 }
@@ -64,6 +80,8 @@ pub struct SyncState {
     pub(crate) refused: BTreeSet<NamespacedName>,
     /// The service table, per Service (for display and health checks).
     pub(crate) table: BTreeMap<NamespacedName, Vec<ServicePort>>,
+    /// Who owns each frontend several Services claim.
+    pub(crate) claims: FrontendClaims,
     /// Time spent in the runner during the current sync ([`SyncReport::kernel`]).
     pub(crate) kernel: Stopwatch,
 }
@@ -77,17 +95,57 @@ impl SyncState {
             needs_full: true,
             refused: BTreeSet::new(),
             table: BTreeMap::new(),
+            claims: FrontendClaims::default(),
             kernel: Stopwatch::default(),
         }
     }
 
-    /// The service ports this node proxies for Service `key`; none when the Service is absent,
-    /// headless, ExternalName or handled by another proxy.
-    pub(crate) fn service_ports(&self, key: &NamespacedName, store: &Store, cfg: &ProxyConfig) -> Vec<ServicePort> {
+    /// The service ports this node proxies for Service `key`, each frontend used once; none when
+    /// the Service is absent, headless, ExternalName or handled by another proxy.
+    fn service_ports(&self, key: &NamespacedName, store: &Store, cfg: &ProxyConfig) -> Vec<ServicePort> {
         let Some(svc) = store.service(key) else { return Vec::new() };
         let slices = store.slices_for(key);
         // Every `Skip` reason means nothing to proxy.
         service_ports(key, svc, &slices, &self.node, cfg).unwrap_or_default()
+    }
+
+    /// The service ports of the Services `keys` (the changed ones; every one for a full sync,
+    /// which starts from no claims), updating the frontend claims, plus those of every other
+    /// Service that gained or lost a frontend because of them. Frontends an older Service owns
+    /// are left out, and each such conflict is logged. Costs O(the Services planned).
+    pub(crate) fn plan_ports<'a>(
+        &mut self,
+        keys: impl IntoIterator<Item = &'a NamespacedName>,
+        store: &Store,
+        cfg: &ProxyConfig,
+    ) -> BTreeMap<NamespacedName, Vec<ServicePort>> {
+        let mut planned = BTreeMap::new();
+        let mut affected = BTreeSet::new();
+        for key in keys {
+            let mut ports = self.service_ports(key, store, cfg);
+            let frontends = frontends_of(&mut ports);
+            let created = store.service(key).and_then(|svc| svc.metadata.creation_timestamp.clone());
+            affected.extend(self.claims.update(Claimant { created, service: key.clone() }, frontends));
+            planned.insert(key.clone(), ports);
+        }
+        for key in affected {
+            if let std::collections::btree_map::Entry::Vacant(entry) = planned.entry(key) {
+                let mut ports = self.service_ports(entry.key(), store, cfg);
+                frontends_of(&mut ports);
+                entry.insert(ports);
+            }
+        }
+        for (key, ports) in &mut planned {
+            for conflict in self.claims.keep_owned(key, ports) {
+                tracing::warn!(
+                    frontend = %conflict.frontend,
+                    owner = %conflict.owner,
+                    skipped = %conflict.skipped,
+                    "frontend conflict: {conflict}"
+                );
+            }
+        }
+        planned
     }
 
     /// Records the service table entries of one Service (none: it leaves the table).
@@ -129,8 +187,9 @@ pub trait Backend: Send {
     fn full_sync(&mut self, store: &Store) -> Result<SyncReport, Error>;
     /// Applies only the `changed` Services. Runner calls are timed with `state.kernel`.
     fn partial_sync(&mut self, store: &Store, changed: &BTreeSet<NamespacedName>) -> Result<SyncReport, Error>;
-    /// True while the backend's rules are in place ([`Proxier::healthy`]).
-    fn rules_in_place(&mut self) -> bool;
+    /// True while the backend's rules are in place, an error when they cannot be read
+    /// ([`Proxier::check_rules`]).
+    fn rules_in_place(&mut self) -> Result<bool, Error>;
 }
 
 impl<B: Backend> Proxier for B {
@@ -173,6 +232,7 @@ impl<B: Backend> Proxier for B {
         let state = self.state_mut();
         let mut report = result.inspect_err(|_| state.needs_full = true)?;
         state.refused = report.refused.iter().map(|(key, _)| key.clone()).collect();
+        report.frontend_conflicts = state.claims.conflicts();
         report.duration = start.elapsed();
         report.kernel = state.kernel.spent;
         Ok(report)
@@ -183,8 +243,12 @@ impl<B: Backend> Proxier for B {
         !self.state().refused.is_empty()
     }
 
-    fn healthy(&mut self) -> bool {
-        self.rules_in_place()
+    fn check_rules(&mut self) -> RulesCheck {
+        match self.rules_in_place() {
+            Ok(true) => RulesCheck::InPlace,
+            Ok(false) => RulesCheck::Missing,
+            Err(err) => RulesCheck::Unknown(err),
+        }
     }
 
     fn table(&self) -> &BTreeMap<NamespacedName, Vec<ServicePort>> {
@@ -205,18 +269,35 @@ pub fn service_cidrs(store: &Store) -> Vec<IpNet> {
     cidrs
 }
 
-/// Finds the items whose inclusion makes `ok` fail, by bisection: O(bad * log n) checks.
-pub(crate) fn bisect<T: Clone>(items: &[T], ok: &mut dyn FnMut(&[T]) -> bool) -> Vec<T> {
-    if items.is_empty() || ok(items) {
-        return Vec::new();
+/// Finds the items the kernel refuses, each with its refusal: alone, or together with items
+/// before it (two Services claiming the same map element refuse only together). `check` tries a
+/// subset. The first item whose addition to a known-good prefix fails is blamed and left out,
+/// then the search goes on in the rest: O(bad · log n) checks. Nothing is blamed when the empty
+/// subset already fails (the layout itself is refused).
+pub(crate) fn bisect<T: Clone, E>(items: &[T], check: &mut dyn FnMut(&[T]) -> Result<(), E>) -> Vec<(T, E)> {
+    let mut bad = Vec::new();
+    if check(&[]).is_err() {
+        return bad;
     }
-    if items.len() == 1 {
-        return items.to_vec();
+    // `accepted` passes; `accepted + rest` is what is left to try.
+    let mut accepted: Vec<T> = Vec::new();
+    let mut rest = items;
+    let with = |accepted: &[T], prefix: &[T]| -> Vec<T> { accepted.iter().chain(prefix).cloned().collect() };
+    loop {
+        let Err(mut failure) = check(&with(&accepted, rest)) else { return bad };
+        // The shortest prefix of `rest` that fails on top of `accepted`: `lo` passes, `hi` fails.
+        let (mut lo, mut hi) = (0, rest.len());
+        while hi - lo > 1 {
+            let mid = lo + (hi - lo) / 2;
+            match check(&with(&accepted, &rest[..mid])) {
+                Ok(()) => lo = mid,
+                Err(err) => (hi, failure) = (mid, err),
+            }
+        }
+        bad.push((rest[hi - 1].clone(), failure));
+        accepted.extend_from_slice(&rest[..hi - 1]);
+        rest = &rest[hi..];
     }
-    let (left, right) = items.split_at(items.len() / 2);
-    let mut bad = bisect(left, ok);
-    bad.extend(bisect(right, ok));
-    bad
 }
 
 /// Clusters the backends' proxier tests sync.
@@ -263,9 +344,26 @@ mod tests {
         let mut calls = 0;
         let bad = bisect(&items, &mut |s| {
             calls += 1;
-            !s.contains(&5) && !s.contains(&30)
+            if s.contains(&5) || s.contains(&30) { Err(()) } else { Ok(()) }
         });
-        assert_eq!(bad, vec![5, 30]);
+        assert_eq!(bad.iter().map(|(i, _)| *i).collect::<Vec<_>>(), vec![5, 30]);
         assert!(calls < 30, "{calls}");
+    }
+
+    #[test]
+    fn bisect_blames_the_later_of_two_items_refused_only_together() {
+        let items: Vec<u32> = (0..40).collect();
+        let bad = bisect(&items, &mut |s| {
+            let clash = s.contains(&3) && s.contains(&27);
+            if clash {
+                Err("3 and 27")
+            } else if s.contains(&33) {
+                Err("33 alone")
+            } else {
+                Ok(())
+            }
+        });
+        assert_eq!(bad, vec![(27, "3 and 27"), (33, "33 alone")]);
+        assert!(bisect(&items, &mut |_: &[u32]| Err::<(), _>(())).is_empty(), "a refused layout blames nobody");
     }
 }

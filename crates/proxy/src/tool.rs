@@ -9,8 +9,14 @@ pub(crate) enum ToolError {
     /// Starting it, feeding its stdin or waiting for it failed: the step (`cannot run`,
     /// `writing to`, `waiting for`) and the OS error.
     Io(&'static str, io::Error),
-    /// It exited unsuccessfully; its stderr, trimmed.
-    Failed(String),
+    /// It exited unsuccessfully: its exit code (none if killed by a signal) and its stderr,
+    /// trimmed.
+    Failed {
+        /// The exit code.
+        code: Option<i32>,
+        /// Its stderr, trimmed.
+        stderr: String,
+    },
 }
 
 /// Runs `program` with `args`, feeding `stdin` (none: stdin is /dev/null); its stdout.
@@ -30,6 +36,7 @@ pub(crate) fn run(program: &str, args: &[&str], stdin: Option<&str>) -> Result<S
     if output.status.success() {
         Ok(String::from_utf8_lossy(&output.stdout).into_owned())
     } else {
-        Err(ToolError::Failed(String::from_utf8_lossy(&output.stderr).trim().to_string()))
+        let stderr = String::from_utf8_lossy(&output.stderr).trim().to_string();
+        Err(ToolError::Failed { code: output.status.code(), stderr })
     }
 }

@@ -15,7 +15,7 @@ use roadkeeper_proxy::nft::apply::{NftBinary, NftRunner, Recorder};
 use roadkeeper_proxy::nft::proxier::NftProxier;
 use roadkeeper_proxy::nft::transaction;
 use roadkeeper_proxy::node::{host_addresses, hostname, node_eligible, node_info};
-use roadkeeper_proxy::proxier::{Proxier, SyncReport, service_cidrs};
+use roadkeeper_proxy::proxier::{Proxier, RulesCheck, SyncReport, service_cidrs};
 use roadkeeper_proxy::table::{IpFamily, NodeInfo};
 
 use crate::cli::ProxyArgs;
@@ -87,6 +87,7 @@ fn log_sync(report: &SyncReport, changes: &Changes) {
         duration_ms = format!("{:.1}", report.duration.as_secs_f64() * 1e3),
         kernel_ms = format!("{:.1}", report.kernel.as_secs_f64() * 1e3),
         conntrack_deleted = report.conntrack_deleted,
+        frontend_conflicts = report.frontend_conflicts,
         "synced rules"
     );
 }
@@ -313,10 +314,16 @@ async fn run_watching(args: &ProxyArgs, cfg: &ProxyConfig) -> anyhow::Result<()>
                 }
             }
             _ = periodic.tick() => {
-                if !proxier.healthy() {
-                    tracing::warn!("our nftables tables were removed or flushed by someone else; full resync");
-                    proxier.force_full_sync();
-                    sync_due = true;
+                match proxier.check_rules() {
+                    RulesCheck::InPlace => {}
+                    RulesCheck::Missing => {
+                        tracing::warn!("our rules were removed or flushed by someone else; full resync");
+                        proxier.force_full_sync();
+                        sync_due = true;
+                    }
+                    RulesCheck::Unknown(err) => {
+                        tracing::warn!("cannot tell whether our rules are in place (unknown), checking again in {sync_period:?}: {err}");
+                    }
                 }
                 // Services the kernel refused are retried every syncPeriod, and so are
                 // health-check ports that could not be bound.

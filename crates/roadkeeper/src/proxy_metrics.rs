@@ -26,6 +26,7 @@ const NO_LOCAL_ENDPOINTS: &str = "kubeproxy_sync_proxy_rules_no_local_endpoints_
 const CONNTRACK_DELETED: &str = "kubeproxy_conntrack_reconciler_deleted_entries_total";
 const KERNEL_DURATION: &str = "roadkeeper_sync_kernel_seconds";
 const SERVICES_SYNCED: &str = "roadkeeper_sync_services_changed";
+const FRONTEND_CONFLICTS: &str = "roadkeeper_sync_proxy_rules_frontend_conflicts";
 
 /// Installs the global Prometheus recorder and describes every metric, so that they are listed
 /// from the start. Histogram buckets are kube-proxy's: 1 ms doubling to about 16 s for sync
@@ -65,6 +66,11 @@ pub fn install() -> anyhow::Result<PrometheusHandle> {
     describe_counter!(LIVEZ, "Cumulative proxy livez HTTP status");
     describe_histogram!(KERNEL_DURATION, Unit::Seconds, "Part of each sync spent in the kernel and its tools");
     describe_histogram!(SERVICES_SYNCED, "Number of Services whose rules each sync rewrote");
+    describe_gauge!(
+        FRONTEND_CONFLICTS,
+        "Frontends (IP, protocol, port) claimed by a Service but held by an older one, skipped for it"
+    );
+    gauge!(FRONTEND_CONFLICTS).set(0.0);
     for name in [SERVICE_CHANGES, ENDPOINT_CHANGES, CONNTRACK_DELETED] {
         counter!(name).absolute(0);
     }
@@ -97,6 +103,7 @@ pub fn record_sync(report: &SyncReport, applied: &Changes, since: SystemTime) {
     counter!(SERVICE_CHANGES).increment(applied.service_updates as u64);
     counter!(ENDPOINT_CHANGES).increment(applied.endpoint_updates as u64);
     counter!(CONNTRACK_DELETED).increment(report.conntrack_deleted);
+    gauge!(FRONTEND_CONFLICTS).set(report.frontend_conflicts as f64);
     record_pending(&Changes::default());
 }
 

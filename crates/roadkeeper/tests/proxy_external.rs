@@ -20,6 +20,7 @@ per_backend!(
     load_balancer_source_ranges_admit_listed_sources,
     node_ports_listen_on_the_modes_default_addresses_and_on_every_address_with_0_0_0_0_slash_0,
     node_ports_answer_on_localhost_only_in_iptables_mode_while_localhost_nodeports_is_on,
+    masquerade_all_keeps_the_source_of_pods_reaching_a_local_policy_service_by_external_frontends,
 );
 
 /// Service number of `web`: ClusterIPs 10.96.0.80 / fd00:96::80, nodePort 30080.
@@ -241,5 +242,34 @@ fn node_ports_answer_on_localhost_only_in_iptables_mode_while_localhost_nodeport
         c.proxy_once(&["--iptables-localhost-nodeports=false"]);
         let off = probe(c.lab.node(), Proto::Tcp, localhost);
         assert!(!matches!(off, ProbeResult::Reply(_)), "--iptables-localhost-nodeports=false: {off:?}");
+    }
+}
+
+/// `--masquerade-all` masquerades traffic to the ClusterIP (upstream keys it on the destination),
+/// not every packet passing the Service's chains: a pod reaching an `externalTrafficPolicy: Local`
+/// Service by NodePort, externalIP or load-balancer IP keeps its source, with or without a cluster
+/// CIDR (with one, that traffic is short-circuited to the Cluster set).
+fn masquerade_all_keeps_the_source_of_pods_reaching_a_local_policy_service_by_external_frontends(backend: Backend) {
+    let mut c = Cluster::new("rk-masqx", backend);
+    c.add_pod("web-local", "app: web", NODE);
+    c.write("web.yaml", &load_balancer("externalTrafficPolicy: Local"));
+    for cidr in [Some(LAB_CLUSTER_CIDR), None] {
+        c.cluster_cidr = cidr;
+        c.proxy_once(&["--masquerade-all"]);
+        for family in FAMILIES {
+            for proto in PROTOS {
+                for target in external_frontends(family) {
+                    let (_, peer) = answers(&c.client.ns, proto, target, 2);
+                    assert_eq!(peer, c.client_ip(family), "{proto:?} {target}, --cluster-cidr {cidr:?}: source kept");
+                }
+                let target = at(family.cluster_ip(WEB));
+                let (_, peer) = answers(&c.client.ns, proto, target, 2);
+                assert_eq!(
+                    peer,
+                    family.bridge_ip(),
+                    "{proto:?} {target}, --cluster-cidr {cidr:?}: ClusterIP masqueraded"
+                );
+            }
+        }
     }
 }

@@ -1,5 +1,6 @@
 //! Per-Service and per-node policies on ClusterIP traffic, with real packets in both families:
-//! session affinity, hairpin traffic and `--masquerade-all`.
+//! session affinity, hairpin traffic, `--masquerade-all` and the masquerading of off-cluster
+//! traffic to `internalTrafficPolicy: Local` Services.
 
 mod common;
 
@@ -9,6 +10,7 @@ per_backend!(
     client_ip_affinity_sticks_to_one_pod_and_plain_services_spread,
     hairpin_traffic_reaches_the_pod_itself_masqueraded,
     masquerade_all_masquerades_pod_traffic_to_cluster_ips,
+    off_cluster_traffic_to_the_cluster_ip_of_an_internal_local_policy_service_is_masqueraded,
 );
 
 /// Service number of the Services here: ClusterIPs 10.96.0.60 / fd00:96::60.
@@ -68,6 +70,38 @@ fn masquerade_all_masquerades_pod_traffic_to_cluster_ips(backend: Backend) {
             let target = at(family.cluster_ip(SVC));
             let (_, peer) = answers(&c.client.ns, proto, target, 3);
             assert_eq!(peer, family.bridge_ip(), "{proto:?} {target}");
+        }
+    }
+}
+
+/// As upstream, the "ClusterIP traffic not from a pod: masquerade" rule sits in the chain that
+/// ClusterIP traffic enters, which for `internalTrafficPolicy: Local` is the Local one: traffic from
+/// outside the cluster and from the node itself is masqueraded when a cluster CIDR tells pods apart
+/// (and always with `--masquerade-all`), pod traffic only with `--masquerade-all`.
+fn off_cluster_traffic_to_the_cluster_ip_of_an_internal_local_policy_service_is_masqueraded(backend: Backend) {
+    let mut c = Cluster::new("rk-itpm", backend);
+    c.add_pod("web-a", "app: web", NODE);
+    c.write("web.yaml", &service_manifest("web", SVC, "internalTrafficPolicy: Local"));
+    for (cidr, masquerade_all) in
+        [(Some(LAB_CLUSTER_CIDR), false), (None, false), (Some(LAB_CLUSTER_CIDR), true), (None, true)]
+    {
+        c.cluster_cidr = cidr;
+        c.proxy_once(if masquerade_all { &["--masquerade-all"] } else { &[] });
+        let off_cluster_masqueraded = cidr.is_some() || masquerade_all;
+        for family in FAMILIES {
+            for proto in PROTOS {
+                let target = at(family.cluster_ip(SVC));
+                let case = format!("{proto:?} {target}, --cluster-cidr {cidr:?}, masquerade-all {masquerade_all}");
+                for (from, ns, masqueraded) in [
+                    ("outside", c.lab.external(), off_cluster_masqueraded),
+                    ("the node", c.lab.node(), off_cluster_masqueraded),
+                    ("a pod", &c.client.ns, masquerade_all),
+                ] {
+                    let (got, peer) = answers(ns, proto, target, 2);
+                    assert!(got.iter().all(|n| n == "web-a"), "{case}: from {from}: {got:?}");
+                    assert_eq!(peer == family.bridge_ip(), masqueraded, "{case}: from {from}, the pod saw {peer}");
+                }
+            }
         }
     }
 }

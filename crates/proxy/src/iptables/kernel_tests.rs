@@ -10,7 +10,7 @@ use roadkeeper_netlab::Netns;
 use super::IptablesProxier;
 use super::restore::{Flavour, IptablesBinary, cleanup};
 use crate::config::ProxyConfig;
-use crate::proxier::Proxier;
+use crate::proxier::{Proxier, RulesCheck};
 use crate::table::NodeInfo;
 
 /// `default/hello` (one unnamed TCP port, ClusterIP 10.96.0.10) with `n` ready endpoints.
@@ -97,7 +97,7 @@ fn applies_partial_syncs_and_cleans_up(flavour: Flavour) {
         let filter = save(save4, "filter");
         assert!(filter.contains("-A INPUT -m conntrack --ctstate NEW -m comment --comment \"kubernetes externally-visible service portals\" -j KUBE-EXTERNAL-SERVICES"), "{filter}");
         assert!(save(save4, "mangle").contains(":KUBE-PROXY-CANARY"));
-        assert!(p.healthy());
+        assert!(matches!(p.check_rules(), RulesCheck::InPlace));
 
         // Two more endpoints: a partial sync rewrites hello's chains only.
         let hello_key = BTreeSet::from([NamespacedName::new("default", "hello")]);
@@ -121,10 +121,10 @@ fn applies_partial_syncs_and_cleans_up(flavour: Flavour) {
         for args in [["-t", "nat", "-F"], ["-t", "mangle", "-F"], ["-t", "mangle", "-X"]] {
             assert!(Command::new(tool).args(args).status().unwrap().success());
         }
-        assert!(!p.healthy());
+        assert!(matches!(p.check_rules(), RulesCheck::Missing));
         p.force_full_sync();
         p.sync(&objects(3), &BTreeSet::new()).unwrap();
-        assert!(p.healthy());
+        assert!(matches!(p.check_rules(), RulesCheck::InPlace));
         assert_eq!(count(&save(save4, "nat"), "default/hello"), 11);
         // Another full sync does not duplicate the jumps.
         p.force_full_sync();

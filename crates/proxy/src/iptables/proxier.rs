@@ -92,14 +92,18 @@ impl<R: IptablesRunner> IptablesProxier<R> {
         }
     }
 
-    /// Plans one Service; absent or skipped Services plan to nothing.
-    fn plan(&self, key: &NamespacedName, store: &Store) -> (Vec<ServicePort>, ServicePlan) {
-        let ports = self.state.service_ports(key, store, &self.cfg);
-        let plan = ServicePlan {
-            v4: plan_ports(&ports, &self.context(IpFamily::V4)),
-            v6: plan_ports(&ports, &self.context(IpFamily::V6)),
-        };
-        (ports, plan)
+    /// Plans the Services `keys` and those whose frontends changed owner because of them;
+    /// absent or skipped Services plan to nothing.
+    fn plan<'a>(&mut self, keys: impl IntoIterator<Item = &'a NamespacedName>, store: &Store) -> Plans {
+        let ports = self.state.plan_ports(keys, store, &self.cfg);
+        let (v4, v6) = (self.context(IpFamily::V4), self.context(IpFamily::V6));
+        ports
+            .into_iter()
+            .map(|(key, ports)| {
+                let plan = ServicePlan { v4: plan_ports(&ports, &v4), v6: plan_ports(&ports, &v6) };
+                (key, (ports, plan))
+            })
+            .collect()
     }
 }
 
@@ -112,7 +116,8 @@ fn full_inputs(
     existing: &BTreeMap<IpFamily, BTreeSet<String>>,
     jumps: &BTreeMap<IpFamily, Vec<Jump>>,
 ) -> Vec<(IpFamily, String)> {
-    let included = |key: &NamespacedName| only.is_none_or(|keys| keys.contains(key));
+    let only: Option<BTreeSet<&NamespacedName>> = only.map(|keys| keys.iter().collect());
+    let included = |key: &NamespacedName| only.as_ref().is_none_or(|keys| keys.contains(key));
     contexts
         .iter()
         .map(|ctx| {
@@ -167,27 +172,12 @@ fn apply_all<R: IptablesRunner>(
     Ok(())
 }
 
-/// The keys whose inputs fail, by bisection with `try_subset`, each with its own error.
+/// The keys whose inputs fail, by bisection with `try_subset`, each with its error.
 fn bisect_errors(
     keys: &[NamespacedName],
     try_subset: &mut dyn FnMut(&[NamespacedName]) -> Result<(), Error>,
 ) -> Vec<(NamespacedName, String)> {
-    let mut errors = BTreeMap::new();
-    let bad = bisect(keys, &mut |subset| match try_subset(subset) {
-        Ok(()) => true,
-        Err(err) => {
-            if let [key] = subset {
-                errors.insert(key.clone(), err.to_string());
-            }
-            false
-        }
-    });
-    bad.into_iter()
-        .map(|key| {
-            let why = errors.remove(&key).unwrap_or_default();
-            (key, why)
-        })
-        .collect()
+    bisect(keys, try_subset).into_iter().map(|(key, err)| (key, err.to_string())).collect()
 }
 
 /// Checks every family's input (`--test`), timing the runner with `kernel`.
@@ -213,8 +203,9 @@ impl<R: IptablesRunner> Backend for IptablesProxier<R> {
 
     /// Rewrites everything we own.
     fn full_sync(&mut self, store: &Store) -> Result<SyncReport, Error> {
+        self.state.claims.clear();
         let keys: Vec<NamespacedName> = store.services().map(|(k, _)| k.clone()).collect();
-        let mut planned: Plans = keys.iter().map(|key| (key.clone(), self.plan(key, store))).collect();
+        let mut planned = self.plan(&keys, store);
         let families = self.runner.families();
         let contexts: Vec<PlanContext> = families.iter().map(|f| self.context(*f)).collect();
         if self.context(IpFamily::V4).localhost_nodeports_active()
@@ -234,6 +225,9 @@ impl<R: IptablesRunner> Backend for IptablesProxier<R> {
         }
         let mut inputs = full_inputs(&contexts, &planned, None, &existing, &missing);
         if let Err(err) = apply_all(&mut self.runner, &mut self.state.kernel, &inputs) {
+            if !err.is_refusal() {
+                return Err(err);
+            }
             tracing::warn!(error = %err, "full sync refused by the kernel; looking for the offending Services");
             let (runner, kernel) = (&mut self.runner, &mut self.state.kernel);
             // Without jumps: a subset applied for real must not insert them (the final input does).
@@ -251,10 +245,7 @@ impl<R: IptablesRunner> Backend for IptablesProxier<R> {
             if refused.is_empty() {
                 return Err(err);
             }
-            for (key, why) in &mut refused {
-                if why.is_empty() {
-                    *why = err.to_string();
-                }
+            for (key, why) in &refused {
                 tracing::error!(service = %key, error = %why, "kernel refused the rules of this Service; keeping its last good rules");
                 let last_good = self.applied.get(key).cloned().unwrap_or_default();
                 planned.insert(key.clone(), (Vec::new(), last_good));
@@ -283,14 +274,13 @@ impl<R: IptablesRunner> Backend for IptablesProxier<R> {
     /// from what is applied.
     fn partial_sync(&mut self, store: &Store, changed: &BTreeSet<NamespacedName>) -> Result<SyncReport, Error> {
         let mut candidates: Plans = BTreeMap::new();
-        for key in changed {
-            let (ports, plan) = self.plan(key, store);
+        for (key, (ports, plan)) in self.plan(changed, store) {
             let empty = ServicePlan::default();
-            if self.applied.get(key).unwrap_or(&empty) == &plan {
-                self.state.set_table(key, ports);
+            if self.applied.get(&key).unwrap_or(&empty) == &plan {
+                self.state.set_table(&key, ports);
                 continue;
             }
-            candidates.insert(key.clone(), (ports, plan));
+            candidates.insert(key, (ports, plan));
         }
         if candidates.is_empty() {
             return Ok(SyncReport::default());
@@ -306,11 +296,14 @@ impl<R: IptablesRunner> Backend for IptablesProxier<R> {
         let mut failed = None;
         for (i, (family, input)) in inputs.iter().enumerate() {
             if let Err(err) = self.state.kernel.time(|| self.runner.restore(*family, input)) {
-                failed = Some((i, err.to_string()));
+                failed = Some((i, err));
                 break;
             }
         }
         if let Some((failed_at, err)) = failed {
+            if !err.is_refusal() {
+                return Err(err);
+            }
             tracing::warn!(error = %err, "partial sync refused by the kernel; looking for the offending Services");
             // What each family's kernel tables hold, updated with every successful restore, so
             // that every input below is consistent with the kernel.
@@ -345,12 +338,9 @@ impl<R: IptablesRunner> Backend for IptablesProxier<R> {
                 refused = bisect_errors(&keys, &mut apply_subset);
             }
             if refused.is_empty() {
-                return Err(Error::Iptables(err));
+                return Err(err);
             }
-            for (key, why) in &mut refused {
-                if why.is_empty() {
-                    *why = err.clone();
-                }
+            for (key, why) in &refused {
                 tracing::error!(service = %key, error = %why, "kernel refused the rules of this Service; keeping its last good rules");
             }
             let good: Vec<NamespacedName> =
@@ -376,8 +366,8 @@ impl<R: IptablesRunner> Backend for IptablesProxier<R> {
     }
 
     /// The mangle canary chains exist (not timed: not part of a sync).
-    fn rules_in_place(&mut self) -> bool {
-        self.runner.healthy().unwrap_or(false)
+    fn rules_in_place(&mut self) -> Result<bool, Error> {
+        self.runner.healthy()
     }
 }
 

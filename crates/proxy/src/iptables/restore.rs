@@ -63,12 +63,36 @@ fn in_path(name: &str) -> bool {
         .unwrap_or(false)
 }
 
-/// Runs a tool, feeding `stdin`; its stdout, or its stderr as the error.
+/// Runs a tool, feeding `stdin`; its stdout, or its stderr as the error:
+/// [`Error::IptablesRefused`] when a restore blames a line of its input.
 fn run(program: &str, args: &[&str], stdin: Option<&str>) -> Result<String, Error> {
-    crate::tool::run(program, args, stdin).map_err(|e| match e {
+    crate::tool::run(program, args, stdin).map_err(|e| tool_error(program, args, e))
+}
+
+fn tool_error(program: &str, args: &[&str], e: ToolError) -> Error {
+    match e {
         ToolError::Io(step, e) => Error::Iptables(format!("{step} {program}: {e}")),
-        ToolError::Failed(stderr) => Error::Iptables(format!("{program} {}: {stderr}", args.join(" "))),
-    })
+        ToolError::Failed { stderr, .. } => {
+            let text = format!("{program} {}: {stderr}", args.join(" "));
+            if program.ends_with("-restore") && blames_the_input(&stderr) {
+                Error::IptablesRefused(text)
+            } else {
+                Error::Iptables(text)
+            }
+        }
+    }
+}
+
+/// Whether iptables-restore's error output blames a line of its input (`Error occurred at line:
+/// N`, `line N failed`) rather than permission, the xtables lock or the kernel's tables, which
+/// legacy iptables-restore also reports "at line 1".
+fn blames_the_input(stderr: &str) -> bool {
+    const NOT_THE_INPUT: [&str; 5] =
+        ["Permission denied", "you must be root", "unable to initialize table", "xtables lock", "Resource temporarily"];
+    let names_a_line = stderr
+        .match_indices("line")
+        .any(|(i, _)| stderr[i + 4..].trim_start_matches([':', ' ']).starts_with(|c: char| c.is_ascii_digit()));
+    names_a_line && !NOT_THE_INPUT.iter().any(|m| stderr.contains(m))
 }
 
 /// What a flavour's listing holds, for [`choose_flavour`].
@@ -252,11 +276,17 @@ impl IptablesRunner for IptablesBinary {
         std::fs::write(path, "1").map_err(|e| Error::Iptables(format!("setting {path}: {e}")))
     }
 
+    /// The canary chain is there in every family; exit code 1 (no such chain; the nft flavour
+    /// also says "incompatible" for a missing chain) means it is gone, anything else (2:
+    /// parameters, 3: permission, 4: the lock) that it cannot be told.
     fn healthy(&mut self) -> Result<bool, Error> {
         for family in self.families() {
             let tools = self.tools(family);
-            if run(&tools.iptables, &["-w", "5", "-t", "mangle", "-S", KUBE_PROXY_CANARY], None).is_err() {
-                return Ok(false);
+            let args = ["-w", "5", "-t", "mangle", "-S", KUBE_PROXY_CANARY];
+            match crate::tool::run(&tools.iptables, &args, None) {
+                Ok(_) => {}
+                Err(ToolError::Failed { code: Some(1), .. }) => return Ok(false),
+                Err(e) => return Err(tool_error(&tools.iptables, &args, e)),
             }
         }
         Ok(true)
@@ -413,6 +443,28 @@ mod tests {
         let listing =
             "*mangle\n:KUBE-IPTABLES-HINT - [0:0]\nCOMMIT\n*nat\n-A PREROUTING -j KUBE-SERVICES\n-A X -j Y\nCOMMIT\n";
         assert_eq!(FlavourEvidence::of(listing), FlavourEvidence { hint: true, kube_rules: 1, rules: 2 });
+    }
+
+    /// iptables 1.8.9's own messages, captured for a bad rule and for a run without
+    /// CAP_NET_ADMIN, in both flavours.
+    #[test]
+    fn restore_errors_blame_the_input_only_for_bad_lines() {
+        let legacy_bad = "iptables-restore v1.8.9 (legacy): Couldn't load target `NOPE':No such file or directory\n\n\
+                          Error occurred at line: 3";
+        let nft_bad = "iptables-nft-restore v1.8.9 (nf_tables): Chain 'NOPE' does not exist\nError occurred at line: 4";
+        let legacy_perm = "iptables-restore v1.8.9 (legacy): iptables-restore: unable to initialize table 'filter'\n\
+                           Error occurred at line: 1";
+        let nft_perm = "iptables-nft-restore v1.8.9 (nf_tables): Could not fetch rule set generation id: \
+                        Permission denied (you must be root)";
+        let lock = "Another app is currently holding the xtables lock. Stopped waiting after 5s.";
+        assert!(blames_the_input(legacy_bad) && blames_the_input(nft_bad));
+        for other in [legacy_perm, nft_perm, lock] {
+            assert!(!blames_the_input(other), "{other}");
+        }
+        let failed = |stderr: &str| ToolError::Failed { code: Some(2), stderr: stderr.into() };
+        assert!(tool_error("iptables-restore", &[], failed(nft_bad)).is_refusal());
+        assert!(!tool_error("iptables-restore", &[], failed(legacy_perm)).is_refusal());
+        assert!(!tool_error("iptables-save", &[], failed(nft_bad)).is_refusal());
     }
 
     #[test]

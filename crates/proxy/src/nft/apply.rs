@@ -26,7 +26,8 @@ pub trait NftRunner: Send {
     fn check(&mut self, script: &str) -> Result<(), Error>;
     /// Lists the chains and sets currently in our tables (missing tables are empty).
     fn existing(&mut self) -> Result<Existing, Error>;
-    /// True when our tables exist and the dispatch rule is in place (detects a flush or delete).
+    /// True when our tables exist and the dispatch rule is in place (detects a flush or delete);
+    /// an error when they cannot be read.
     fn healthy(&mut self) -> Result<bool, Error>;
 }
 
@@ -37,7 +38,7 @@ pub struct NftBinary;
 fn nft(args: &[&str], stdin: Option<&str>) -> Result<String, Error> {
     crate::tool::run("nft", args, stdin).map_err(|e| match e {
         ToolError::Io(step, e) => Error::Nft(format!("{step} nft: {e}")),
-        ToolError::Failed(stderr) => Error::Nft(stderr),
+        ToolError::Failed { stderr, .. } => Error::Nft(stderr),
     })
 }
 
@@ -51,11 +52,11 @@ impl NftRunner for NftBinary {
     }
 
     fn apply_ops(&mut self, ops: &[Op]) -> Result<(), Error> {
-        super::netlink::apply(ops)
+        Ok(super::netlink::apply(ops)?)
     }
 
     fn check_ops(&mut self, ops: &[Op]) -> Result<(), Error> {
-        super::netlink::check(ops)
+        Ok(super::netlink::check(ops)?)
     }
 
     fn existing(&mut self) -> Result<Existing, Error> {

@@ -1,5 +1,6 @@
 //! The nftables backend: pure planning of objects and scripts, plus the thin `nft` runner.
 
+pub mod answer;
 pub mod apply;
 pub mod layout;
 pub mod netlink;

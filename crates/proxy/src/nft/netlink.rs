@@ -16,20 +16,19 @@
 //! `nft --debug=netlink -f` and `strace -e write=...`), so that `nft list` prints each rule and
 //! element back exactly as its `Display` text; the tests check this round trip in both families
 //! against a live kernel, and unit tests compare the bytes with nft's captured messages. The only
-//! differences from nft's own messages: every op message and the batch END ask for an ACK, and
+//! differences from nft's own messages: the batch END asks for an ACK, and
 //! sets are referred to by name only (nft also sends the set ids of its cache).
 //!
 //! Numbers below are copied from `linux/netlink.h`, `linux/netfilter/nfnetlink.h`,
 //! `linux/netfilter/nf_tables.h` and `linux/netfilter/nf_nat.h`, under their C names.
 
-use std::io;
 use std::net::IpAddr;
 
 use ipnet::IpNet;
 
+use super::answer::{Answer, KernelError, NetlinkError, batch_outcome, parse_answers, u16_at, u32_at};
 use super::objects::{Container, TABLE, TABLE_COMMENT};
 use super::rule::{Action, AffinitySet, ChainType, ElementKey, HookPoint, Match, Op, Rule, Verdict, VmapKey};
-use crate::Error;
 use crate::netlink_socket::{
     self as nl, NLA_F_NESTED, NLM_F_ACK, NLM_F_DUMP, NLM_F_REQUEST, NLMSG_DONE, NLMSG_ERROR, NLMSG_HDRLEN,
     NetfilterSocket, SocketError,
@@ -41,9 +40,6 @@ const NETLINK_CAP_ACK: i32 = 10;
 const NETLINK_EXT_ACK: i32 = 11;
 const NLM_F_CREATE: u16 = 0x400;
 const NLM_F_APPEND: u16 = 0x800;
-const NLM_F_CAPPED: u16 = 0x100;
-const NLM_F_ACK_TLVS: u16 = 0x200;
-const NLMSGERR_ATTR_MSG: u16 = 1;
 
 // linux/netfilter/nfnetlink.h
 const NFNL_MSG_BATCH_BEGIN: u16 = 16;
@@ -244,7 +240,7 @@ const NFT_TYPE_BITS: u32 = 6;
 ///
 /// On failure nothing of the batch is applied; the error carries the kernel's errno text and the
 /// failing op as `nft` syntax.
-pub fn apply(ops: &[Op]) -> Result<(), Error> {
+pub fn apply(ops: &[Op]) -> Result<(), NetlinkError> {
     transact(ops, true)
 }
 
@@ -253,15 +249,15 @@ pub fn apply(ops: &[Op]) -> Result<(), Error> {
 /// Like `nft -c`, this sends the batch without its `NFNL_MSG_BATCH_END`: the kernel processes
 /// every message (so missing chains, existing elements, bad expressions are reported), then
 /// aborts the transaction, validating the ruleset first. nf_tables has no check-only flag.
-pub fn check(ops: &[Op]) -> Result<(), Error> {
+pub fn check(ops: &[Op]) -> Result<(), NetlinkError> {
     transact(ops, false)
 }
 
 /// The names of the chains and of the sets/maps in our table of `family`, from netlink dumps
 /// (both empty when the table does not exist).
-pub fn table_names(family: IpFamily) -> Result<(Vec<String>, Vec<String>), Error> {
-    let names = |msg: u16, table_attr: u16, name_attr: u16| -> Result<Vec<String>, Error> {
-        let replies = dump(family, msg, |_| {})?;
+pub fn table_names(family: IpFamily) -> Result<(Vec<String>, Vec<String>), NetlinkError> {
+    let names = |msg: u16, what, table_attr: u16, name_attr: u16| -> Result<Vec<String>, NetlinkError> {
+        let replies = dump(family, msg, what, |_| {})?;
         Ok(replies
             .iter()
             .filter(|attrs| attr_str(attrs, table_attr).as_deref() == Some(TABLE))
@@ -269,15 +265,15 @@ pub fn table_names(family: IpFamily) -> Result<(Vec<String>, Vec<String>), Error
             .collect())
     };
     Ok((
-        names(NFT_MSG_GETCHAIN, NFTA_CHAIN_TABLE, NFTA_CHAIN_NAME)?,
-        names(NFT_MSG_GETSET, NFTA_SET_TABLE, NFTA_SET_NAME)?,
+        names(NFT_MSG_GETCHAIN, "chains", NFTA_CHAIN_TABLE, NFTA_CHAIN_NAME)?,
+        names(NFT_MSG_GETSET, "sets", NFTA_SET_TABLE, NFTA_SET_NAME)?,
     ))
 }
 
 /// True when `chain` of our table in `family` has a rule looking up the set or map `set` (the
 /// kernel filters the rule dump by table and chain).
-pub fn chain_uses_set(family: IpFamily, chain: &str, set: &str) -> Result<bool, Error> {
-    let replies = dump(family, NFT_MSG_GETRULE, |b| {
+pub fn chain_uses_set(family: IpFamily, chain: &str, set: &str) -> Result<bool, NetlinkError> {
+    let replies = dump(family, NFT_MSG_GETRULE, "rules", |b| {
         b.str(NFTA_RULE_TABLE, TABLE);
         b.str(NFTA_RULE_CHAIN, chain);
     })?;
@@ -310,7 +306,12 @@ fn attr_str(attrs: &[u8], ty: u16) -> Option<String> {
 
 /// Sends one GET request with NLM_F_DUMP and returns the attributes of every reply message.
 /// A missing table or chain (ENOENT) is an empty dump.
-fn dump(family: IpFamily, msg: u16, attrs: impl FnOnce(&mut Buf)) -> Result<Vec<Vec<u8>>, Error> {
+fn dump(
+    family: IpFamily,
+    msg: u16,
+    what: &'static str,
+    attrs: impl FnOnce(&mut Buf),
+) -> Result<Vec<Vec<u8>>, NetlinkError> {
     let mut b = Buf::default();
     let seq = 1;
     let m = b.begin_msg(nft_type(msg), NLM_F_REQUEST | NLM_F_DUMP, seq, nfproto(family), 0);
@@ -323,7 +324,7 @@ fn dump(family: IpFamily, msg: u16, attrs: impl FnOnce(&mut Buf)) -> Result<Vec<
     loop {
         // The kernel fills the next part of a dump when we read the previous one.
         let Some(n) = recv(&sock, &mut buf, 10_000)? else {
-            return Err(Error::Nft("netlink dump: no answer from the kernel".into()));
+            return Err(NetlinkError::NoAnswer { what });
         };
         let mut at = 0;
         while at + NLMSG_HDRLEN <= n {
@@ -340,7 +341,10 @@ fn dump(family: IpFamily, msg: u16, attrs: impl FnOnce(&mut Buf)) -> Result<Vec<
                         return Ok(Vec::new());
                     }
                     if errno != 0 {
-                        return Err(Error::Nft(format!("netlink dump: {}", errno_text(errno))));
+                        let mut answers = Vec::new();
+                        parse_answers(&buf[at..at + len], &mut answers);
+                        let message = answers.pop().and_then(|a| a.message);
+                        return Err(NetlinkError::Dump { what, error: KernelError { errno, message } });
                     }
                 }
                 _ if len >= NLMSG_HDRLEN + 4 => replies.push(buf[at + NLMSG_HDRLEN + 4..at + len].to_vec()),
@@ -839,6 +843,10 @@ fn encode_rule(b: &mut Buf, rule: &Rule) {
                 load_saddr(b, family, addr_len(family));
                 cmp_eq(b, &addr_bytes(*addr));
             }
+            Match::DaddrIs(addr) => {
+                load_addr(b, family, true, addr_len(family));
+                cmp_eq(b, &addr_bytes(*addr));
+            }
             Match::SaddrIn(net) => addr_in(b, family, false, NFT_CMP_EQ, net),
             Match::SaddrInSet(set) => {
                 load_saddr(b, family, addr_len(family));
@@ -982,7 +990,7 @@ fn encode_rule(b: &mut Buf, rule: &Rule) {
 
 /// A socket for one batch or dump: acks without the echoed request, extended acks (error
 /// strings) when available, and buffers that fit a batch of `batch_len` bytes in one send.
-fn open_socket(batch_len: usize) -> Result<NetfilterSocket, Error> {
+fn open_socket(batch_len: usize) -> Result<NetfilterSocket, NetlinkError> {
     let sock = NetfilterSocket::open().map_err(socket_error)?;
     sock.set_int_opt(libc::SOL_NETLINK, NETLINK_CAP_ACK, 1);
     sock.set_int_opt(libc::SOL_NETLINK, NETLINK_EXT_ACK, 1);
@@ -1002,86 +1010,15 @@ fn open_socket(batch_len: usize) -> Result<NetfilterSocket, Error> {
 
 /// Receives one datagram, waiting at most `timeout_ms`; `None` when nothing came. A datagram
 /// larger than `buf` is read as far as it fits.
-fn recv(sock: &NetfilterSocket, buf: &mut [u8], timeout_ms: i32) -> Result<Option<usize>, Error> {
+fn recv(sock: &NetfilterSocket, buf: &mut [u8], timeout_ms: i32) -> Result<Option<usize>, NetlinkError> {
     Ok(sock.recv(buf, timeout_ms).map_err(socket_error)?.map(|n| n.min(buf.len())))
 }
 
-fn socket_error(e: SocketError) -> Error {
-    match e.call {
-        "recv" => {
-            Error::Nft(format!("netlink receive: {} (acknowledgements were lost; the batch outcome is unknown)", e.err))
-        }
-        _ => Error::Nft(format!("netlink {e}")),
-    }
+fn socket_error(e: SocketError) -> NetlinkError {
+    NetlinkError::Socket { call: e.call, source: e.err }
 }
 
-/// The errno's text without std's " (os error N)" suffix.
-fn errno_text(errno: i32) -> String {
-    let text = io::Error::from_raw_os_error(errno).to_string();
-    match text.rfind(" (os error ") {
-        Some(i) => text[..i].to_string(),
-        None => text,
-    }
-}
-
-/// One NLMSG_ERROR answer: its sequence number, errno (0 for an ack) and extack text.
-struct Answer {
-    seq: u32,
-    errno: i32,
-    message: Option<String>,
-}
-
-fn u32_at(b: &[u8], at: usize) -> u32 {
-    u32::from_ne_bytes(b[at..at + 4].try_into().expect("4 bytes"))
-}
-
-fn u16_at(b: &[u8], at: usize) -> u16 {
-    u16::from_ne_bytes(b[at..at + 2].try_into().expect("2 bytes"))
-}
-
-/// Parses the NLMSG_ERROR messages of one datagram (other types are ignored).
-fn parse_answers(buf: &[u8], out: &mut Vec<Answer>) {
-    let mut at = 0;
-    while at + NLMSG_HDRLEN <= buf.len() {
-        let len = u32_at(buf, at) as usize;
-        if len < NLMSG_HDRLEN || at + len > buf.len() {
-            break;
-        }
-        let ty = u16_at(buf, at + 4);
-        let flags = u16_at(buf, at + 6);
-        let msg = &buf[at..at + len];
-        if ty == NLMSG_ERROR && len >= NLMSG_HDRLEN + 4 + NLMSG_HDRLEN {
-            let errno = -(u32_at(msg, NLMSG_HDRLEN) as i32);
-            // The echoed request header tells which message this answers.
-            let orig = NLMSG_HDRLEN + 4;
-            let seq = u32_at(msg, orig + 8);
-            let orig_len = u32_at(msg, orig) as usize;
-            let mut tlv =
-                if flags & NLM_F_CAPPED != 0 { orig + NLMSG_HDRLEN } else { orig + orig_len.max(NLMSG_HDRLEN) };
-            tlv = (tlv + 3) & !3;
-            let mut message = None;
-            if flags & NLM_F_ACK_TLVS != 0 {
-                while tlv + 4 <= msg.len() {
-                    let alen = u16_at(msg, tlv) as usize;
-                    let aty = u16_at(msg, tlv + 2);
-                    if alen < 4 || tlv + alen > msg.len() {
-                        break;
-                    }
-                    if aty == NLMSGERR_ATTR_MSG {
-                        let text = &msg[tlv + 4..tlv + alen];
-                        let text = text.split(|&c| c == 0).next().unwrap_or_default();
-                        message = Some(String::from_utf8_lossy(text).into_owned());
-                    }
-                    tlv += (alen + 3) & !3;
-                }
-            }
-            out.push(Answer { seq, errno, message });
-        }
-        at += (len + 3) & !3;
-    }
-}
-
-fn transact(ops: &[Op], commit: bool) -> Result<(), Error> {
+fn transact(ops: &[Op], commit: bool) -> Result<(), NetlinkError> {
     if ops.is_empty() {
         return Ok(());
     }
@@ -1089,36 +1026,29 @@ fn transact(ops: &[Op], commit: bool) -> Result<(), Error> {
     let seq_start =
         std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_secs() as u32).unwrap_or(1);
     let mut b = encode_without_end(ops, seq_start);
-    let end_seq = seq_start.wrapping_add(1 + ops.len() as u32);
     if commit {
-        batch_marker(&mut b, NFNL_MSG_BATCH_END, end_seq);
+        batch_marker(&mut b, NFNL_MSG_BATCH_END, seq_start.wrapping_add(1 + ops.len() as u32));
     }
     let sock = open_socket(b.data.len())?;
     sock.send(&b.data).map_err(socket_error)?;
 
     // nfnetlink processes the whole batch inside sendmsg(2), so every answer is already queued:
-    // an error for each refused op, then the END's ack (recent kernels) or its error.
-    let op_index = |seq: u32| -> Option<usize> {
-        let i = seq.wrapping_sub(seq_start).wrapping_sub(1) as usize;
-        (i < ops.len()).then_some(i)
-    };
+    // an error for each refused op or for the batch as a whole, then the END's ack (recent
+    // kernels). Only errors are kept: a refused batch of many ops answers at most once per op.
     let mut errors: Vec<Answer> = Vec::new();
     let mut buf = vec![0u8; 64 * 1024];
     let mut answers = Vec::new();
-    while let Some(n) = recv(&sock, &mut buf, 0)? {
+    loop {
+        let received = recv(&sock, &mut buf, 0).map_err(|e| match e {
+            NetlinkError::Socket { call: "recv", source } => NetlinkError::AnswersLost { source },
+            other => other,
+        })?;
+        let Some(n) = received else { break };
         answers.clear();
         parse_answers(&buf[..n], &mut answers);
-        errors.extend(answers.drain(..).filter(|a| a.errno != 0 && (op_index(a.seq).is_some() || a.seq == end_seq)));
+        errors.extend(answers.drain(..).filter(|a| a.errno != 0));
     }
-    if let Some(first) = errors.iter().min_by_key(|a| op_index(a.seq).unwrap_or(usize::MAX)) {
-        let extack = first.message.as_deref().map(|m| format!(" ({m})")).unwrap_or_default();
-        let text = errno_text(first.errno);
-        return Err(Error::Nft(match op_index(first.seq) {
-            Some(i) => format!("{text}{extack}: {}", ops[i]),
-            None => format!("{text}{extack}: committing the batch of {} ops", ops.len()),
-        }));
-    }
-    Ok(())
+    batch_outcome(&errors, seq_start, ops)
 }
 
 #[cfg(test)]
@@ -1470,6 +1400,7 @@ mod tests {
             Op::AddChain { family, name: SVC.into() },
             Op::AddChain { family, name: EXT.into() },
             Op::AddChain { family, name: EP.into() },
+            r(SVC, vec![Match::DaddrIs(a.service)], Action::Jump("mark-for-masquerade".into())),
             r(SVC, vec![Match::SaddrIn(a.pods)], Action::Return),
             r(SVC, vec![Match::SaddrIn(a.wide)], Action::Jump("mark-for-masquerade".into())),
             r(SVC, vec![Match::SaddrInSet(AFF.into())], Action::Goto(EP.into())),
@@ -1782,8 +1713,8 @@ mod tests {
                     },
                 ];
                 for result in [check(&ops), apply(&ops)] {
-                    let Err(Error::Nft(msg)) = result else { panic!("expected an error") };
-                    assert_eq!(msg, format!("No such file or directory: {}", ops[2]));
+                    let Err(err @ NetlinkError::Refused { index: 2, .. }) = result else { panic!("{result:?}") };
+                    assert_eq!(err.to_string(), format!("No such file or directory: {}", ops[2]));
                 }
                 assert_eq!(list_table(family), base, "a failed batch must leave nothing behind");
 
@@ -1793,8 +1724,10 @@ mod tests {
                     container: Container::ClusterIps,
                     key: ElementKey::Addr(a.service),
                 }];
-                let Err(Error::Nft(msg)) = apply(&ops) else { panic!("expected an error") };
-                assert_eq!(msg, format!("No such file or directory: {}", ops[0]));
+                let Err(err @ NetlinkError::Refused { index: 0, .. }) = apply(&ops) else {
+                    panic!("expected an error")
+                };
+                assert_eq!(err.to_string(), format!("No such file or directory: {}", ops[0]));
                 assert_eq!(apply(&[]).ok(), Some(()));
             }
         });

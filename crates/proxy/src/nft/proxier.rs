@@ -13,9 +13,8 @@ use crate::config::ProxyConfig;
 use crate::nft::apply::NftRunner;
 use crate::nft::layout::Layout;
 use crate::nft::objects::Objects;
-use crate::nft::rule::Op;
 use crate::nft::service::{PlanContext, plan_service};
-use crate::nft::transaction;
+use crate::nft::transaction::{self, PartialOps};
 use crate::proxier::{Backend, SyncReport, SyncState, bisect};
 use crate::table::{IpFamily, NodeInfo, ServicePort};
 
@@ -79,10 +78,8 @@ impl<R: NftRunner> NftProxier<R> {
         }
     }
 
-    /// Plans one Service (its table entries and nft objects); absent or skipped Services plan
-    /// to nothing.
-    fn plan(&self, key: &NamespacedName, store: &Store) -> (Vec<ServicePort>, Objects) {
-        let ports = self.state.service_ports(key, store, &self.cfg);
+    /// The nft objects of one Service's ports (none: nothing to proxy).
+    fn objects(&self, ports: &[ServicePort]) -> Objects {
         let mut objects = Objects::default();
         for family in [IpFamily::V4, IpFamily::V6] {
             let of_family: Vec<ServicePort> = ports.iter().filter(|p| p.family == family).cloned().collect();
@@ -91,7 +88,24 @@ impl<R: NftRunner> NftProxier<R> {
                 objects.extend(plan_service(&of_family, &ctx));
             }
         }
-        (ports, objects)
+        objects
+    }
+
+    /// Plans the Services `keys` and those whose frontends changed owner because of them: their
+    /// table entries and nft objects.
+    fn plan<'a>(
+        &mut self,
+        keys: impl IntoIterator<Item = &'a NamespacedName>,
+        store: &Store,
+    ) -> BTreeMap<NamespacedName, (Vec<ServicePort>, Objects)> {
+        let ports = self.state.plan_ports(keys, store, &self.cfg);
+        ports
+            .into_iter()
+            .map(|(key, ports)| {
+                let objects = self.objects(&ports);
+                (key, (ports, objects))
+            })
+            .collect()
     }
 }
 
@@ -107,38 +121,39 @@ impl<R: NftRunner> Backend for NftProxier<R> {
     /// Rewrites everything we own, the layout and every Service's objects, in one netlink
     /// transaction.
     fn full_sync(&mut self, store: &Store) -> Result<SyncReport, Error> {
+        self.state.claims.clear();
         let keys: Vec<NamespacedName> = store.services().map(|(k, _)| k.clone()).collect();
-        let mut planned: BTreeMap<NamespacedName, (Vec<ServicePort>, Objects)> =
-            keys.iter().map(|key| (key.clone(), self.plan(key, store))).collect();
+        let mut planned = self.plan(&keys, store);
         let existing = self.state.kernel.time(|| self.runner.existing())?;
         let layouts = self.layouts();
         let ops_for = |planned: &BTreeMap<NamespacedName, (Vec<ServicePort>, Objects)>,
                        only: Option<&[NamespacedName]>| {
-            let included = |key: &NamespacedName| only.is_none_or(|keys| keys.contains(key));
+            let only: Option<BTreeSet<&NamespacedName>> = only.map(|keys| keys.iter().collect());
+            let included = |key: &NamespacedName| only.as_ref().is_none_or(|keys| keys.contains(key));
             let objects = planned.iter().filter(|(k, _)| included(k)).map(|(_, (_, o))| o);
             transaction::full_sync(&layouts, objects, &existing)
         };
         let mut refused = Vec::new();
         let mut ops = ops_for(&planned, None);
         if let Err(err) = self.state.kernel.time(|| self.runner.apply_ops(&ops)) {
+            if !err.is_refusal() {
+                return Err(err);
+            }
             tracing::warn!(error = %err, "full sync refused by the kernel; looking for the offending Services");
             let (runner, kernel) = (&mut self.runner, &mut self.state.kernel);
             let bad = bisect(&keys, &mut |subset| {
                 let ops = ops_for(&planned, Some(subset));
-                kernel.time(|| runner.check_ops(&ops)).is_ok()
+                kernel.time(|| runner.check_ops(&ops))
             });
             if bad.is_empty() {
                 return Err(err);
             }
-            for key in &bad {
-                let ops = ops_for(&planned, Some(std::slice::from_ref(key)));
-                let why = self.state.kernel.time(|| self.runner.check_ops(&ops)).err();
-                let why = why.map(|e| e.to_string()).unwrap_or_else(|| err.to_string());
+            for (key, why) in bad {
                 tracing::error!(service = %key, error = %why, "kernel refused the rules of this Service; keeping its last good rules");
                 // Keep the last good objects of a refused Service, if it had any.
-                let last_good = self.applied.get(key).cloned().unwrap_or_default();
+                let last_good = self.applied.get(&key).cloned().unwrap_or_default();
                 planned.insert(key.clone(), (Vec::new(), last_good));
-                refused.push((key.clone(), why));
+                refused.push((key, why.to_string()));
             }
             ops = ops_for(&planned, None);
             self.state.kernel.time(|| self.runner.apply_ops(&ops))?;
@@ -158,41 +173,41 @@ impl<R: NftRunner> Backend for NftProxier<R> {
 
     /// Applies only the differences of the `changed` Services, as one transaction of ops.
     fn partial_sync(&mut self, store: &Store, changed: &BTreeSet<NamespacedName>) -> Result<SyncReport, Error> {
-        let mut plans: BTreeMap<NamespacedName, (Vec<ServicePort>, Objects, Vec<Op>)> = BTreeMap::new();
-        for key in changed {
-            let (ports, objects) = self.plan(key, store);
+        let mut plans: BTreeMap<NamespacedName, (Vec<ServicePort>, Objects, PartialOps)> = BTreeMap::new();
+        for (key, (ports, objects)) in self.plan(changed, store) {
             let empty = Objects::default();
-            let ops = transaction::partial_sync(self.applied.get(key).unwrap_or(&empty), &objects);
+            let ops = transaction::partial_sync(self.applied.get(&key).unwrap_or(&empty), &objects);
             if ops.is_empty() {
-                self.state.set_table(key, ports);
+                self.state.set_table(&key, ports);
                 continue;
             }
-            plans.insert(key.clone(), (ports, objects, ops));
+            plans.insert(key, (ports, objects, ops));
         }
-        let join =
-            |keys: &[&NamespacedName]| keys.iter().flat_map(|k| plans[*k].2.iter().cloned()).collect::<Vec<Op>>();
+        let join = |keys: &[&NamespacedName]| transaction::join_partial(keys.iter().map(|k| &plans[*k].2));
         let keys: Vec<&NamespacedName> = plans.keys().collect();
         let mut ops = join(&keys);
         let mut refused = Vec::new();
         if !ops.is_empty()
             && let Err(err) = self.state.kernel.time(|| self.runner.apply_ops(&ops))
         {
+            if !err.is_refusal() {
+                return Err(err);
+            }
             tracing::warn!(error = %err, "partial sync refused by the kernel; looking for the offending Services");
             let (runner, kernel) = (&mut self.runner, &mut self.state.kernel);
             let bad = bisect(&keys, &mut |subset| {
                 let ops = join(subset);
-                kernel.time(|| runner.check_ops(&ops)).is_ok()
+                kernel.time(|| runner.check_ops(&ops))
             });
             if bad.is_empty() {
                 return Err(err);
             }
-            for key in &bad {
-                let why = self.state.kernel.time(|| self.runner.check_ops(&plans[*key].2)).err();
-                let why = why.map(|e| e.to_string()).unwrap_or_else(|| err.to_string());
+            for (key, why) in &bad {
                 tracing::error!(service = %key, error = %why, "kernel refused the rules of this Service; keeping its last good rules");
-                refused.push(((*key).clone(), why));
+                refused.push(((*key).clone(), why.to_string()));
             }
-            let good: Vec<&NamespacedName> = keys.iter().filter(|k| !bad.contains(k)).copied().collect();
+            let good: Vec<&NamespacedName> =
+                keys.iter().filter(|k| !bad.iter().any(|(b, _)| b == *k)).copied().collect();
             ops = join(&good);
             if !ops.is_empty() {
                 self.state.kernel.time(|| self.runner.apply_ops(&ops))?;
@@ -216,15 +231,17 @@ impl<R: NftRunner> Backend for NftProxier<R> {
     }
 
     /// Our tables exist and the dispatch rule is in place (not timed: not part of a sync).
-    fn rules_in_place(&mut self) -> bool {
-        self.runner.healthy().unwrap_or(false)
+    fn rules_in_place(&mut self) -> Result<bool, Error> {
+        self.runner.healthy()
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::nft::answer::{KernelError, NetlinkError};
     use crate::nft::apply::Recorder;
+    use crate::nft::rule::Op;
     use crate::nft::transaction::{Existing, script};
     use crate::proxier::Proxier;
     use crate::proxier::testing::{cluster, service};
@@ -262,7 +279,11 @@ mod tests {
         fn judge(&self, ops: &[Op]) -> Result<(), Error> {
             let text = script(ops);
             match &self.poison {
-                Some(p) if text.contains(p.as_str()) => Err(Error::Nft(format!("Invalid argument: {p}"))),
+                Some(p) if text.contains(p.as_str()) => Err(Error::Netlink(NetlinkError::Refused {
+                    index: 0,
+                    op: p.clone(),
+                    error: KernelError { errno: libc::EINVAL, message: None },
+                })),
                 _ => Ok(()),
             }
         }

@@ -33,6 +33,8 @@ pub enum Match {
     },
     /// `ct state new`.
     CtStateNew,
+    /// `ip daddr 10.96.0.10` (family from the rule).
+    DaddrIs(IpAddr),
     /// `ip daddr @<set>`: the destination is in a named set.
     DaddrInSet(String),
     /// `ip daddr != 127.0.0.0/8`: the destination is outside a prefix.
@@ -135,6 +137,7 @@ impl fmt::Display for Rule {
                 Match::FibSaddrLocal => write!(f, "fib saddr type local ")?,
                 Match::Random { modulus, value } => write!(f, "numgen random mod {modulus} {value} ")?,
                 Match::CtStateNew => write!(f, "ct state new ")?,
+                Match::DaddrIs(addr) => write!(f, "{ip} daddr {addr} ")?,
                 Match::DaddrInSet(set) => write!(f, "{ip} daddr @{set} ")?,
                 Match::DaddrNotIn(net) if net.prefix_len() == net.max_prefix_len() => {
                     write!(f, "{ip} daddr != {} ", net.addr())?

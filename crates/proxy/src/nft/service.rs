@@ -94,20 +94,31 @@ fn plan_port(sp: &ServicePort, ctx: &PlanContext, out: &mut Objects) {
         out.chain(fam, names.endpoint(ep), rules);
     }
 
-    // The Cluster endpoint set (service-...) and the Local one (local-...).
-    if !sp.cluster_endpoints.is_empty() {
-        let mut rules = Vec::new();
-        if ctx.masquerade_all {
-            rules.push(always(Action::Jump("mark-for-masquerade".into())));
+    // The Cluster endpoint set (service-...) and the Local one (local-...). As upstream, the chain
+    // that ClusterIP traffic enters (the internal-traffic chain) first masquerades traffic to the
+    // ClusterIP: all of it with --masquerade-all, else what does not come from a pod. Keyed on the
+    // destination, so that external traffic short-circuited to these chains keeps its source.
+    let masquerade_cluster_ip = sp.cluster_ip.and_then(|ip| {
+        let helper = if ctx.masquerade_all {
+            "mark-for-masquerade"
         } else if !ctx.cluster_cidrs.is_empty() {
-            rules.push(always(Action::Jump("mark-if-not-pod-traffic".into())));
-        }
-        rules.extend(selection_rules(sp, &names, &sp.cluster_endpoints));
-        out.chain(fam, names.cluster.clone(), rules);
+            "mark-if-not-pod-traffic"
+        } else {
+            return None;
+        };
+        Some(when(Match::DaddrIs(ip), Action::Jump(helper.into())))
+    });
+    let endpoint_set = |internal: bool, eps: &[Endpoint]| {
+        let mut rules: Vec<Rule> = masquerade_cluster_ip.iter().filter(|_| internal).cloned().collect();
+        rules.extend(selection_rules(sp, &names, eps));
+        rules
+    };
+    if !sp.cluster_endpoints.is_empty() {
+        out.chain(fam, names.cluster.clone(), endpoint_set(!sp.internal_policy_local, &sp.cluster_endpoints));
     }
     let uses_local = sp.internal_policy_local || sp.external_policy_local;
     if uses_local && !sp.local_endpoints.is_empty() {
-        out.chain(fam, names.local.clone(), selection_rules(sp, &names, &sp.local_endpoints));
+        out.chain(fam, names.local.clone(), endpoint_set(sp.internal_policy_local, &sp.local_endpoints));
     }
 
     // ClusterIP frontend.
@@ -261,6 +272,37 @@ mod tests {
             objects.chains[&(IpFamily::V4, external.to_string())].iter().map(ToString::to_string).collect();
         assert!(rules[0].starts_with("ip saddr 10.244.0.0/16 goto service-"), "{rules:?}");
         assert!(!rules.iter().any(|r| r.contains("local-")), "nothing falls through to the empty Local set: {rules:?}");
+    }
+
+    fn chain_rules(objects: &Objects, prefix: &str) -> Vec<String> {
+        let (_, rules) = objects.chains.iter().find(|((_, name), _)| name.starts_with(prefix)).expect(prefix);
+        rules.iter().map(ToString::to_string).collect()
+    }
+
+    #[test]
+    fn the_internal_traffic_chain_masquerades_cluster_ip_traffic_not_from_pods() {
+        let local = Endpoint { ip: "10.244.0.11".parse().unwrap(), port: 8080, is_local: true };
+        let mut sp = local_policy_port(vec![local.clone()]);
+        sp.local_endpoints = vec![local];
+        sp.external_policy_local = false;
+        sp.internal_policy_local = true;
+        let objects = plan(sp.clone());
+        let masquerade = "ip daddr 10.96.0.80 jump mark-if-not-pod-traffic comment \"default/web\"";
+        assert_eq!(chain_rules(&objects, "local-")[0], masquerade);
+        assert!(!chain_rules(&objects, "service-").iter().any(|r| r.contains("mark-if-not-pod")));
+
+        sp.internal_policy_local = false;
+        let objects = plan(sp.clone());
+        assert_eq!(chain_rules(&objects, "service-")[0], masquerade);
+
+        let ctx = PlanContext { masquerade_all: true, ..PlanContext::default() };
+        let objects = plan_service(&[sp.clone()], &ctx);
+        let rules = chain_rules(&objects, "service-");
+        assert_eq!(rules[0], "ip daddr 10.96.0.80 jump mark-for-masquerade comment \"default/web\"");
+        assert_eq!(rules.iter().filter(|r| r.contains("mark-for-masquerade")).count(), 1, "{rules:?}");
+
+        let objects = plan_service(&[sp], &PlanContext::default());
+        assert!(!chain_rules(&objects, "service-").iter().any(|r| r.contains("mark-")), "no detector, no masquerade");
     }
 
     #[test]

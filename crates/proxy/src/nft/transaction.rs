@@ -86,56 +86,89 @@ pub fn full_sync<'a>(
     ops
 }
 
-/// The ops that move the kernel from `old` to `new` for some Services: only chains whose rules
-/// differ are flushed and rewritten, only changed elements are deleted or added. Empty when
-/// nothing differs.
-pub fn partial_sync(old: &Objects, new: &Objects) -> Vec<Op> {
-    let mut ops = Vec::new();
+/// The ops of one Service's partial sync, in the phases by which several Services' ops are
+/// merged into one transaction ([`join_partial`]): objects built (sets, chains, rules), map
+/// elements removed, map elements added, objects torn down. A map element one Service gives up
+/// and another takes over (a frontend changing owner) must go before it comes back.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct PartialOps {
+    phases: [Vec<Op>; 4],
+}
+
+impl PartialOps {
+    const BUILD: usize = 0;
+    const UNLINK: usize = 1;
+    const LINK: usize = 2;
+    const TEAR_DOWN: usize = 3;
+
+    /// True when nothing differs.
+    pub fn is_empty(&self) -> bool {
+        self.phases.iter().all(Vec::is_empty)
+    }
+
+    /// This Service's ops alone, in order.
+    pub fn ops(&self) -> Vec<Op> {
+        join_partial(std::iter::once(self))
+    }
+}
+
+/// Several Services' partial syncs as one transaction, phase by phase.
+pub fn join_partial<'a>(parts: impl Iterator<Item = &'a PartialOps> + Clone) -> Vec<Op> {
+    (0..4).flat_map(|phase| parts.clone().flat_map(move |p| p.phases[phase].iter().cloned())).collect()
+}
+
+/// What moves the kernel from `old` to `new` for one Service: only chains whose rules differ are
+/// flushed and rewritten, only changed elements are deleted or added. Empty when nothing differs.
+pub fn partial_sync(old: &Objects, new: &Objects) -> PartialOps {
+    let mut out = PartialOps::default();
+    let build = &mut out.phases[PartialOps::BUILD];
     for ((family, name), set) in &new.sets {
         if !old.sets.contains_key(&(*family, name.clone())) {
-            ops.push(Op::AddSet { family: *family, name: name.clone(), set: set.clone() });
+            build.push(Op::AddSet { family: *family, name: name.clone(), set: set.clone() });
         }
     }
     let mut rewritten = Vec::new();
     for (key @ (family, name), rules) in &new.chains {
         match old.chains.get(key) {
             None => {
-                ops.push(Op::AddChain { family: *family, name: name.clone() });
+                build.push(Op::AddChain { family: *family, name: name.clone() });
                 rewritten.push((name, rules));
             }
             Some(old_rules) if old_rules != rules => {
-                ops.push(Op::FlushChain { family: *family, name: name.clone() });
+                build.push(Op::FlushChain { family: *family, name: name.clone() });
                 rewritten.push((name, rules));
             }
             Some(_) => {}
         }
     }
     for (name, rules) in rewritten {
-        ops.extend(rules.iter().map(|rule| add_rule(name, rule)));
+        build.extend(rules.iter().map(|rule| add_rule(name, rule)));
     }
     for (key @ (family, container, elem_key), value) in &old.elements {
         if new.elements.get(key) != Some(value) {
-            ops.push(Op::DeleteElement { family: *family, container: *container, key: elem_key.clone() });
+            let op = Op::DeleteElement { family: *family, container: *container, key: elem_key.clone() };
+            out.phases[PartialOps::UNLINK].push(op);
         }
     }
     for (key @ (family, container, elem_key), value) in &new.elements {
         if old.elements.get(key) != Some(value) {
-            ops.push(add_element(*family, *container, elem_key, value));
+            out.phases[PartialOps::LINK].push(add_element(*family, *container, elem_key, value));
         }
     }
+    let tear_down = &mut out.phases[PartialOps::TEAR_DOWN];
     let removed: Vec<_> = old.chains.keys().filter(|k| !new.chains.contains_key(*k)).collect();
     for (family, name) in &removed {
-        ops.push(Op::FlushChain { family: *family, name: name.clone() });
+        tear_down.push(Op::FlushChain { family: *family, name: name.clone() });
     }
     for (family, name) in &removed {
-        ops.push(Op::DeleteChain { family: *family, name: name.clone() });
+        tear_down.push(Op::DeleteChain { family: *family, name: name.clone() });
     }
     for (family, name) in old.sets.keys() {
         if !new.sets.contains_key(&(*family, name.clone())) {
-            ops.push(Op::DeleteSet { family: *family, name: name.clone() });
+            tear_down.push(Op::DeleteSet { family: *family, name: name.clone() });
         }
     }
-    ops
+    out
 }
 
 /// Script that removes everything roadkeeper installed (both tables), and nothing else.
@@ -185,7 +218,7 @@ mod tests {
     fn replacing_one_endpoint_touches_only_that_services_chains() {
         let old = plan(port("a", "10.96.0.1", &["10.244.0.1", "10.244.0.2"]));
         let new = plan(port("a", "10.96.0.1", &["10.244.0.1", "10.244.0.3"]));
-        let ops = script(&partial_sync(&old, &new));
+        let ops = script(&partial_sync(&old, &new).ops());
         let lines: Vec<&str> = ops.lines().collect();
         assert!(lines.iter().all(|l| l.contains("default/a")), "{ops}");
         assert!(!ops.contains("element"), "map elements did not change: {ops}");
@@ -198,9 +231,25 @@ mod tests {
     fn losing_all_endpoints_moves_the_cluster_ip_to_reject() {
         let old = plan(port("a", "10.96.0.1", &["10.244.0.1"]));
         let new = plan(port("a", "10.96.0.1", &[]));
-        let ops = script(&partial_sync(&old, &new));
+        let ops = script(&partial_sync(&old, &new).ops());
         assert!(ops.contains("delete element ip roadkeeper service-ips { 10.96.0.1 . tcp . 80 }"), "{ops}");
         assert!(ops.contains("add element ip roadkeeper no-endpoint-services { 10.96.0.1 . tcp . 80 comment \"default/a:http\" : goto reject-chain }"), "{ops}");
+    }
+
+    #[test]
+    fn an_element_changing_owner_is_removed_before_it_is_added() {
+        let mut giver = port("a", "10.96.0.1", &["10.244.0.1"]);
+        giver.external_ips = vec!["203.0.113.7".parse().unwrap()];
+        let taker_before = port("b", "10.96.0.2", &["10.244.0.2"]);
+        let mut taker_after = taker_before.clone();
+        taker_after.external_ips = giver.external_ips.clone();
+        let b = partial_sync(&plan(taker_before), &plan(taker_after));
+        let a = partial_sync(&plan(giver), &Objects::default());
+        let ops = script(&join_partial([&b, &a].into_iter()));
+        let shared = "{ 203.0.113.7 . tcp . 80";
+        let deleted = ops.find(&format!("delete element ip roadkeeper service-ips {shared}")).expect(&ops);
+        let added = ops.find(&format!("add element ip roadkeeper service-ips {shared}")).expect(&ops);
+        assert!(deleted < added, "{ops}");
     }
 
     #[test]

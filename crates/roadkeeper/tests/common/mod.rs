@@ -25,6 +25,9 @@ pub const NODE: &str = "node-a";
 pub const TIMEOUT: Duration = Duration::from_millis(700);
 /// Port of every test Service made by [`service_manifest`], for TCP (`http`) and UDP (`dns`).
 pub const SERVICE_PORT: u16 = 80;
+/// The lab's pod CIDRs, the `--cluster-cidr` of every proxy run unless a test clears
+/// [`Cluster::cluster_cidr`].
+pub const LAB_CLUSTER_CIDR: &str = "10.244.0.0/16,fd00:244::/48";
 /// How long a watching proxy may take to apply a manifest change.
 pub const SETTLE: Duration = Duration::from_secs(5);
 
@@ -156,6 +159,9 @@ macro_rules! per_backend {
 pub struct Cluster {
     /// The backend every proxy run of this cluster uses.
     pub backend: Backend,
+    /// The `--cluster-cidr` every proxy run gets ([`LAB_CLUSTER_CIDR`]); `None` runs the proxy
+    /// without one (no local-traffic detector).
+    pub cluster_cidr: Option<&'static str>,
     proxy: Option<Process>,
     /// The control plane running in the node, when the cluster state lives in an API server.
     pub api: Option<apiserver::ControlPlane>,
@@ -180,6 +186,7 @@ impl Cluster {
         let scratch = tempfile::tempdir().expect("tempdir");
         let cluster = Cluster {
             backend,
+            cluster_cidr: Some(LAB_CLUSTER_CIDR),
             proxy: None,
             api: None,
             kubeconfig: None,
@@ -205,6 +212,7 @@ impl Cluster {
         let client = lab.add_pod("client").expect("client pod");
         let cluster = Cluster {
             backend,
+            cluster_cidr: Some(LAB_CLUSTER_CIDR),
             proxy: None,
             api: Some(api),
             kubeconfig,
@@ -299,11 +307,12 @@ impl Cluster {
             source[1].clone(),
             "--hostname-override".into(),
             NODE.into(),
-            "--cluster-cidr".into(),
-            "10.244.0.0/16,fd00:244::/48".into(),
             "--proxy-mode".into(),
             self.backend.mode().into(),
         ];
+        if let Some(cidr) = self.cluster_cidr {
+            args.extend(["--cluster-cidr".into(), cidr.into()]);
+        }
         args.extend(extra.iter().map(|s| s.to_string()));
         args
     }
