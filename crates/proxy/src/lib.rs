@@ -16,6 +16,7 @@ pub mod nft;
 pub mod node;
 pub mod proxier;
 pub mod table;
+pub mod text;
 mod tool;
 
 /// Errors of the proxy crate.

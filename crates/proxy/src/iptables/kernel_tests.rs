@@ -179,3 +179,39 @@ fn a_service_the_kernel_refuses_keeps_its_last_good_rules_and_the_others_apply()
         assert!(!save("iptables-nft-save", "nat").contains(&format!(":{sep} ")));
     });
 }
+
+/// A Service whose names try to break out of their comment (validation refuses them; nothing
+/// taken from an object may add a rule without it either): in both flavours, the kernel holds the
+/// Service's rules and not one rule it did not ask for.
+#[test]
+fn names_cannot_add_rules() {
+    let hostile_port = "x\\\" -j ACCEPT\\n-A INPUT -j DROP\\n#";
+    let svc = format!(
+        "metadata: {{name: \"evil\\\" -j ACCEPT\", namespace: default}}\n\
+         spec: {{clusterIP: 10.96.0.66, ports: [{{name: \"{hostile_port}\", port: 80, targetPort: 8080}}]}}\n"
+    );
+    let slice = format!(
+        "metadata: {{name: evil-1, namespace: default, labels: {{kubernetes.io/service-name: \"evil\\\" -j ACCEPT\"}}}}\n\
+         addressType: IPv4\nports: [{{name: \"{hostile_port}\", port: 8080}}]\nendpoints: [{{addresses: [10.244.0.66]}}]\n"
+    );
+    let store = Store::from_objects([
+        Object::Service(serde_saphyr::from_str(&svc).unwrap()),
+        Object::EndpointSlice(serde_saphyr::from_str(&slice).unwrap()),
+    ]);
+    for (flavour, save4) in [(Flavour::Nft, "iptables-nft-save"), (Flavour::Legacy, "iptables-legacy-save")] {
+        let ns = Netns::new("rk-iptnames").unwrap();
+        ns.run(|| {
+            let mut p = proxier(flavour);
+            let report = p.sync(&store, &BTreeSet::new()).unwrap();
+            assert!(report.refused.is_empty(), "{report:?}");
+            let (nat, filter) = (save(save4, "nat"), save(save4, "filter"));
+            assert!(nat.contains("--to-destination 10.244.0.66:8080"), "the Service is programmed: {nat}");
+            for table in [&nat, &filter] {
+                assert!(!table.lines().any(|l| l.starts_with("-A INPUT -j DROP")), "{table}");
+                let evil: Vec<&str> = table.lines().filter(|l| l.contains("evil")).collect();
+                assert!(!evil.is_empty() && evil.iter().all(|l| l.contains("\"default/evil_ -j ACCEPT")), "{table}");
+                assert!(!evil.iter().any(|l| l.ends_with("-j ACCEPT")), "{table}");
+            }
+        });
+    }
+}

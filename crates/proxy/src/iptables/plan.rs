@@ -141,6 +141,16 @@ pub fn endpoint_chain(sp: &ServicePort, ep: &Endpoint) -> String {
 }
 
 /// An address as a host CIDR, as iptables prints it (`10.0.0.1/32`, `fd00::1/128`).
+/// Longest object name put in a comment: with the longest text around it, a comment stays within
+/// xt_comment's 255 bytes (valid names, `ns/name:port`, are at most 191).
+const COMMENT_NAME_MAX: usize = 191;
+
+/// `name` as it may appear inside a quoted `--comment "..."` of restore input (a newline would
+/// end the rule and start another): see [`crate::text::quotable`].
+fn in_comment(name: &impl std::fmt::Display) -> String {
+    crate::text::quotable(&name.to_string(), COMMENT_NAME_MAX).into_owned()
+}
+
 fn host(ip: &IpAddr) -> String {
     match ip {
         IpAddr::V4(v4) => format!("{v4}/32"),
@@ -173,7 +183,7 @@ pub fn plan_ports(ports: &[ServicePort], ctx: &PlanContext) -> FamilyPlan {
     // rather than left to time out. Traffic to the Service's ports was DNATed before the filter
     // table sees it, or met a port rule above.
     let mut cluster_ips: Vec<(&IpAddr, String)> =
-        ports.iter().filter_map(|sp| Some((sp.cluster_ip.as_ref()?, sp.name.service.to_string()))).collect();
+        ports.iter().filter_map(|sp| Some((sp.cluster_ip.as_ref()?, in_comment(&sp.name.service)))).collect();
     cluster_ips.dedup();
     for (ip, service) in cluster_ips {
         let comment = format!("-m comment --comment \"{service} has no such port\"");
@@ -186,7 +196,7 @@ pub fn plan_ports(ports: &[ServicePort], ctx: &PlanContext) -> FamilyPlan {
 
 /// Plans one service port, following upstream's `syncProxyRules` step by step.
 fn plan_port(sp: &ServicePort, ctx: &PlanContext, out: &mut FamilyPlan) {
-    let name = sp.name.to_string();
+    let name = in_comment(&sp.name);
     let protocol = sp.name.protocol;
     let proto = protocol.as_str();
     let port = sp.port;
@@ -373,7 +383,7 @@ fn plan_port(sp: &ServicePort, ctx: &PlanContext, out: &mut FamilyPlan) {
 /// Affinity lookups, then the probability ladder: endpoint i of n is taken with probability
 /// 1/(n-i), the last one unconditionally.
 fn endpoint_rules(sp: &ServicePort, chain: &str, eps: &[Endpoint], out: &mut FamilyPlan) {
-    let name = sp.name.to_string();
+    let name = in_comment(&sp.name);
     if let Some(timeout) = sp.affinity_timeout {
         for ep in eps {
             let sep = endpoint_chain(sp, ep);

@@ -470,10 +470,10 @@ fn udata(out: &mut Vec<u8>, ty: u8, value: &[u8]) {
     out.extend_from_slice(value);
 }
 
-/// The comment TLV of a rule or element: the string plus its NUL, truncated to fit one byte of
-/// length (nft itself refuses comments over 128 bytes).
+/// The comment TLV of a rule, set or element: the text as nft syntax shows it (see
+/// [`crate::text::comment`]) plus its NUL.
 fn comment_udata(ty: u8, comment: &str) -> Vec<u8> {
-    let mut value: Vec<u8> = comment.as_bytes().iter().copied().take(254).collect();
+    let mut value = crate::text::comment(comment).into_owned().into_bytes();
     value.push(0);
     let mut out = Vec::new();
     udata(&mut out, ty, &value);
@@ -600,9 +600,7 @@ fn encode_affinity_set(b: &mut Buf, family: IpFamily, name: &str, set: &Affinity
     b.be64(NFTA_SET_TIMEOUT, u64::from(set.timeout_secs) * 1000);
     let mut ud = Vec::new();
     udata(&mut ud, NFTNL_UDATA_SET_KEYBYTEORDER, &NFT_BYTEORDER_BIG_ENDIAN.to_ne_bytes());
-    let mut comment: Vec<u8> = set.comment.as_bytes().iter().copied().take(254).collect();
-    comment.push(0);
-    udata(&mut ud, NFTNL_UDATA_SET_COMMENT, &comment);
+    ud.extend(comment_udata(NFTNL_UDATA_SET_COMMENT, &set.comment));
     b.attr(NFTA_SET_USERDATA, &ud);
 }
 
@@ -1604,6 +1602,40 @@ mod tests {
             nodeport_ips: vec![a.lb, a.pod],
             nodeport_all_local,
             service_cidrs: service_cidrs.iter().map(|c| n(c)).collect(),
+        }
+    }
+
+    /// Whatever a Service, its namespace and its port are called (validation refuses these, and
+    /// this must hold without it), the script nft is shown is one nft accepts, and netlink
+    /// programs exactly what it says.
+    #[test]
+    fn any_names_give_a_script_nft_accepts_and_netlink_programs_the_same() {
+        use crate::nft::service::{PlanContext, plan_service};
+        use crate::nft::transaction::{Existing, full_sync};
+        use crate::table::{Endpoint, ServicePort};
+        for family in [IpFamily::V4, IpFamily::V6] {
+            let a = addrs(family);
+            let hostile = roadkeeper_cluster::NamespacedName::new("ns\" ; flush ruleset ; #", &"web\n}é\\".repeat(40));
+            let endpoint = Endpoint { ip: a.endpoint, port: 8080, is_local: true };
+            let mut sp = ServicePort::for_test(hostile, Protocol::Udp, a.service, 53, vec![endpoint]);
+            sp.name.port = "dns\"\ncomment \"x".into();
+            sp.affinity_timeout = Some(30);
+            sp.node_port = Some(30053);
+            let objects = plan_service(&[sp], &PlanContext::default());
+            let ops = full_sync(&[full_layout(family, false)], std::iter::once(&objects), &Existing::default());
+            let text = script(&ops);
+            let reference = roadkeeper_netlab::Netns::new("rk-nlnref").expect("netns");
+            let want = reference.run(|| {
+                nft(&["-c", "-f", "-"], Some(&text)).unwrap_or_else(|e| panic!("nft -c refused:\n{e}\n{text}"));
+                nft(&["-f", "-"], Some(&text)).expect("nft -f");
+                list_ruleset()
+            });
+            let ns = roadkeeper_netlab::Netns::new("rk-nlnames").expect("netns");
+            let got = ns.run(|| {
+                apply(&ops).expect("netlink");
+                list_ruleset()
+            });
+            assert_eq!(norm(&got), norm(&want));
         }
     }
 

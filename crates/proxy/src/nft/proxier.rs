@@ -268,22 +268,33 @@ mod tests {
         assert!(ops_per_size[0].lines().all(|l| l.contains("default/svc-1")), "{}", ops_per_size[0]);
     }
 
-    /// Refuses every batch that touches Services whose name contains `poison`.
+    /// Refuses every batch that touches Services whose name contains `poison`, or both halves
+    /// of `clash`; or every batch as a whole with `errno` (no capability, say); or cannot list
+    /// the tables.
     #[derive(Default)]
     struct Refuser {
         poison: Option<String>,
+        clash: Option<(String, String)>,
+        errno: Option<i32>,
+        unreadable: bool,
         applied: Vec<String>,
+        checks: usize,
     }
 
     impl Refuser {
         fn judge(&self, ops: &[Op]) -> Result<(), Error> {
             let text = script(ops);
-            match &self.poison {
-                Some(p) if text.contains(p.as_str()) => Err(Error::Netlink(NetlinkError::Refused {
-                    index: 0,
-                    op: p.clone(),
-                    error: KernelError { errno: libc::EINVAL, message: None },
-                })),
+            let refused = |op: &str| {
+                let error = KernelError { errno: libc::EINVAL, message: None };
+                Err(Error::Netlink(NetlinkError::Refused { index: 0, op: op.into(), error }))
+            };
+            if let Some(errno) = self.errno {
+                let error = KernelError { errno, message: None };
+                return Err(Error::Netlink(NetlinkError::Batch { ops: ops.len(), error }));
+            }
+            match (&self.poison, &self.clash) {
+                (Some(p), _) if text.contains(p.as_str()) => refused(p),
+                (_, Some((a, b))) if text.contains(a.as_str()) && text.contains(b.as_str()) => refused(b),
                 _ => Ok(()),
             }
         }
@@ -302,14 +313,50 @@ mod tests {
             Ok(())
         }
         fn check_ops(&mut self, ops: &[Op]) -> Result<(), Error> {
+            self.checks += 1;
             self.judge(ops)
         }
         fn existing(&mut self) -> Result<Existing, Error> {
             Ok(Existing::default())
         }
         fn healthy(&mut self) -> Result<bool, Error> {
+            if self.unreadable {
+                let error = KernelError { errno: libc::ENOBUFS, message: None };
+                return Err(Error::Netlink(NetlinkError::Dump { what: "rules", error }));
+            }
             Ok(true)
         }
+    }
+
+    fn two_services() -> Store {
+        Store::from_objects(service("a", 1, 2, 0).into_iter().chain(service("b", 2, 2, 0)))
+    }
+
+    #[test]
+    fn a_refusal_caused_by_two_services_together_blames_one_and_applies_the_other() {
+        let runner = Refuser { clash: Some(("default/a".into(), "default/b".into())), ..Refuser::default() };
+        let mut p = proxier(runner);
+        let report = p.sync(&two_services(), &BTreeSet::new()).unwrap();
+        assert_eq!(report.refused.iter().map(|(k, _)| k.name.as_str()).collect::<Vec<_>>(), ["b"]);
+        let last = p.runner().applied.last().unwrap().clone();
+        assert!(last.contains("default/a") && !last.contains("default/b"), "{last}");
+    }
+
+    #[test]
+    fn a_batch_refused_as_a_whole_is_an_error_and_is_not_bisected() {
+        let mut p = proxier(Refuser { errno: Some(libc::EPERM), ..Refuser::default() });
+        let err = p.sync(&two_services(), &BTreeSet::new()).unwrap_err();
+        assert!(err.to_string().contains("Operation not permitted"), "{err}");
+        assert_eq!(p.runner().checks, 0, "permission errors are not narrowed down to Services");
+        assert!(p.runner().applied.is_empty());
+    }
+
+    #[test]
+    fn tables_that_cannot_be_read_are_unknown_not_missing() {
+        let mut p = proxier(Refuser { unreadable: true, ..Refuser::default() });
+        assert!(matches!(p.check_rules(), crate::proxier::RulesCheck::Unknown(_)));
+        p.runner().unreadable = false;
+        assert!(matches!(p.check_rules(), crate::proxier::RulesCheck::InPlace));
     }
 
     #[test]

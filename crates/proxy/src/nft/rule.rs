@@ -12,6 +12,7 @@ use ipnet::IpNet;
 
 use super::objects::family_keyword;
 use crate::table::{IpFamily, Protocol};
+use crate::text;
 
 /// A condition of a rule. All conditions of a rule must hold.
 #[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash)]
@@ -171,7 +172,7 @@ impl fmt::Display for Rule {
             Action::Reject => write!(f, "reject")?,
         }
         if !self.comment.is_empty() {
-            write!(f, " comment \"{}\"", self.comment)?;
+            write!(f, " comment \"{}\"", text::comment(&self.comment))?;
         }
         Ok(())
     }
@@ -258,7 +259,8 @@ impl AffinitySet {
             IpFamily::V4 => "ipv4_addr",
             IpFamily::V6 => "ipv6_addr",
         };
-        format!("type {addr} ; flags dynamic,timeout ; timeout {}s ; comment \"{}\" ;", self.timeout_secs, self.comment)
+        let comment = text::comment(&self.comment);
+        format!("type {addr} ; flags dynamic,timeout ; timeout {}s ; comment \"{comment}\" ;", self.timeout_secs)
     }
 }
 
@@ -452,7 +454,7 @@ impl fmt::Display for Op {
             Op::AddElement { family, container, key, value, comment } => {
                 write!(f, "add element {} {} {{ {key}", t(family), container.name())?;
                 if !comment.is_empty() {
-                    write!(f, " comment \"{comment}\"")?;
+                    write!(f, " comment \"{}\"", text::comment(comment))?;
                 }
                 if let Some(value) = value {
                     write!(f, " : {value}")?;

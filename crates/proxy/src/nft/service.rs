@@ -9,6 +9,7 @@ use super::objects::{Container, Objects};
 use super::rule::{Action, AffinitySet, ElementKey, Match, Rule, Verdict};
 use crate::hash::nft_hash;
 use crate::table::{Endpoint, ServicePort};
+use crate::text;
 
 /// What the planner needs to know beyond the service ports themselves.
 #[derive(Debug, Clone, Default, PartialEq)]
@@ -31,14 +32,17 @@ struct ChainNames {
 }
 
 impl ChainNames {
+    /// Upstream's names, hashed from the exact base; the readable tail is made an nft identifier
+    /// (see [`text::identifier`]) whatever the Service and port are called.
     fn new(sp: &ServicePort) -> ChainNames {
         let base = format!("{}/{}/{}", sp.name.service, sp.name.protocol.as_str(), sp.name.port);
-        let suffix = format!("{}-{base}", nft_hash(&base));
+        let hash = nft_hash(&base);
+        let name = |kind: &str| text::identifier(&format!("{kind}-{hash}-"), &base);
         ChainNames {
-            cluster: format!("service-{suffix}"),
-            local: format!("local-{suffix}"),
-            external: format!("external-{suffix}"),
-            firewall: format!("firewall-{suffix}"),
+            cluster: name("service"),
+            local: name("local"),
+            external: name("external"),
+            firewall: name("firewall"),
             base,
         }
     }
@@ -47,7 +51,7 @@ impl ChainNames {
     fn endpoint(&self, ep: &Endpoint) -> String {
         let ip = ep.ip.to_string().replace(':', ".");
         let base = format!("{}__{ip}/{}", self.base, ep.port);
-        format!("endpoint-{}-{base}", nft_hash(&base))
+        text::identifier(&format!("endpoint-{}-", nft_hash(&base)), &base)
     }
 
     /// The affinity set of an endpoint; the timeout is part of the hash so a changed timeout
