@@ -1615,7 +1615,7 @@ mod tests {
         use crate::table::{Endpoint, ServicePort};
         for family in [IpFamily::V4, IpFamily::V6] {
             let a = addrs(family);
-            let hostile = roadkeeper_cluster::NamespacedName::new("ns\" ; flush ruleset ; #", &"web\n}é\\".repeat(40));
+            let hostile = roadkeeper_cluster::NamespacedName::new("ns\" ; flush ruleset ; #", "web\n}é\\".repeat(40));
             let endpoint = Endpoint { ip: a.endpoint, port: 8080, is_local: true };
             let mut sp = ServicePort::for_test(hostile, Protocol::Udp, a.service, 53, vec![endpoint]);
             sp.name.port = "dns\"\ncomment \"x".into();
