@@ -117,12 +117,16 @@ fn family_of(ip: IpAddr) -> &'static str {
     if ip.is_ipv4() { "IPv4" } else { "IPv6" }
 }
 
-/// The Pod's IP of `family`, from `status.podIPs` or else `status.podIP`.
+/// The Pod's IP of `family`, from `status.podIPs` or else `status.podIP`. An address the API
+/// server refuses in an EndpointSlice (loopback, link-local, ...) is none: the controller's
+/// slice would be refused.
 fn pod_ip<'a>(pod: &'a Pod, family: &str) -> Option<&'a str> {
     let status = pod.status.as_ref()?;
     let listed: Vec<&str> = status.pod_ips.iter().flatten().map(|p| p.ip.as_str()).collect();
     let ips = if listed.is_empty() { status.pod_ip.as_deref().into_iter().collect() } else { listed };
-    ips.into_iter().find(|ip| ip.parse::<IpAddr>().is_ok_and(|ip| family_of(ip) == family))
+    ips.into_iter().find(|ip| {
+        ip.parse::<IpAddr>().is_ok_and(|ip| family_of(ip) == family && crate::formats::endpoint_ip(&ip).is_ok())
+    })
 }
 
 /// Endpoint ports for every Service port the Pod can serve (named target ports it lacks are left out).

@@ -12,6 +12,7 @@ mod changes;
 mod endpointslices;
 mod error;
 mod feed;
+mod formats;
 mod index;
 mod names;
 mod object;

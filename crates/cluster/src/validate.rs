@@ -1,4 +1,5 @@
-//! Per-object validation of the fields the proxy relies on.
+//! Per-object validation of the fields the proxy, DNS and ingress rely on, as the API server
+//! validates them: names, namespaces and labels, port names, addresses, Ingress hosts and paths.
 
 use std::collections::BTreeSet;
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
@@ -6,10 +7,12 @@ use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 use ipnet::IpNet;
 use k8s_openapi::api::core::v1::{Node, Pod, Service};
 use k8s_openapi::api::discovery::v1::EndpointSlice;
-use k8s_openapi::api::networking::v1::ServiceCIDR;
+use k8s_openapi::api::networking::v1::{Ingress, IngressClass, ServiceCIDR};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 
 use crate::Object;
+use crate::formats::{self, Check};
 
 /// Label naming the Service an EndpointSlice belongs to.
 pub(crate) const SERVICE_NAME_LABEL: &str = "kubernetes.io/service-name";
@@ -25,14 +28,49 @@ pub(crate) struct FieldError {
 pub(crate) fn validate(object: &Object) -> Vec<FieldError> {
     let mut v = Errors::default();
     match object {
-        Object::Service(s) => service(&mut v, s),
-        Object::EndpointSlice(s) => endpoint_slice(&mut v, s),
-        Object::Pod(p) => pod(&mut v, p),
-        Object::Node(n) => node(&mut v, n),
-        Object::ServiceCidr(c) => service_cidr(&mut v, c),
-        Object::Namespace(_) | Object::Ingress(_) | Object::IngressClass(_) | Object::Secret(_) => {}
+        Object::Service(s) => {
+            metadata(&mut v, &s.metadata, formats::dns1035_label, true);
+            service(&mut v, s);
+        }
+        Object::EndpointSlice(s) => {
+            metadata(&mut v, &s.metadata, formats::dns1123_subdomain, true);
+            endpoint_slice(&mut v, s);
+        }
+        Object::Pod(p) => {
+            metadata(&mut v, &p.metadata, formats::dns1123_subdomain, true);
+            pod(&mut v, p);
+        }
+        Object::Node(n) => {
+            metadata(&mut v, &n.metadata, formats::dns1123_subdomain, false);
+            node(&mut v, n);
+        }
+        Object::ServiceCidr(c) => {
+            metadata(&mut v, &c.metadata, formats::dns1123_subdomain, false);
+            service_cidr(&mut v, c);
+        }
+        Object::Namespace(n) => metadata(&mut v, &n.metadata, formats::dns1123_label, false),
+        Object::Ingress(i) => {
+            metadata(&mut v, &i.metadata, formats::dns1123_subdomain, true);
+            ingress(&mut v, i);
+        }
+        Object::IngressClass(c) => {
+            metadata(&mut v, &c.metadata, formats::dns1123_subdomain, false);
+            ingress_class(&mut v, c);
+        }
+        Object::Secret(s) => metadata(&mut v, &s.metadata, formats::dns1123_subdomain, true),
     }
     v.0
+}
+
+/// The object's name (in its kind's format), its namespace (if `namespaced`) and labels.
+fn metadata(v: &mut Errors, meta: &ObjectMeta, name_format: fn(&str) -> Check, namespaced: bool) {
+    if let Some(name) = &meta.name {
+        v.format("metadata.name", name, name_format);
+    }
+    if namespaced && let Some(namespace) = &meta.namespace {
+        v.format("metadata.namespace", namespace, formats::dns1123_label);
+    }
+    v.labels("metadata.labels", meta.labels.iter().flatten());
 }
 
 const PROTOCOLS: &[&str] = &["TCP", "UDP", "SCTP"];
@@ -50,8 +88,13 @@ fn service(v: &mut Errors, svc: &Service) {
         v.cluster_ip(&format!("spec.clusterIPs[{i}]"), ip);
     }
     for (i, ip) in spec.external_ips.iter().flatten().enumerate() {
-        v.ip(&format!("spec.externalIPs[{i}]"), ip);
+        v.endpoint_ip(&format!("spec.externalIPs[{i}]"), ip);
     }
+    if spec.type_.as_deref() == Some("ExternalName") {
+        let name = spec.external_name.as_deref().unwrap_or_default();
+        v.format("spec.externalName", name.strip_suffix('.').unwrap_or(name), formats::dns1123_subdomain);
+    }
+    v.labels("spec.selector", spec.selector.iter().flatten());
     if let Some(ip) = spec.load_balancer_ip.as_deref().filter(|ip| !ip.is_empty()) {
         v.ip("spec.loadBalancerIP", ip);
     }
@@ -74,12 +117,16 @@ fn service(v: &mut Errors, svc: &Service) {
             Some(IntOrString::String(s)) if s.is_empty() => {
                 v.push(&format!("{at}.targetPort"), "must be a port number or a non-empty name".into())
             }
-            _ => {}
+            Some(IntOrString::String(s)) => v.format(&format!("{at}.targetPort"), s, formats::port_name),
+            None => {}
         }
         if let Some(p) = &port.protocol {
             v.one_of(&format!("{at}.protocol"), p, PROTOCOLS);
         }
         let name = port.name.as_deref().unwrap_or_default();
+        if !name.is_empty() {
+            v.format(&format!("{at}.name"), name, formats::dns1123_label);
+        }
         if ports.len() > 1 && !names.insert(name) {
             v.push(&format!("{at}.name"), format!("duplicate port name {name:?}"));
         }
@@ -113,17 +160,31 @@ fn endpoint_slice(v: &mut Errors, slice: &EndpointSlice) {
     v.one_of("addressType", family, &["IPv4", "IPv6", "FQDN"]);
     for (i, ep) in slice.endpoints.iter().enumerate() {
         for (j, addr) in ep.addresses.iter().enumerate() {
-            let valid = match family {
-                "IPv4" => addr.parse::<Ipv4Addr>().is_ok(),
-                "IPv6" => addr.parse::<Ipv6Addr>().is_ok(),
-                _ => !addr.is_empty(),
+            let field = format!("endpoints[{i}].addresses[{j}]");
+            let parsed: Option<IpAddr> = match family {
+                "IPv4" => addr.parse::<Ipv4Addr>().ok().map(IpAddr::from),
+                "IPv6" => addr.parse::<Ipv6Addr>().ok().map(IpAddr::from),
+                _ => {
+                    v.format(&field, addr, formats::dns1123_subdomain);
+                    continue;
+                }
             };
-            if !valid {
-                v.push(&format!("endpoints[{i}].addresses[{j}]"), format!("{addr:?} is not a valid {family} address"));
+            match parsed {
+                Some(ip) => v.check(&field, addr, formats::endpoint_ip(&ip)),
+                None => v.push(&field, format!("{addr:?} is not a valid {family} address")),
             }
+        }
+        if let Some(hostname) = &ep.hostname {
+            v.format(&format!("endpoints[{i}].hostname"), hostname, formats::dns1123_label);
+        }
+        if let Some(node) = &ep.node_name {
+            v.format(&format!("endpoints[{i}].nodeName"), node, formats::dns1123_subdomain);
         }
     }
     for (i, port) in slice.ports.iter().flatten().enumerate() {
+        if let Some(name) = port.name.as_deref().filter(|n| !n.is_empty()) {
+            v.format(&format!("ports[{i}].name"), name, formats::dns1123_label);
+        }
         if let Some(n) = port.port {
             v.port(&format!("ports[{i}].port"), n);
         }
@@ -134,6 +195,26 @@ fn endpoint_slice(v: &mut Errors, slice: &EndpointSlice) {
 }
 
 fn pod(v: &mut Errors, pod: &Pod) {
+    if let Some(spec) = &pod.spec {
+        for (i, container) in spec.containers.iter().enumerate() {
+            for (j, port) in container.ports.iter().flatten().enumerate() {
+                let at = format!("spec.containers[{i}].ports[{j}]");
+                if let Some(name) = &port.name {
+                    v.format(&format!("{at}.name"), name, formats::port_name);
+                }
+                v.port(&format!("{at}.containerPort"), port.container_port);
+            }
+        }
+        if let Some(hostname) = &spec.hostname {
+            v.format("spec.hostname", hostname, formats::dns1123_label);
+        }
+        if let Some(subdomain) = &spec.subdomain {
+            v.format("spec.subdomain", subdomain, formats::dns1123_label);
+        }
+        if let Some(node) = &spec.node_name {
+            v.format("spec.nodeName", node, formats::dns1123_subdomain);
+        }
+    }
     let Some(status) = &pod.status else { return };
     if let Some(ip) = &status.pod_ip {
         v.ip("status.podIP", ip);
@@ -159,6 +240,84 @@ fn service_cidr(v: &mut Errors, cidr: &ServiceCIDR) {
     }
 }
 
+/// Path sequences and endings the API server refuses in Exact and Prefix Ingress paths.
+const INVALID_PATH_SEQUENCES: [&str; 5] = ["//", "/./", "/../", "%2f", "%2F"];
+const INVALID_PATH_SUFFIXES: [&str; 2] = ["/..", "/."];
+
+fn ingress(v: &mut Errors, ingress: &Ingress) {
+    let Some(spec) = &ingress.spec else { return };
+    if let Some(class) = &spec.ingress_class_name {
+        v.format("spec.ingressClassName", class, formats::dns1123_subdomain);
+    }
+    if let Some(backend) = &spec.default_backend {
+        ingress_backend(v, "spec.defaultBackend", backend);
+    }
+    for (i, tls) in spec.tls.iter().flatten().enumerate() {
+        for (j, host) in tls.hosts.iter().flatten().enumerate() {
+            v.host(&format!("spec.tls[{i}].hosts[{j}]"), host);
+        }
+        if let Some(secret) = &tls.secret_name {
+            v.format(&format!("spec.tls[{i}].secretName"), secret, formats::dns1123_subdomain);
+        }
+    }
+    for (i, rule) in spec.rules.iter().flatten().enumerate() {
+        if let Some(host) = rule.host.as_deref().filter(|h| !h.is_empty()) {
+            v.host(&format!("spec.rules[{i}].host"), host);
+        }
+        for (j, path) in rule.http.iter().flat_map(|http| &http.paths).enumerate() {
+            let at = format!("spec.rules[{i}].http.paths[{j}]");
+            let value = path.path.as_deref().unwrap_or_default();
+            let field = format!("{at}.path");
+            match path.path_type.as_str() {
+                "Exact" | "Prefix" => {
+                    if !value.starts_with('/') {
+                        v.push(&field, format!("{value:?} must be an absolute path"));
+                    }
+                    for sequence in INVALID_PATH_SEQUENCES.iter().filter(|s| value.contains(*s)) {
+                        v.push(&field, format!("{value:?} must not contain '{sequence}'"));
+                    }
+                    for suffix in INVALID_PATH_SUFFIXES.iter().filter(|s| value.ends_with(*s)) {
+                        v.push(&field, format!("{value:?} cannot end with '{suffix}'"));
+                    }
+                }
+                "ImplementationSpecific" if !value.is_empty() && !value.starts_with('/') => {
+                    v.push(&field, format!("{value:?} must be an absolute path"));
+                }
+                "ImplementationSpecific" => {}
+                other => v.one_of(&format!("{at}.pathType"), other, &["Exact", "Prefix", "ImplementationSpecific"]),
+            }
+            ingress_backend(v, &format!("{at}.backend"), &path.backend);
+        }
+    }
+}
+
+fn ingress_backend(v: &mut Errors, at: &str, backend: &k8s_openapi::api::networking::v1::IngressBackend) {
+    let Some(service) = &backend.service else { return };
+    v.format(&format!("{at}.service.name"), &service.name, formats::dns1035_label);
+    let Some(port) = &service.port else { return };
+    if let Some(name) = port.name.as_deref().filter(|n| !n.is_empty()) {
+        v.format(&format!("{at}.service.port.name"), name, formats::port_name);
+    }
+    if let Some(n) = port.number.filter(|&n| n != 0) {
+        v.port(&format!("{at}.service.port.number"), n);
+    }
+}
+
+fn ingress_class(v: &mut Errors, class: &IngressClass) {
+    let controller = class.spec.as_ref().and_then(|s| s.controller.as_deref());
+    if let Some(controller) = controller {
+        // A domain-prefixed path (`example.com/ingress`), as the API server requires.
+        let path_char = |c: char| c.is_ascii_alphanumeric() || "/-._~%!$&'()*+,;=:".contains(c);
+        let valid = controller.len() <= 250
+            && controller.split_once('/').is_some_and(|(domain, path)| {
+                formats::dns1123_subdomain(domain).is_ok() && !path.is_empty() && path.chars().all(path_char)
+            });
+        if !valid {
+            v.push("spec.controller", format!("{controller:?} must be a domain-prefixed path"));
+        }
+    }
+}
+
 /// Collects field errors; one helper per kind of check.
 #[derive(Default)]
 struct Errors(Vec<FieldError>);
@@ -174,10 +333,50 @@ impl Errors {
         }
     }
 
-    /// A cluster IP: an IP, `None` (headless) or empty (unallocated).
+    /// An address that may receive Service traffic (not loopback, link-local, ...).
+    fn endpoint_ip(&mut self, field: &str, value: &str) {
+        match value.parse::<IpAddr>() {
+            Ok(ip) => self.check(field, value, formats::endpoint_ip(&ip)),
+            Err(_) => self.push(field, format!("{value:?} is not a valid IP address")),
+        }
+    }
+
+    /// A cluster IP: an address that may receive Service traffic, `None` (headless) or empty
+    /// (unallocated).
     fn cluster_ip(&mut self, field: &str, value: &str) {
         if !matches!(value, "None" | "") {
-            self.ip(field, value);
+            self.endpoint_ip(field, value);
+        }
+    }
+
+    /// `value` checked by `format`.
+    fn format(&mut self, field: &str, value: &str, format: fn(&str) -> Check) {
+        self.check(field, value, format(value));
+    }
+
+    /// The verdict of a check of `value`.
+    fn check(&mut self, field: &str, value: &str, verdict: Check) {
+        if let Err(why) = verdict {
+            self.push(field, format!("{value:?} {why}"));
+        }
+    }
+
+    /// Label keys (qualified names) and values.
+    fn labels<'a>(&mut self, field: &str, labels: impl Iterator<Item = (&'a String, &'a String)>) {
+        for (key, value) in labels {
+            self.format(&format!("{field}[{key:?}]"), key, formats::qualified_name);
+            self.format(&format!("{field}[{key:?}]"), value, formats::label_value);
+        }
+    }
+
+    /// An Ingress host: a DNS name (a wildcard one with `*.`), not an IP address.
+    fn host(&mut self, field: &str, host: &str) {
+        if host.parse::<IpAddr>().is_ok() {
+            self.push(field, format!("{host:?} must be a DNS name, not an IP address"));
+        } else if host.contains('*') {
+            self.format(field, host, formats::wildcard_subdomain);
+        } else {
+            self.format(field, host, formats::dns1123_subdomain);
         }
     }
 
@@ -319,6 +518,126 @@ mod tests {
             errors(slice("IP", labels, json!([]), json!([]))),
             ["addressType: \"IP\" is not one of IPv4, IPv6, FQDN"]
         );
+    }
+
+    fn object(kind: &str, value: Value) -> Object {
+        let api_version = if kind.starts_with("Ingress") { "networking.k8s.io/v1" } else { "v1" };
+        let mut v = json!({"apiVersion": api_version, "kind": kind});
+        v.as_object_mut().unwrap().extend(value.as_object().unwrap().clone());
+        match kind {
+            "Service" => Object::Service(serde_json::from_value(v).unwrap()),
+            "Pod" => Object::Pod(serde_json::from_value(v).unwrap()),
+            "Namespace" => Object::Namespace(serde_json::from_value(v).unwrap()),
+            "Ingress" => Object::Ingress(serde_json::from_value(v).unwrap()),
+            "IngressClass" => Object::IngressClass(serde_json::from_value(v).unwrap()),
+            _ => unreachable!("{kind}"),
+        }
+    }
+
+    #[test]
+    fn names_namespaces_and_labels_as_the_api_server() {
+        let meta = json!({"metadata": {"name": "1web", "namespace": "Prod_1", "labels": {"app\n": "a b", "ok": ""}}});
+        assert_eq!(
+            errors(object("Service", meta.clone())),
+            [
+                "metadata.name: \"1web\" must be an RFC 1035 label: lowercase letters, digits and '-', starting \
+                 with a letter and ending with a letter or digit",
+                "metadata.namespace: \"Prod_1\" must be a lowercase RFC 1123 label: lowercase letters, digits and \
+                 '-', starting and ending with a letter or digit",
+                "metadata.labels[\"app\\n\"]: \"app\\n\" name part must consist of letters, digits, '-', '_' or \
+                 '.', starting and ending with a letter or digit",
+                "metadata.labels[\"app\\n\"]: \"a b\" must consist of letters, digits, '-', '_' or '.', starting \
+                 and ending with a letter or digit",
+            ]
+        );
+        // A Pod's name is a subdomain (it may start with a digit and hold dots).
+        assert!(errors(object("Pod", json!({"metadata": {"name": "1.web-0"}}))).is_empty());
+        assert_eq!(errors(object("Namespace", json!({"metadata": {"name": "a.b"}}))).len(), 1);
+        let selector = json!({"metadata": {"name": "s"}, "spec": {"selector": {"app": "x\ny"}}});
+        assert_eq!(errors(object("Service", selector)).len(), 1);
+    }
+
+    #[test]
+    fn port_names_and_special_addresses() {
+        let spec = json!({"clusterIP": "127.0.0.1", "externalIPs": ["169.254.169.254", "0.0.0.0"],
+            "ports": [{"name": "HTTP\n-A INPUT -j DROP", "port": 80, "targetPort": "web_port"}]});
+        assert_eq!(
+            errors(service(spec, json!({}))),
+            [
+                "spec.clusterIP: \"127.0.0.1\" may not be in the loopback range (127.0.0.0/8, ::1/128)",
+                "spec.externalIPs[0]: \"169.254.169.254\" may not be in the link-local range (169.254.0.0/16, fe80::/10)",
+                "spec.externalIPs[1]: \"0.0.0.0\" may not be unspecified (0.0.0.0, ::)",
+                "spec.ports[0].targetPort: \"web_port\" must contain only lowercase letters, digits and '-'",
+                "spec.ports[0].name: \"HTTP\\n-A INPUT -j DROP\" must be a lowercase RFC 1123 label: lowercase \
+                 letters, digits and '-', starting and ending with a letter or digit",
+            ]
+        );
+        let external = json!({"type": "ExternalName", "externalName": "db.example.com."});
+        assert!(errors(service(external, json!({}))).is_empty());
+        let external = json!({"type": "ExternalName", "externalName": "db example"});
+        assert_eq!(errors(service(external, json!({}))).len(), 1);
+        let labels = json!({SERVICE_NAME_LABEL: "s"});
+        let bad = slice(
+            "IPv6",
+            labels,
+            json!([{"addresses": ["::1"], "hostname": "Web_0", "nodeName": "node a"}]),
+            json!([{"name": "Dns", "port": 53}]),
+        );
+        assert_eq!(
+            errors(bad),
+            [
+                "endpoints[0].addresses[0]: \"::1\" may not be in the loopback range (127.0.0.0/8, ::1/128)",
+                "endpoints[0].hostname: \"Web_0\" must be a lowercase RFC 1123 label: lowercase letters, digits and \
+                 '-', starting and ending with a letter or digit",
+                "endpoints[0].nodeName: \"node a\" must be a lowercase RFC 1123 subdomain: dot-separated labels of \
+                 lowercase letters, digits and '-', each starting and ending with a letter or digit",
+                "ports[0].name: \"Dns\" must be a lowercase RFC 1123 label: lowercase letters, digits and '-', \
+                 starting and ending with a letter or digit",
+            ]
+        );
+        let pod = json!({"metadata": {"name": "p"}, "spec": {"containers": [{"name": "c",
+            "ports": [{"name": "http", "containerPort": 80}, {"name": "80", "containerPort": 0}]}]}});
+        assert_eq!(
+            errors(object("Pod", pod)),
+            [
+                "spec.containers[0].ports[1].name: \"80\" must contain at least one letter (a-z)",
+                "spec.containers[0].ports[1].containerPort: 0 is out of range 1-65535",
+            ]
+        );
+    }
+
+    #[test]
+    fn ingress_hosts_paths_and_backends() {
+        let backend = |name: &str, port: Value| json!({"service": {"name": name, "port": port}});
+        let ingress = json!({"metadata": {"name": "i"}, "spec": {
+            "ingressClassName": "roadkeeper",
+            "tls": [{"hosts": ["*.example.com", "10.0.0.1"], "secretName": "Cert"}],
+            "rules": [{"host": "a.*.com", "http": {"paths": [
+                {"path": "/ok", "pathType": "Prefix", "backend": backend("web", json!({"name": "http"}))},
+                {"path": "/a/../b", "pathType": "Exact", "backend": backend("Web", json!({"number": 70000}))},
+                {"path": "x", "pathType": "ImplementationSpecific", "backend": backend("web", json!({"name": "Http"}))},
+                {"path": "/a/.", "pathType": "Regex", "backend": backend("web", json!({"number": 80}))}]}}]}});
+        assert_eq!(
+            errors(object("Ingress", ingress)),
+            [
+                "spec.tls[0].hosts[1]: \"10.0.0.1\" must be a DNS name, not an IP address",
+                "spec.tls[0].secretName: \"Cert\" must be a lowercase RFC 1123 subdomain: dot-separated labels of \
+                 lowercase letters, digits and '-', each starting and ending with a letter or digit",
+                "spec.rules[0].host: \"a.*.com\" must be '*.' followed by a lowercase RFC 1123 subdomain",
+                "spec.rules[0].http.paths[1].path: \"/a/../b\" must not contain '/../'",
+                "spec.rules[0].http.paths[1].backend.service.name: \"Web\" must be an RFC 1035 label: lowercase \
+                 letters, digits and '-', starting with a letter and ending with a letter or digit",
+                "spec.rules[0].http.paths[1].backend.service.port.number: 70000 is out of range 1-65535",
+                "spec.rules[0].http.paths[2].path: \"x\" must be an absolute path",
+                "spec.rules[0].http.paths[2].backend.service.port.name: \"Http\" must contain only lowercase letters, \
+                 digits and '-'",
+                "spec.rules[0].http.paths[3].pathType: \"Regex\" is not one of Exact, Prefix, ImplementationSpecific",
+            ]
+        );
+        let class = json!({"metadata": {"name": "c"}, "spec": {"controller": "roadkeeper"}});
+        assert_eq!(errors(object("IngressClass", class)).len(), 1);
+        let class = json!({"metadata": {"name": "c"}, "spec": {"controller": "roadkeeper.dev/ingress"}});
+        assert!(errors(object("IngressClass", class)).is_empty());
     }
 
     #[test]

@@ -10,6 +10,7 @@ per_backend!(
     a_yaml_syntax_error_is_reported_with_its_file,
     invalid_new_services_are_reported_with_object_and_field,
     an_invalid_edit_keeps_the_last_good_rules,
+    hostile_names_and_special_addresses_are_refused_as_the_api_server_does_and_add_no_rule,
     a_bad_flag_value_fails_once_with_a_message_naming_the_flag_and_touches_nothing,
 );
 
@@ -75,6 +76,39 @@ fn invalid_new_services_are_reported_with_object_and_field(backend: Backend) {
             "bad-port.yaml: Service default/bad-port: spec.ports[0].port: ",
         ],
     );
+}
+
+fn hostile_names_and_special_addresses_are_refused_as_the_api_server_does_and_add_no_rule(backend: Backend) {
+    let mut c = serving_web("rk-ehost", backend);
+    let service = |name: &str, spec: &str| {
+        format!("apiVersion: v1\nkind: Service\nmetadata: {{name: {name}}}\nspec: {{{spec}}}\n")
+    };
+    // A port name that would close its comment and add a rule to the filter table.
+    let inject = service(
+        "inject",
+        "clusterIP: 10.96.0.93, ports: [{name: \"x\\\" -j ACCEPT\\n-A INPUT -j DROP\\n#\", port: 80}]",
+    );
+    c.write("inject.yaml", &inject);
+    c.write("loopback.yaml", &service("loopback", "clusterIP: 127.0.0.1, ports: [{port: 80}]"));
+    c.write("upper.yaml", &service("Web_1", "ports: [{port: 80}]"));
+    // The cloud metadata address as an endpoint.
+    let metadata_server = "apiVersion: discovery.k8s.io/v1\nkind: EndpointSlice\n\
+        metadata: {name: meta-1, labels: {kubernetes.io/service-name: web}}\n\
+        addressType: IPv4\nports: [{name: http, port: 80, protocol: TCP}]\nendpoints: [{addresses: [169.254.169.254]}]\n";
+    c.write("meta.yaml", metadata_server);
+    assert_reported_and_unharmed(
+        &mut c,
+        &[
+            "inject.yaml: Service default/inject: spec.ports[0].name: ",
+            "loopback.yaml: Service default/loopback: spec.clusterIP: \"127.0.0.1\" may not be in the loopback range",
+            "upper.yaml: Service default/Web_1: metadata.name: \"Web_1\" must be an RFC 1035 label",
+            "meta.yaml: EndpointSlice default/meta-1: endpoints[0].addresses[0]: \"169.254.169.254\" may not be in the link-local range",
+        ],
+    );
+    let rules = c.kernel_rules();
+    for absent in ["INPUT -j DROP", "169.254.169.254", "127.0.0.1:80", "default/inject", "default/loopback"] {
+        assert!(!rules.contains(absent), "{absent:?} made it into the kernel:\n{rules}");
+    }
 }
 
 fn an_invalid_edit_keeps_the_last_good_rules(backend: Backend) {
