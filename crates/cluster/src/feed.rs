@@ -5,10 +5,10 @@ use std::collections::BTreeSet;
 use std::path::PathBuf;
 use std::time::Duration;
 
-use tokio::sync::mpsc;
-
 use crate::api_source::ApiSource;
 use crate::object::Kind;
+use crate::read::{Reader, read_manifest};
+use crate::source::manifest_path;
 use crate::{Changes, Error, ManifestError, ManifestSource, Store, Watcher, watch};
 
 /// How long file events are collected before a reload.
@@ -44,7 +44,12 @@ pub struct Feed {
 
 #[derive(Debug)]
 enum Source {
-    Manifests { source: ManifestSource, paths: mpsc::UnboundedReceiver<Vec<PathBuf>>, _watcher: Option<Watcher> },
+    /// Files are read on the reader's thread, never on the caller's.
+    Manifests {
+        source: ManifestSource,
+        reader: Reader,
+        _watcher: Option<Watcher>,
+    },
     Api(ApiSource),
 }
 
@@ -56,12 +61,26 @@ impl Feed {
     pub async fn open(spec: &SourceSpec, interest: &Interest, follow: bool) -> Result<Self, Error> {
         let source = match spec {
             SourceSpec::Manifests(dir) => {
-                // Watch before reading, so that no edit between the read and the watch goes unseen.
-                let (tx, paths) = mpsc::unbounded_channel();
-                let watcher = follow.then(|| watch(dir, WATCH_DEBOUNCE, move |p| drop(tx.send(p)))).transpose()?;
-                let (source, errors) = ManifestSource::load(dir)?;
+                let (mut source, paths, errors) = ManifestSource::open(dir)?;
                 log(&errors);
-                Source::Manifests { source, paths, _watcher: watcher }
+                let mut reader = Reader::start(read_manifest);
+                // Watch before reading, so that no edit between the read and the watch goes unseen.
+                let requests = reader.requests().clone();
+                let root = source.dir().to_owned();
+                let on_change =
+                    move |paths: Vec<PathBuf>| requests.send(paths.iter().filter_map(|p| manifest_path(&root, p)));
+                let watcher = follow.then(|| watch(dir, WATCH_DEBOUNCE, on_change)).transpose()?;
+                // Complete once every file found has been read (edits may come in between).
+                let mut unread: BTreeSet<PathBuf> = paths.iter().cloned().collect();
+                reader.requests().send(paths);
+                while !unread.is_empty() {
+                    let Some(reads) = reader.reads.recv().await else { break };
+                    for read in &reads {
+                        unread.remove(&read.path);
+                    }
+                    log(&source.apply(reads).1);
+                }
+                Source::Manifests { source, reader, _watcher: watcher }
             }
             SourceSpec::Kubernetes(kubeconfig) => {
                 let mut source = ApiSource::connect(kubeconfig.as_deref(), interest).await?;
@@ -89,9 +108,9 @@ impl Feed {
     /// edit that only touched unused fields). Cancel-safe.
     pub async fn changed(&mut self) -> Changes {
         match &mut self.source {
-            Source::Manifests { source, paths, .. } => match paths.recv().await {
-                Some(paths) => {
-                    let (changes, errors) = source.reload(&paths);
+            Source::Manifests { source, reader, .. } => match reader.reads.recv().await {
+                Some(reads) => {
+                    let (changes, errors) = source.apply(reads);
                     log(&errors);
                     changes
                 }

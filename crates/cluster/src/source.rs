@@ -8,7 +8,8 @@ use std::path::{Path, PathBuf};
 
 use crate::index::{self, Index};
 use crate::object::ObjectKey;
-use crate::parse::{Entry, parse_file};
+use crate::parse::Entry;
+use crate::read::{FileRead, Outcome, read_manifest};
 use crate::store::Batch;
 use crate::{Changes, Error, ManifestError, Object, Store};
 
@@ -31,32 +32,43 @@ pub struct ManifestSource {
 }
 
 impl ManifestSource {
-    /// Reads every `*.yaml`, `*.yml` and `*.json` file below `dir` (recursively, in sorted path
-    /// order, multi-document YAML allowed). Fails only if `dir` itself cannot be read.
-    pub fn load(dir: &Path) -> Result<(Self, Vec<ManifestError>), Error> {
+    /// An empty source for `dir` (canonicalized) and the manifest files below it, to read and
+    /// [`apply`](Self::apply). Fails only if `dir` itself cannot be read.
+    pub(crate) fn open(dir: &Path) -> Result<(Self, Vec<PathBuf>, Vec<ManifestError>), Error> {
         let io_error = |source| Error::Io { path: dir.to_owned(), source };
         let dir = fs::canonicalize(dir).map_err(io_error)?;
         let mut errors = Vec::new();
         let mut paths = Vec::new();
         discover(&dir, &mut paths, &mut errors).map_err(io_error)?;
-        let mut source = Self { dir, store: Store::default(), files: BTreeMap::new(), claims: Index::new() };
+        Ok((Self { dir, store: Store::default(), files: BTreeMap::new(), claims: Index::new() }, paths, errors))
+    }
+
+    /// Reads every `*.yaml`, `*.yml` and `*.json` file below `dir` (recursively, in sorted path
+    /// order, multi-document YAML allowed), in this thread. Fails only if `dir` itself cannot be
+    /// read.
+    pub fn load(dir: &Path) -> Result<(Self, Vec<ManifestError>), Error> {
+        let (mut source, paths, mut errors) = Self::open(dir)?;
         let (_, reload_errors) = source.reload(&paths);
         errors.extend(reload_errors);
         Ok((source, errors))
     }
 
-    /// Re-reads just these paths (added, changed or deleted files; others are ignored) and
-    /// updates the store. Costs O(changed files + affected services).
+    /// Re-reads just these paths (added, changed or deleted files; others are ignored), in this
+    /// thread, and updates the store. Costs O(changed files + affected services).
     pub fn reload(&mut self, paths: &[PathBuf]) -> (Changes, Vec<ManifestError>) {
-        let mut paths: Vec<PathBuf> =
-            paths.iter().map(|p| normalize(p)).filter(|p| is_manifest(&self.dir, p)).collect();
+        let mut paths: Vec<PathBuf> = paths.iter().filter_map(|p| manifest_path(&self.dir, p)).collect();
         paths.sort();
         paths.dedup();
+        self.apply(paths.iter().map(|p| read_manifest(p)).collect())
+    }
 
+    /// Applies what reading some files gave (see [`crate::read`]) to the store. A file that
+    /// cannot be used keeps its previous objects.
+    pub(crate) fn apply(&mut self, reads: Vec<FileRead>) -> (Changes, Vec<ManifestError>) {
         let mut errors = Vec::new();
         let mut touched = BTreeSet::new();
-        for path in paths {
-            if let Some(objects) = self.read(&path, &mut errors) {
+        for FileRead { path, outcome } in reads {
+            if let Some(objects) = self.objects(&path, outcome, &mut errors) {
                 self.replace_file(path, objects, &mut touched);
             }
         }
@@ -88,16 +100,20 @@ impl ManifestSource {
 
     /// The objects `path` now defines, or `None` if the file cannot be used and its previous
     /// objects must stay. Invalid objects keep their previous version.
-    fn read(&self, path: &Path, errors: &mut Vec<ManifestError>) -> Option<BTreeMap<ObjectKey, Object>> {
-        let text = match fs::read_to_string(path) {
-            Ok(text) => text,
-            Err(e) if e.kind() == io::ErrorKind::NotFound => return Some(BTreeMap::new()),
-            Err(e) => {
-                errors.push(ManifestError::file(path, e.to_string()));
+    fn objects(
+        &self,
+        path: &Path,
+        outcome: Outcome,
+        errors: &mut Vec<ManifestError>,
+    ) -> Option<BTreeMap<ObjectKey, Object>> {
+        let entries = match outcome {
+            Outcome::Gone => return Some(BTreeMap::new()),
+            Outcome::Parsed(entries) => entries,
+            Outcome::Unusable(error) | Outcome::Retry(error) => {
+                errors.push(error);
                 return None;
             }
         };
-        let entries = parse_file(path, &text).map_err(|e| errors.push(e)).ok()?;
         let previous = self.files.get(path);
         let mut objects = BTreeMap::new();
         let mut keep_all_previous = false;
@@ -149,6 +165,11 @@ impl ManifestSource {
     }
 }
 
+/// `path` made comparable with discovered paths, if it is a manifest file below `dir`.
+pub(crate) fn manifest_path(dir: &Path, path: &Path) -> Option<PathBuf> {
+    Some(normalize(path)).filter(|p| is_manifest(dir, p))
+}
+
 /// Whether `path` is a manifest file below `dir` (not hidden, with a manifest extension).
 pub(crate) fn is_manifest(dir: &Path, path: &Path) -> bool {
     let Ok(relative) = path.strip_prefix(dir) else {
@@ -178,13 +199,14 @@ fn discover(dir: &Path, paths: &mut Vec<PathBuf>, errors: &mut Vec<ManifestError
         if entry.file_name().to_string_lossy().starts_with('.') {
             continue;
         }
-        // Follows symlinks to files, not to folders (avoids loops).
+        // Does not follow symlinks to folders (avoids loops). Anything else with a manifest
+        // name is read, and reading tells a FIFO or a device apart (it is reported, not read).
         let file_type = entry.file_type()?;
         if file_type.is_dir() {
             if let Err(e) = discover(&path, paths, errors) {
                 errors.push(ManifestError::file(&path, e.to_string()));
             }
-        } else if path.is_file() && path.extension().and_then(|e| e.to_str()).is_some_and(|e| EXTENSIONS.contains(&e)) {
+        } else if !path.is_dir() && path.extension().and_then(|e| e.to_str()).is_some_and(|e| EXTENSIONS.contains(&e)) {
             paths.push(path);
         }
     }
