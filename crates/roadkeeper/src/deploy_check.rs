@@ -541,6 +541,39 @@ mod tests {
     }
 
     #[test]
+    fn every_container_has_a_memory_request_and_limit() {
+        use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
+        let mebibytes = |q: &Quantity| -> u64 {
+            let (number, unit) = q.0.split_at(q.0.find(|c: char| !c.is_ascii_digit()).unwrap_or(q.0.len()));
+            let factor = match unit {
+                "Mi" => 1,
+                "Gi" => 1024,
+                other => panic!("memory in Mi or Gi, not {other:?}"),
+            };
+            number.parse::<u64>().expect("a whole number") * factor
+        };
+        for file in yaml_files() {
+            let deploy = load(&file);
+            let pods =
+                deploy.daemon_sets.iter().map(pod_spec).chain(deploy.deployments.iter().map(deployment_pod_spec));
+            for pod in pods {
+                for container in pod.containers.iter().chain(pod.init_containers.iter().flatten()) {
+                    let resources = container.resources.as_ref();
+                    let memory =
+                        |list: Option<&BTreeMap<String, Quantity>>| list.and_then(|l| l.get("memory")).map(mebibytes);
+                    let request = memory(resources.and_then(|r| r.requests.as_ref()));
+                    let limit = memory(resources.and_then(|r| r.limits.as_ref()));
+                    let what = format!("deploy/{file}: container {}", container.name);
+                    assert!(
+                        matches!((request, limit), (Some(r), Some(l)) if r <= l),
+                        "{what}: memory {request:?} / {limit:?}"
+                    );
+                }
+            }
+        }
+    }
+
+    #[test]
     fn ingress_service_and_probes_reach_the_ports_roadkeeper_ingress_listens_on() {
         let deploy = load(INGRESS);
         let (deployment, args) = ingress_args(&deploy);

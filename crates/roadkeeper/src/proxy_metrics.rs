@@ -4,7 +4,6 @@
 use std::collections::BTreeMap;
 use std::time::{SystemTime, UNIX_EPOCH};
 
-use anyhow::Context;
 use metrics::{Unit, counter, describe_counter, describe_gauge, describe_histogram, gauge, histogram};
 use metrics_exporter_prometheus::{Matcher, PrometheusBuilder, PrometheusHandle};
 use roadkeeper_cluster::{Changes, NamespacedName};
@@ -39,11 +38,11 @@ pub fn install() -> anyhow::Result<PrometheusHandle> {
         .chain((0..12).map(|i| 60.0 + 5.0 * f64::from(i)))
         .chain((0..7).map(|i| 120.0 + 30.0 * f64::from(i)))
         .collect();
-    let handle = PrometheusBuilder::new()
-        .set_buckets(&sync_buckets)?
-        .set_buckets_for_metric(Matcher::Full(NETWORK_PROGRAMMING.into()), &programming_buckets)?
-        .install_recorder()
-        .context("installing the metrics recorder")?;
+    let handle = crate::serve::install(
+        PrometheusBuilder::new()
+            .set_buckets(&sync_buckets)?
+            .set_buckets_for_metric(Matcher::Full(NETWORK_PROGRAMMING.into()), &programming_buckets)?,
+    )?;
     describe_histogram!(SYNC_DURATION, Unit::Seconds, "SyncProxyRules latency in seconds");
     describe_histogram!(SYNC_FULL_DURATION, Unit::Seconds, "SyncProxyRules latency in seconds for full resyncs");
     describe_histogram!(SYNC_PARTIAL_DURATION, Unit::Seconds, "SyncProxyRules latency in seconds for partial resyncs");

@@ -1,7 +1,11 @@
-//! kube-proxy's health and metrics endpoints for `roadkeeper proxy` in watch mode: `/healthz` and
-//! `/livez` (JSON, 200 or 503) on `--healthz-bind-address`, Prometheus text at `/metrics` on
-//! `--metrics-bind-address`. Both are served by hyper on the sync loop's tokio runtime; the sync
-//! loop feeds them through [`SharedHealth`] and [`crate::proxy_metrics`].
+//! The small HTTP servers of every command: kube-proxy's `/healthz` and `/livez` (JSON, 200 or 503)
+//! and Prometheus text at `/metrics` for `roadkeeper proxy` in watch mode, the DNS server's health
+//! and metrics, the ingress metrics and the health-check NodePorts, all through [`spawn_server`],
+//! which bounds what a client can hold: a request head must arrive within
+//! [`HEADER_READ_TIMEOUT`] (also between requests of a kept-alive connection), a connection lasts
+//! at most [`CONNECTION_TIMEOUT`], and at most [`MAX_CONNECTIONS`] are served at once (the rest wait
+//! in the kernel's backlog, holding no file descriptor). The Prometheus recorder folds its
+//! samples on a timer ([`install`]), so memory stays flat when nobody scrapes.
 
 use std::convert::Infallible;
 use std::net::{SocketAddr, TcpListener};
@@ -13,7 +17,7 @@ use http_body_util::Full;
 use hyper::body::{Bytes, Incoming};
 use hyper::header::CONTENT_TYPE;
 use hyper::{Method, Request, Response, StatusCode};
-use hyper_util::rt::TokioIo;
+use hyper_util::rt::{TokioIo, TokioTimer};
 use metrics::counter;
 use metrics_exporter_prometheus::{PrometheusBuilder, PrometheusHandle};
 use roadkeeper_proxy::health::ProxyHealth;
@@ -24,6 +28,16 @@ pub type SharedHealth = Arc<Mutex<ProxyHealth>>;
 /// A response body.
 type Body = Full<Bytes>;
 
+/// How long a client may take to send a request head, or stay silent between requests.
+pub const HEADER_READ_TIMEOUT: Duration = Duration::from_secs(5);
+/// How long one connection may last at all (a client that never reads its answer, say).
+pub const CONNECTION_TIMEOUT: Duration = Duration::from_secs(30);
+/// Connections one server handles at once.
+pub const MAX_CONNECTIONS: usize = 64;
+/// How often the Prometheus recorder folds histogram samples into buckets (without it they pile
+/// up until a scrape).
+const UPKEEP_PERIOD: Duration = Duration::from_secs(5);
+
 pub(crate) const HEALTHZ: &str = "kubeproxy_proxy_healthz_total";
 pub(crate) const LIVEZ: &str = "kubeproxy_proxy_livez_total";
 
@@ -32,9 +46,26 @@ pub fn doubling_buckets(first: f64, count: u32) -> Vec<f64> {
     (0..count).map(|i| first * f64::from(1u32 << i)).collect()
 }
 
-/// Installs the global Prometheus recorder with `buckets` for every histogram.
+/// Installs the global Prometheus recorder with `buckets` for every histogram (see [`install`]).
 pub fn install_recorder(buckets: &[f64]) -> anyhow::Result<PrometheusHandle> {
-    PrometheusBuilder::new().set_buckets(buckets)?.install_recorder().context("installing the metrics recorder")
+    install(PrometheusBuilder::new().set_buckets(buckets)?)
+}
+
+/// Installs `builder`'s recorder as the global one, with a thread running its upkeep every
+/// [`UPKEEP_PERIOD`].
+pub fn install(builder: PrometheusBuilder) -> anyhow::Result<PrometheusHandle> {
+    let handle = builder.install_recorder().context("installing the metrics recorder")?;
+    let upkeep = handle.clone();
+    std::thread::Builder::new()
+        .name("metrics-upkeep".into())
+        .spawn(move || {
+            loop {
+                std::thread::sleep(UPKEEP_PERIOD);
+                upkeep.run_upkeep();
+            }
+        })
+        .context("starting the metrics upkeep")?;
+    Ok(handle)
 }
 
 /// Binds `address` (`IP:PORT`) for the server of `flag`; `None` when the address is empty
@@ -114,15 +145,20 @@ pub(crate) fn not_found() -> Response<Body> {
     respond(StatusCode::NOT_FOUND, "text/plain; charset=utf-8", "404 page not found\n".into())
 }
 
-/// Accepts connections on `listener` and answers each request with `handler`, HTTP/1; aborting
-/// the returned handle stops accepting (and closes the listener).
+/// Accepts connections on `listener` and answers each request with `handler`, HTTP/1, within the
+/// bounds of this module; aborting the returned handle stops accepting (and closes the listener).
 pub(crate) fn spawn_server<H>(listener: TcpListener, handler: H) -> anyhow::Result<tokio::task::AbortHandle>
 where
     H: Fn(&Request<Incoming>) -> Response<Body> + Clone + Send + Sync + 'static,
 {
     let listener = tokio::net::TcpListener::from_std(listener)?;
+    let slots = Arc::new(tokio::sync::Semaphore::new(MAX_CONNECTIONS));
+    let mut http = hyper::server::conn::http1::Builder::new();
+    http.timer(TokioTimer::new()).header_read_timeout(HEADER_READ_TIMEOUT);
     let task = tokio::spawn(async move {
         loop {
+            // A connection is accepted only when it can be served.
+            let Ok(slot) = slots.clone().acquire_owned().await else { return };
             let stream = match listener.accept().await {
                 Ok((stream, _)) => stream,
                 Err(err) => {
@@ -133,16 +169,20 @@ where
                 }
             };
             let handler = handler.clone();
-            tokio::spawn(async move {
-                let service = hyper::service::service_fn(move |req| {
+            let connection = http.serve_connection(
+                TokioIo::new(stream),
+                hyper::service::service_fn(move |req| {
                     let response = handler(&req);
                     async move { Ok::<_, Infallible>(response) }
-                });
-                if let Err(err) =
-                    hyper::server::conn::http1::Builder::new().serve_connection(TokioIo::new(stream), service).await
-                {
-                    tracing::debug!("serving a connection: {err}");
+                }),
+            );
+            tokio::spawn(async move {
+                match tokio::time::timeout(CONNECTION_TIMEOUT, connection).await {
+                    Ok(Err(err)) => tracing::debug!("serving a connection: {err}"),
+                    Err(_) => tracing::debug!("closing a connection open for {CONNECTION_TIMEOUT:?}"),
+                    Ok(Ok(())) => {}
                 }
+                drop(slot);
             });
         }
     });
