@@ -24,6 +24,9 @@ fn health_and_metrics_are_served_after_the_first_sync(backend: Backend) {
     c.add_pod("web-a", "app: web", NODE);
     c.write("web.yaml", &service_manifest("web", 70, ""));
     c.start_fast_proxy();
+    // The rules are in the kernel a moment before the sync is recorded as done.
+    let recorded = eventually(SETTLE, || !get(&c, "127.0.0.1:10256", "/healthz").1.contains("\"0001-"));
+    assert!(recorded, "the first sync was never recorded; proxy log:\n{}", c.proxy_log());
 
     for (path, node_field) in [("/healthz", true), ("/livez", false)] {
         let (code, body) = get(&c, "127.0.0.1:10256", path);
