@@ -3,6 +3,9 @@
 //! to a ready endpoint of the chosen Service over its worker's pooled connections (`pool`);
 //! [`status`] decides which Ingresses must carry our addresses in `status.loadBalancer` (pure).
 
+pub mod flood;
+pub mod host;
+pub mod path;
 mod pool;
 pub mod proxy;
 pub mod routes;
@@ -32,4 +35,19 @@ pub trait Router: Send + Sync + 'static {
     /// without the query); `None` answers 404. Shared, so that a lookup per request allocates
     /// nothing.
     fn route(&self, host: &str, path: &str) -> Option<Arc<Target>>;
+}
+
+/// Runs every file of the fuzz corpus `fuzz/corpus/<target>` through the fuzz target's `check`, so
+/// that a seed that fails there fails the unit tests.
+#[cfg(test)]
+fn check_fuzz_corpus(target: &str, check: fn(&[u8])) {
+    let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("fuzz/corpus").join(target);
+    let mut seeds = 0;
+    for entry in std::fs::read_dir(&dir).unwrap() {
+        let path = entry.unwrap().path();
+        let bytes = std::fs::read(&path).unwrap();
+        assert!(std::panic::catch_unwind(|| check(&bytes)).is_ok(), "seed {} fails", path.display());
+        seeds += 1;
+    }
+    assert!(seeds >= 10, "{seeds} seeds in {}", dir.display());
 }
