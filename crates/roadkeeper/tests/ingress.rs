@@ -117,6 +117,14 @@ impl Lab {
         backend(self.ns.run(|| TcpListener::bind(addr)).unwrap_or_else(|err| panic!("bind {addr}: {err}")), name);
     }
 
+    /// Starts [`backend`] `web-a` on 127.0.0.1:8081 behind one rule: `host`, `Prefix path`.
+    fn route_to_web_a(&self, host: &str, path: &str) {
+        self.backend("127.0.0.1:8081", "web-a");
+        self.write("a.yaml", &local_service("web-a", 8081));
+        let rules = rules(&[(host, &[(path, "Prefix", "web-a")])]);
+        self.write("ingress.yaml", &ingress("web", "roadkeeper", "2024-01-01T00:00:00Z", &[rules]));
+    }
+
     /// `GET path` with `Host: host` to [`HTTP`], on a fresh connection.
     fn get(&self, host: &str, path: &str) -> Reply {
         self.get_with(host, path, &[], None)
@@ -1003,10 +1011,7 @@ fn serves_the_default_certificate_to_hosts_without_one() {
 #[test]
 fn normalises_the_path_before_routing_and_forwards_it() {
     let lab = Lab::new("rk-ing-path");
-    lab.backend("127.0.0.1:8081", "web-a");
-    lab.write("a.yaml", &local_service("web-a", 8081));
-    let rules = rules(&[("n.example", &[("/public", "Prefix", "web-a")])]);
-    lab.write("ingress.yaml", &ingress("paths", "roadkeeper", "2024-01-01T00:00:00Z", &[rules]));
+    lab.route_to_web_a("n.example", "/public");
     lab.start();
 
     // (path as sent, what the backend gets: its target, or the proxy's status)
@@ -1144,10 +1149,7 @@ fn forwards_the_host_it_routed_on_and_refuses_ambiguous_ones() {
 #[test]
 fn limits_request_heads_silent_connections_and_methods() {
     let lab = Lab::new("rk-ing-limits");
-    lab.backend("127.0.0.1:8081", "web-a");
-    lab.write("a.yaml", &local_service("web-a", 8081));
-    let rules = rules(&[("a.example", &[("/", "Prefix", "web-a")])]);
-    lab.write("ingress.yaml", &ingress("limits", "roadkeeper", "2024-01-01T00:00:00Z", &[rules]));
+    lab.route_to_web_a("a.example", "/");
     lab.start_with(&["--client-header-timeout", "1s"]);
 
     let big = |size: usize| format!("X-Big: {}", "x".repeat(size));
@@ -1224,10 +1226,7 @@ fn h2_get(authority: &str, path: &str) -> Vec<u8> {
 #[test]
 fn bounds_http2_streams_and_control_frame_floods() {
     let lab = Lab::new("rk-ing-h2lim");
-    lab.backend("127.0.0.1:8081", "web-a");
-    lab.write("a.yaml", &local_service("web-a", 8081));
-    let rules = rules(&[("a.example", &[("/", "Prefix", "web-a")])]);
-    lab.write("ingress.yaml", &ingress("h2", "roadkeeper", "2024-01-01T00:00:00Z", &[rules]));
+    lab.route_to_web_a("a.example", "/");
     lab.start();
 
     let mut h2 = RawH2::connect(&lab);
