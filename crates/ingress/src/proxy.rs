@@ -32,14 +32,13 @@ use hyper::{Method, Request, Response, StatusCode, Uri, Version};
 use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
 use hyper_util::server::conn::auto;
 use hyper_util::server::graceful::{GracefulShutdown, Watcher};
+use ipnet::IpNet;
 use metrics::{Counter, Histogram, counter, histogram};
 use roadkeeper_cluster::NamespacedName;
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::net::{TcpListener, TcpStream};
 use tokio_rustls::TlsAcceptor;
 use tracing::{debug, warn};
-
-use ipnet::IpNet;
 
 use crate::flood::FrameBudget;
 use crate::host::request_host;
@@ -88,7 +87,8 @@ pub struct ProxyConfig {
     /// Time from sending a request (its body included) to an endpoint until its response head
     /// (60 s); then 504.
     pub response_timeout: Duration,
-    /// Time a client has for the TLS handshake, and on HTTP/1 for each request head, counted from
+    /// Time a client has for the TLS handshake, for its first request (a connection that sends
+    /// none is closed, whatever its protocol), and on HTTP/1 for each request head, counted from
     /// the connection's start or its previous response (10 s). hyper counts the wait for the next
     /// request too, so this also closes idle HTTP/1 keep-alive connections.
     pub client_header_timeout: Duration,
