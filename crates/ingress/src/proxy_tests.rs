@@ -536,3 +536,41 @@ async fn proxy_streams_large_bodies_both_ways_and_reuses_the_connection() {
     }
     assert_eq!(connections.load(Relaxed), 1, "one backend connection, reused");
 }
+
+#[tokio::test]
+async fn proxy_routes_and_forwards_the_normalised_path() {
+    let routes = vec![("a.example", "/b", target("svc-b", &[backend("b").await]))];
+    let proxy = start(routes, ProxyConfig::default()).await;
+    for (path, forwarded) in [("/b/c", "/b/c"), ("/a/../b", "/b"), ("/a/%2e%2E/b/x%3F?q=/../", "/b/x%3F?q=/../")] {
+        assert_eq!(fetch_ok(proxy, get("a.example", path)).await["path"], forwarded, "HTTP/1.1 {path}");
+        let request = Request::get(format!("http://a.example{path}")).body(Full::default()).unwrap();
+        let (status, body, _) = send(TcpStream::connect(proxy).await.unwrap(), true, request).await;
+        assert_eq!(status, StatusCode::OK, "HTTP/2 {path}: {body}");
+        assert_eq!(serde_json::from_str::<Value>(&body).unwrap()["path"], forwarded, "HTTP/2 {path}");
+    }
+    for (path, status) in [("/b/../a", StatusCode::NOT_FOUND), ("/b/../..", StatusCode::BAD_REQUEST)] {
+        assert_eq!(fetch(proxy, get("a.example", path)).await.0, status, "{path}");
+    }
+}
+
+#[tokio::test]
+async fn proxy_answers_405_to_connect_and_trace() {
+    let proxy = start(vec![("a.example", "/", target("svc", &[backend("a").await]))], ProxyConfig::default()).await;
+    for request in [
+        &b"CONNECT a.example:443 HTTP/1.1\r\nHost: a.example\r\n\r\n"[..],
+        b"TRACE / HTTP/1.1\r\nHost: a.example\r\n\r\n",
+    ] {
+        let (head, _) = raw(proxy, request).await;
+        assert!(head.starts_with("HTTP/1.1 405 "), "{head}");
+        assert!(head.to_ascii_lowercase().contains("allow: get, head, post"), "{head}");
+    }
+}
+
+#[tokio::test]
+async fn proxy_closes_connections_that_send_no_request() {
+    let config = ProxyConfig { client_header_timeout: Duration::from_millis(200), ..ProxyConfig::default() };
+    let proxy = start(vec![("a.example", "/", target("svc", &[backend("a").await]))], config).await;
+    let mut tcp = TcpStream::connect(proxy).await.unwrap();
+    let read = tokio::time::timeout(Duration::from_secs(5), tcp.read(&mut [0; 1])).await;
+    assert_eq!(read.expect("closed before the idle timeout").unwrap(), 0);
+}
