@@ -1,8 +1,15 @@
 //! roadkeeper ingress: the L7 front door. Ingress v1 rules become a route table ([`routes`],
 //! pure); [`proxy`] serves HTTP/1.1 and HTTP/2 (TLS by SNI from [`tls`]) and forwards each request
-//! to a ready endpoint of the chosen Service over its worker's pooled connections (`pool`);
-//! [`status`] decides which Ingresses must carry our addresses in `status.loadBalancer` (pure).
+//! to a ready endpoint of the chosen Service over its worker's pooled connections (`pool`), after
+//! checking its host ([`host`]) and normalising its path ([`path`]), with forwarded headers
+//! believed only from trusted proxies (`forwarded`) and HTTP/2 control frames bounded
+//! ([`flood`]); [`status`] decides which Ingresses must carry our addresses in
+//! `status.loadBalancer` (pure).
 
+pub mod flood;
+mod forwarded;
+pub mod host;
+pub mod path;
 mod pool;
 pub mod proxy;
 pub mod routes;
@@ -28,8 +35,23 @@ pub struct Target {
 
 /// What the proxy asks of the cluster state. The route table implements it; tests use fixtures.
 pub trait Router: Send + Sync + 'static {
-    /// The target for `host` (lowercase, without port) and `path` (the URL path as received,
-    /// without the query); `None` answers 404. Shared, so that a lookup per request allocates
-    /// nothing.
+    /// The target for `host` (lowercase, without port) and `path` (the URL path, decoded and
+    /// normalised by [`path::normalize`], without the query); `None` answers 404. Shared, so that a
+    /// lookup per request allocates nothing.
     fn route(&self, host: &str, path: &str) -> Option<Arc<Target>>;
+}
+
+/// Runs every file of the fuzz corpus `fuzz/corpus/<target>` through the fuzz target's `check`, so
+/// that a seed that fails there fails the unit tests.
+#[cfg(test)]
+fn check_fuzz_corpus(target: &str, check: fn(&[u8])) {
+    let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("fuzz/corpus").join(target);
+    let mut seeds = 0;
+    for entry in std::fs::read_dir(&dir).unwrap() {
+        let path = entry.unwrap().path();
+        let bytes = std::fs::read(&path).unwrap();
+        assert!(std::panic::catch_unwind(|| check(&bytes)).is_ok(), "seed {} fails", path.display());
+        seeds += 1;
+    }
+    assert!(seeds >= 10, "{seeds} seeds in {}", dir.display());
 }

@@ -4,6 +4,8 @@
 //! costs a shared pool behind a lock, a hashed pool key and an absolute URI per request; here a
 //! request takes an idle connection from its worker's own list (an uncontended lock), is sent in
 //! origin form, and the connection comes back when its response body has been read to the end.
+//! Each endpoint has at most `max_connections` open connections, busy or idle; a request that finds
+//! them all busy waits, up to the connect timeout, for one to come back or close.
 
 use std::collections::HashMap;
 use std::net::SocketAddr;
@@ -17,22 +19,36 @@ use hyper::client::conn::http1::{self, SendRequest};
 use hyper::{Request, Response, StatusCode};
 use hyper_util::rt::TokioIo;
 use tokio::net::TcpStream;
+use tokio::sync::{Notify, OwnedSemaphorePermit, Semaphore};
 use tracing::debug;
 
 /// Why a request could not be sent or answered.
 pub(crate) enum SendError {
     /// No connection to the endpoint within the connect timeout, or it was refused.
     Connect,
+    /// All `max_connections` connections to the endpoint stayed busy for the connect timeout.
+    Busy,
     /// The connection failed after the request was (at least partly) sent.
     Upstream(hyper::Error),
 }
 
-/// Idle keep-alive connections by endpoint. Idle connections older than the idle timeout are
-/// closed by a reaper task; connections the endpoint closed are dropped when next looked at.
+/// Connections by endpoint. Idle connections older than the idle timeout are closed by a reaper
+/// task, which also forgets endpoints without connections; connections the endpoint closed are
+/// dropped when next looked at.
 pub(crate) struct Pool<B> {
-    idle: Mutex<HashMap<SocketAddr, Vec<Idle<B>>>>,
+    endpoints: Mutex<HashMap<SocketAddr, Endpoint<B>>>,
     connect_timeout: Duration,
     idle_timeout: Duration,
+    max_connections: usize,
+}
+
+/// The connections to one endpoint.
+struct Endpoint<B> {
+    idle: Vec<Idle<B>>,
+    /// One permit per open connection, held by its connection task.
+    slots: Arc<Semaphore>,
+    /// Woken when a connection becomes idle.
+    returned: Arc<Notify>,
 }
 
 /// A connection waiting for its next request.
@@ -48,25 +64,23 @@ where
     B::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
 {
     /// A pool on the current tokio runtime, with a reaper task that ends with the pool.
-    pub(crate) fn new(connect_timeout: Duration, idle_timeout: Duration) -> Arc<Self> {
-        let pool = Arc::new(Self { idle: Mutex::default(), connect_timeout, idle_timeout });
+    pub(crate) fn new(connect_timeout: Duration, idle_timeout: Duration, max_connections: usize) -> Arc<Self> {
+        let max_connections = max_connections.clamp(1, Semaphore::MAX_PERMITS);
+        let pool = Arc::new(Self { endpoints: Mutex::default(), connect_timeout, idle_timeout, max_connections });
         tokio::spawn(reap(Arc::downgrade(&pool)));
         pool
     }
 
     /// Sends `request` (origin-form URI, `Host` set) to `endpoint` on an idle connection, else
-    /// on a new one. A request that an idle connection refused before writing it (the endpoint
-    /// closed it meanwhile) is sent again on another.
+    /// on a new one, else on the first that comes back. A request that an idle connection
+    /// refused before writing it (the endpoint closed it meanwhile) is sent again on another.
     pub(crate) async fn send(
         self: &Arc<Self>,
         endpoint: SocketAddr,
         mut request: Request<B>,
     ) -> Result<Response<PooledBody<B>>, SendError> {
         loop {
-            let (mut sender, reused) = match self.take(endpoint).await {
-                Some(sender) => (sender, true),
-                None => (self.connect(endpoint).await?, false),
-            };
+            let (mut sender, reused) = self.checkout(endpoint).await?;
             match sender.try_send_request(request).await {
                 Ok(response) => {
                     // A 101 hands the connection over to the upgrade: it is not reused.
@@ -85,22 +99,53 @@ where
         }
     }
 
+    /// An idle connection to `endpoint` (reused: true), else a new one if the endpoint has fewer
+    /// than `max_connections`, else the first that becomes idle or room for a new one, waiting
+    /// up to the connect timeout for either.
+    async fn checkout(&self, endpoint: SocketAddr) -> Result<(SendRequest<B>, bool), SendError> {
+        let (slots, returned) = {
+            let mut endpoints = self.endpoints.lock().expect("pool lock");
+            let state = endpoints.entry(endpoint).or_insert_with(|| Endpoint {
+                idle: Vec::new(),
+                slots: Arc::new(Semaphore::new(self.max_connections)),
+                returned: Arc::default(),
+            });
+            (state.slots.clone(), state.returned.clone())
+        };
+        let deadline = tokio::time::sleep(self.connect_timeout);
+        tokio::pin!(deadline);
+        loop {
+            // Registered before looking, so that a connection put back meanwhile wakes it.
+            let notified = returned.notified();
+            tokio::pin!(notified);
+            notified.as_mut().enable();
+            if let Some(sender) = self.take(endpoint).await {
+                return Ok((sender, true));
+            }
+            tokio::select! {
+                biased;
+                permit = slots.clone().acquire_owned() => {
+                    let permit = permit.expect("the semaphore is never closed");
+                    return Ok((self.connect(endpoint, permit).await?, false));
+                }
+                () = &mut notified => {}
+                () = &mut deadline => return Err(SendError::Busy),
+            }
+        }
+    }
+
     /// The most recently used idle connection to `endpoint` that is ready for a request, else
     /// the most recent one that is still open, once it is ready.
     async fn take(&self, endpoint: SocketAddr) -> Option<SendRequest<B>> {
         loop {
             let mut sender = {
-                let mut idle = self.idle.lock().expect("pool lock");
-                let list = idle.get_mut(&endpoint)?;
+                let mut endpoints = self.endpoints.lock().expect("pool lock");
+                let list = &mut endpoints.get_mut(&endpoint)?.idle;
                 // One whose connection task has already taken in the end of its last exchange
                 // saves waiting for that task to run; looking at the few most recent is enough.
-                let last = list.len() - 1;
+                let last = list.len().checked_sub(1)?;
                 let index = (last.saturating_sub(7)..=last).rev().find(|&i| list[i].sender.is_ready()).unwrap_or(last);
-                let sender = list.remove(index).sender;
-                if list.is_empty() {
-                    idle.remove(&endpoint);
-                }
-                sender
+                list.remove(index).sender
             };
             // Returned when its last response body ended; it is ready, or about to be once its
             // connection task has run.
@@ -110,8 +155,9 @@ where
         }
     }
 
-    /// Opens a connection to `endpoint` and runs it on its own task.
-    async fn connect(&self, endpoint: SocketAddr) -> Result<SendRequest<B>, SendError> {
+    /// Opens a connection to `endpoint` and runs it on its own task, which holds `slot` until
+    /// the connection closes (or is upgraded).
+    async fn connect(&self, endpoint: SocketAddr, slot: OwnedSemaphorePermit) -> Result<SendRequest<B>, SendError> {
         let tcp = match tokio::time::timeout(self.connect_timeout, TcpStream::connect(endpoint)).await {
             Ok(Ok(tcp)) => tcp,
             Ok(Err(err)) => {
@@ -131,6 +177,7 @@ where
             if let Err(err) = connection.with_upgrades().await {
                 debug!(%endpoint, "backend connection: {err}");
             }
+            drop(slot);
         });
         Ok(sender)
     }
@@ -198,20 +245,27 @@ impl<B> Drop for PooledBody<B> {
 }
 
 impl<B> Pool<B> {
-    /// Makes `sender` the most recently used idle connection to `endpoint`, unless it closed.
+    /// Makes `sender` the most recently used idle connection to `endpoint`, unless it closed,
+    /// and wakes a request waiting for one.
     fn put(&self, endpoint: SocketAddr, sender: SendRequest<B>) {
-        if !sender.is_closed() {
-            let idle = Idle { sender, since: Instant::now() };
-            self.idle.lock().expect("pool lock").entry(endpoint).or_default().push(idle);
+        if sender.is_closed() {
+            return;
+        }
+        let mut endpoints = self.endpoints.lock().expect("pool lock");
+        if let Some(state) = endpoints.get_mut(&endpoint) {
+            state.idle.push(Idle { sender, since: Instant::now() });
+            state.returned.notify_one();
         }
     }
 
-    /// Closes connections idle for longer than the idle timeout, and forgets closed ones.
+    /// Closes connections idle for longer than the idle timeout, forgets closed ones, and
+    /// forgets endpoints that have no connection and no request waiting.
     fn reap_idle(&self) {
         let now = Instant::now();
-        self.idle.lock().expect("pool lock").retain(|_, list| {
-            list.retain(|idle| !idle.sender.is_closed() && now.duration_since(idle.since) < self.idle_timeout);
-            !list.is_empty()
+        self.endpoints.lock().expect("pool lock").retain(|_, state| {
+            state.idle.retain(|idle| !idle.sender.is_closed() && now.duration_since(idle.since) < self.idle_timeout);
+            // Permits, waiting requests and their wake-ups each hold a reference.
+            !state.idle.is_empty() || Arc::strong_count(&state.slots) > 1 || Arc::strong_count(&state.returned) > 1
         });
     }
 }

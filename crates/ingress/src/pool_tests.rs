@@ -80,7 +80,7 @@ async fn get(pool: &Arc<Pool<Empty<Bytes>>>, endpoint: SocketAddr) -> String {
 }
 
 fn pool(idle_timeout: Duration) -> Arc<Pool<Empty<Bytes>>> {
-    Pool::new(Duration::from_secs(1), idle_timeout)
+    Pool::new(Duration::from_secs(1), idle_timeout, 512)
 }
 
 #[tokio::test]
@@ -141,4 +141,46 @@ async fn pool_reports_refused_connections() {
     let addr = TcpListener::bind("127.0.0.1:0").await.unwrap().local_addr().unwrap();
     let pool = pool(Duration::from_secs(60));
     assert!(matches!(pool.send(addr, request()).await, Err(SendError::Connect)));
+}
+
+#[tokio::test]
+async fn pool_bounds_the_connections_of_an_endpoint_and_queues_requests_for_them() {
+    let (addr, accepted, _) = backend(Backend::Length).await;
+    let pool: Arc<Pool<Empty<Bytes>>> = Pool::new(Duration::from_secs(5), Duration::from_secs(60), 2);
+    let (first, second) = (pool.send(addr, request()).await, pool.send(addr, request()).await);
+    let (first, second) = (first.ok().unwrap(), second.ok().unwrap());
+    assert_eq!(accepted.load(SeqCst), 2);
+    // Both connections are busy until their bodies are read: the next requests wait.
+    let waiting = [tokio::spawn(get_owned(pool.clone(), addr)), tokio::spawn(get_owned(pool.clone(), addr))];
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    assert!(waiting.iter().all(|request| !request.is_finished()), "queued");
+    drop(first.into_body().collect().await.unwrap()); // back to the pool: one request goes on it
+    drop(second); // unread: closed, which makes room for a new connection
+    for request in waiting {
+        assert_eq!(request.await.unwrap(), "ok");
+    }
+    assert_eq!(accepted.load(SeqCst), 3, "one reused, one new in place of the closed one");
+}
+
+#[tokio::test]
+async fn pool_answers_busy_when_no_connection_comes_back_within_the_connect_timeout() {
+    let (addr, _, _) = backend(Backend::Length).await;
+    let pool: Arc<Pool<Empty<Bytes>>> = Pool::new(Duration::from_millis(200), Duration::from_secs(60), 1);
+    let busy = pool.send(addr, request()).await.ok().unwrap();
+    assert!(matches!(pool.send(addr, request()).await, Err(SendError::Busy)));
+    drop(busy);
+    assert_eq!(get(&pool, addr).await, "ok", "room again once it closed");
+}
+
+#[tokio::test]
+async fn pool_forgets_endpoints_without_connections() {
+    let (addr, _, _) = backend(Backend::Close).await;
+    let pool = pool(Duration::from_millis(50));
+    assert_eq!(get(&pool, addr).await, "ok");
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert!(pool.endpoints.lock().unwrap().is_empty());
+}
+
+async fn get_owned(pool: Arc<Pool<Empty<Bytes>>>, endpoint: SocketAddr) -> String {
+    get(&pool, endpoint).await
 }

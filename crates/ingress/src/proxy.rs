@@ -28,10 +28,11 @@ use hyper::header::{self, HeaderMap, HeaderName, HeaderValue};
 use hyper::http::request::Parts;
 use hyper::http::uri::PathAndQuery;
 use hyper::upgrade::OnUpgrade;
-use hyper::{Request, Response, StatusCode, Uri, Version};
+use hyper::{Method, Request, Response, StatusCode, Uri, Version};
 use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
 use hyper_util::server::conn::auto;
 use hyper_util::server::graceful::{GracefulShutdown, Watcher};
+use ipnet::IpNet;
 use metrics::{Counter, Histogram, counter, histogram};
 use roadkeeper_cluster::NamespacedName;
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
@@ -39,9 +40,12 @@ use tokio::net::{TcpListener, TcpStream};
 use tokio_rustls::TlsAcceptor;
 use tracing::{debug, warn};
 
+use crate::flood::FrameBudget;
+use crate::host::request_host;
+use crate::path::normalize;
 use crate::pool::{Pool, PooledBody, SendError};
 use crate::tls::Certificates;
-use crate::{Router, Target};
+use crate::{Router, Target, forwarded};
 
 /// `roadkeeper_ingress_requests_total{ingress, service, status}`: requests answered, by status
 /// code; `ingress` and `service` are empty when no rule matched (404).
@@ -50,12 +54,15 @@ pub const REQUESTS_TOTAL: &str = "roadkeeper_ingress_requests_total";
 /// head (the body streams afterwards).
 pub const REQUEST_DURATION_SECONDS: &str = "roadkeeper_ingress_request_duration_seconds";
 /// `roadkeeper_ingress_upstream_errors_total{service, kind}`: failed attempts to forward, by kind:
-/// `connect` (no connection within the connect timeout), `timeout` (no response head within the
-/// response timeout), `reset` (the connection failed after it was made).
+/// `connect` (no connection within the connect timeout), `busy` (the endpoint had
+/// `max_upstream_connections` busy connections for as long), `timeout` (no response head within
+/// the response timeout), `reset` (the connection failed after it was made).
 pub const UPSTREAM_ERRORS_TOTAL: &str = "roadkeeper_ingress_upstream_errors_total";
 
 /// hyper's own limit of HTTP/1 request header fields.
 const HYPER_MAX_HEADERS: usize = 100;
+/// hyper's smallest HTTP/1 buffer, and so the smallest `max_request_head`.
+pub const MIN_REQUEST_HEAD: usize = 8192;
 const X_FORWARDED_FOR: HeaderName = HeaderName::from_static("x-forwarded-for");
 const X_FORWARDED_PROTO: HeaderName = HeaderName::from_static("x-forwarded-proto");
 const X_FORWARDED_HOST: HeaderName = HeaderName::from_static("x-forwarded-host");
@@ -80,7 +87,8 @@ pub struct ProxyConfig {
     /// Time from sending a request (its body included) to an endpoint until its response head
     /// (60 s); then 504.
     pub response_timeout: Duration,
-    /// Time a client has for the TLS handshake, and on HTTP/1 for each request head, counted from
+    /// Time a client has for the TLS handshake, for its first request (a connection that sends
+    /// none is closed, whatever its protocol), and on HTTP/1 for each request head, counted from
     /// the connection's start or its previous response (10 s). hyper counts the wait for the next
     /// request too, so this also closes idle HTTP/1 keep-alive connections.
     pub client_header_timeout: Duration,
@@ -93,6 +101,17 @@ pub struct ProxyConfig {
     pub max_request_body: Option<usize>,
     /// Most request header fields (100); more is 431 (on HTTP/1 answered by hyper's parser).
     pub max_headers: usize,
+    /// Largest request head in bytes (32 KiB; at least [`MIN_REQUEST_HEAD`]): on HTTP/1 the
+    /// request line and header fields, buffered until complete (431 beyond), on HTTP/2 the header
+    /// list as `SETTINGS_MAX_HEADER_LIST_SIZE` counts it (32 bytes more per field).
+    pub max_request_head: usize,
+    /// Concurrent HTTP/2 streams per client connection (100); more are refused (REFUSED_STREAM).
+    pub max_concurrent_streams: u32,
+    /// Open connections to one endpoint per worker, busy or idle (512); a request that finds them
+    /// all busy waits for one up to `connect_timeout`, then goes to another endpoint, else 503.
+    pub max_upstream_connections: usize,
+    /// Clients (proxies in front) whose `X-Forwarded-For`, `-Proto` and `-Host` are believed (none).
+    pub trusted_proxies: Vec<IpNet>,
     /// Connect failures in a row that eject an endpoint (3).
     pub eject_after: u32,
     /// How long an ejected endpoint is skipped (10 s); one more failure after that ejects it again.
@@ -108,6 +127,10 @@ impl Default for ProxyConfig {
             idle_timeout: Duration::from_secs(60),
             max_request_body: Some(10 << 20),
             max_headers: HYPER_MAX_HEADERS,
+            max_request_head: 32 << 10,
+            max_concurrent_streams: 100,
+            max_upstream_connections: 512,
+            trusted_proxies: Vec::new(),
             eject_after: 3,
             eject_for: Duration::from_secs(10),
         }
@@ -119,25 +142,29 @@ impl Default for ProxyConfig {
 /// its requests in progress (HTTP/2 with GOAWAY), and returns once all have closed; the caller
 /// bounds that wait.
 pub async fn serve_http(proxy: Arc<Proxy>, listener: TcpListener, stop: impl Future<Output = ()>) {
-    let worker = Arc::new(Worker::new(proxy, "http"));
-    accept(listener, stop, move |tcp, peer, watcher| worker.clone().serve_connection(tcp, peer, watcher)).await
+    let worker = Arc::new(Worker::new(proxy, "http", None));
+    accept(listener, stop, move |tcp, peer, watcher| worker.clone().serve_connection(tcp, peer, None, watcher)).await
 }
 
 /// Serves HTTPS on `listener` as [`serve_http`] serves HTTP: the certificate is chosen by SNI
-/// from `tls`, and ALPN picks HTTP/2 or HTTP/1.1.
+/// from `tls`, and ALPN picks HTTP/2 or HTTP/1.1. A request whose host has a certificate of its
+/// own, other than the one its connection's SNI got, is 421 (RFC 9110 §15.5.20).
 pub async fn serve_https(
     proxy: Arc<Proxy>,
     listener: TcpListener,
     tls: Arc<Certificates>,
     stop: impl Future<Output = ()>,
 ) {
-    let worker = Arc::new(Worker::new(proxy, "https"));
     let acceptor = TlsAcceptor::from(tls.server_config());
+    let worker = Arc::new(Worker::new(proxy, "https", Some(tls)));
     accept(listener, stop, move |tcp, peer, watcher| {
         let (worker, acceptor) = (worker.clone(), acceptor.clone());
         async move {
             match tokio::time::timeout(worker.proxy.config.client_header_timeout, acceptor.accept(tcp)).await {
-                Ok(Ok(tls)) => worker.serve_connection(tls, peer, watcher).await,
+                Ok(Ok(tls)) => {
+                    let sni = tls.get_ref().1.server_name().map(Box::from);
+                    worker.serve_connection(tls, peer, sni, watcher).await
+                }
                 Ok(Err(err)) => debug!(%peer, "TLS handshake failed: {err}"),
                 Err(_) => debug!(%peer, "TLS handshake timed out"),
             }
@@ -180,29 +207,39 @@ struct Worker {
     proxy: Arc<Proxy>,
     /// `X-Forwarded-Proto`.
     proto: HeaderValue,
+    /// The certificates of an HTTPS listener, for the 421 check.
+    certificates: Option<Arc<Certificates>>,
     server: auto::Builder<TokioExecutor>,
     pool: Arc<Pool<UpstreamBody>>,
 }
 
 impl Worker {
-    fn new(proxy: Arc<Proxy>, proto: &'static str) -> Self {
+    fn new(proxy: Arc<Proxy>, proto: &'static str, certificates: Option<Arc<Certificates>>) -> Self {
         let config = &proxy.config;
         let mut server = auto::Builder::new(TokioExecutor::new());
         let mut http1 = server.http1();
-        http1.timer(TokioTimer::new()).header_read_timeout(config.client_header_timeout);
+        http1
+            .timer(TokioTimer::new())
+            .header_read_timeout(config.client_header_timeout)
+            .max_buf_size(config.max_request_head.max(MIN_REQUEST_HEAD));
         // hyper's default limit parses into a stack array; another limit costs a zeroed vector
         // per request.
         if config.max_headers != HYPER_MAX_HEADERS {
             http1.max_headers(config.max_headers);
         }
-        server.http2().timer(TokioTimer::new());
-        let pool = Pool::new(config.connect_timeout, config.idle_timeout);
-        Self { proto: HeaderValue::from_static(proto), server, pool, proxy }
+        server
+            .http2()
+            .timer(TokioTimer::new())
+            .max_concurrent_streams(config.max_concurrent_streams)
+            .max_header_list_size(u32::try_from(config.max_request_head).unwrap_or(u32::MAX));
+        let pool = Pool::new(config.connect_timeout, config.idle_timeout, config.max_upstream_connections);
+        Self { proto: HeaderValue::from_static(proto), certificates, server, pool, proxy }
     }
 
-    /// Serves one client connection until it ends, stays idle for `idle_timeout`, or is closed
-    /// gracefully through `watcher`.
-    async fn serve_connection<IO>(self: Arc<Self>, io: IO, peer: SocketAddr, watcher: Watcher)
+    /// Serves one client connection (with the SNI of its TLS handshake) until it ends, sends no
+    /// request within `client_header_timeout`, stays idle for `idle_timeout`, floods control
+    /// frames, or is closed gracefully through `watcher`.
+    async fn serve_connection<IO>(self: Arc<Self>, io: IO, peer: SocketAddr, sni: Option<Box<str>>, watcher: Watcher)
     where
         IO: AsyncRead + AsyncWrite + Unpin + Send + 'static,
     {
@@ -212,13 +249,15 @@ impl Worker {
             worker: self.clone(),
             peer,
             client_ip: HeaderValue::try_from(client_ip).expect("an IP address is a valid header value"),
+            trusted: forwarded::is_trusted(peer.ip(), &self.proxy.config.trusted_proxies),
+            sni,
             activity: activity.clone(),
         });
         let service = hyper::service::service_fn(move |request| {
             let conn = conn.clone();
             async move { Ok::<_, Infallible>(conn.handle(request).await) }
         });
-        let io = TokioIo::new(Tracked { io, activity: activity.clone() });
+        let io = TokioIo::new(Tracked { io, activity: activity.clone(), frames: FrameBudget::new() });
         tokio::select! {
             result = watcher.watch(self.server.serve_connection_with_upgrades(io, service)) => {
                 if let Err(err) = result {
@@ -226,6 +265,9 @@ impl Worker {
                 }
             }
             () = activity.idle(self.proxy.config.idle_timeout) => debug!(%peer, "idle connection closed"),
+            () = activity.no_request(self.proxy.config.client_header_timeout) => {
+                debug!(%peer, "no request within the client header timeout: closed");
+            }
         }
     }
 
@@ -241,6 +283,7 @@ impl Worker {
             Ok(Ok(response)) => return Ok(response),
             Err(_elapsed) => Failure::Timeout,
             Ok(Err(SendError::Connect)) => Failure::Connect,
+            Ok(Err(SendError::Busy)) => Failure::Busy,
             Ok(Err(SendError::Upstream(err))) if caused_by::<LengthLimitError>(&err) => Failure::BodyTooLarge,
             Ok(Err(SendError::Upstream(err))) => {
                 debug!(service = %labels.service, "upstream: {err:?}");
@@ -295,6 +338,8 @@ where
 /// Why forwarding to an endpoint failed.
 enum Failure {
     Connect,
+    /// Every connection to the endpoint stayed busy: it saw nothing of the request.
+    Busy,
     Timeout,
     Reset,
     /// The client's body outgrew `max_request_body` while streaming: not the endpoint's fault.
@@ -306,6 +351,7 @@ impl Failure {
     fn upstream_kind(&self) -> Option<&'static str> {
         match self {
             Failure::Connect => Some("connect"),
+            Failure::Busy => Some("busy"),
             Failure::Timeout => Some("timeout"),
             Failure::Reset => Some("reset"),
             Failure::BodyTooLarge => None,
@@ -315,6 +361,7 @@ impl Failure {
     fn response(&self) -> Response<ProxyBody> {
         match self {
             Failure::Connect => text(StatusCode::BAD_GATEWAY, "upstream connect error\n"),
+            Failure::Busy => text(StatusCode::SERVICE_UNAVAILABLE, "upstream connection limit reached\n"),
             Failure::Timeout => text(StatusCode::GATEWAY_TIMEOUT, "upstream response timeout\n"),
             Failure::Reset => text(StatusCode::BAD_GATEWAY, "upstream connection reset before response\n"),
             Failure::BodyTooLarge => text(StatusCode::PAYLOAD_TOO_LARGE, "request body too large\n"),
@@ -328,53 +375,98 @@ struct Conn {
     peer: SocketAddr,
     /// The client's address as a header value, for `X-Forwarded-For` and `X-Real-IP`.
     client_ip: HeaderValue,
+    /// Whether the client is one of `trusted_proxies`.
+    trusted: bool,
+    /// The server name of the TLS handshake.
+    sni: Option<Box<str>>,
     activity: Arc<Activity>,
 }
 
 impl Conn {
-    /// Answers one request: routes it, forwards it, and logs and counts the outcome.
+    /// Answers one request: checks it, routes it, forwards it, and logs and counts the outcome.
     async fn handle(&self, request: Request<Incoming>) -> Response<ProxyBody> {
         let started = Instant::now();
         let _waiting = self.activity.wait();
-        let (parts, body) = request.into_parts();
+        let (mut parts, body) = request.into_parts();
         let (method, uri) = (parts.method.clone(), parts.uri.clone());
-        // HTTP/2 `:authority` (or an absolute-form HTTP/1 target) takes precedence over Host.
-        let original_host = match uri.authority() {
-            Some(authority) => HeaderValue::from_str(authority.as_str()).ok(),
-            None => parts.headers.get(header::HOST).cloned(),
-        };
-        let host = original_host.as_ref().and_then(|host| host.to_str().ok()).map_or(Cow::Borrowed(""), route_host);
         let proxy = &*self.worker.proxy;
-        let target = proxy.router.route(&host, uri.path());
-        let state = target.as_ref().map(|target| proxy.targets.get(target));
-        let (response, endpoint) = match (&target, &state) {
-            (Some(target), Some(state)) => self.forward(parts, body, original_host.clone(), target, state).await,
-            _ => (text(StatusCode::NOT_FOUND, "no route for this host and path\n"), None),
+        // The Host fields leave the request; the one routed on goes back when it is forwarded.
+        let mut drain = match parts.headers.entry(header::HOST) {
+            header::Entry::Occupied(fields) => Some(fields.remove_entry_mult().1),
+            header::Entry::Vacant(_) => None,
+        };
+        let fields = [(); 2].map(|()| drain.as_mut().and_then(Iterator::next));
+        drop(drain);
+        let authority = uri.authority().map(|authority| authority.as_str());
+        let host = request_host(
+            authority,
+            fields.iter().flatten().map(HeaderValue::as_bytes),
+            parts.version == Version::HTTP_11,
+        );
+        let path = normalize(uri.path());
+        let host_name = host.as_ref().map_or("", |host| &host.name);
+        let mut routed = None;
+        let (response, endpoint) = match (&method, &host, &path) {
+            (&Method::CONNECT | &Method::TRACE, _, _) => (not_allowed(), None),
+            (_, Err(err), _) => (text(StatusCode::BAD_REQUEST, format!("invalid host: {err}\n")), None),
+            (_, _, Err(err)) => (text(StatusCode::BAD_REQUEST, format!("invalid path: {err}\n")), None),
+            (_, Ok(_), Ok(_)) if self.misdirected(host_name) => {
+                (text(StatusCode::MISDIRECTED_REQUEST, "misdirected request\n"), None)
+            }
+            (_, Ok(host), Ok(path)) => match proxy.router.route(&host.name, &path.matched) {
+                None => (text(StatusCode::NOT_FOUND, "no route for this host and path\n"), None),
+                Some(target) => {
+                    let state = proxy.targets.get(&target);
+                    // The authority replaces any Host field (RFC 9112 §3.2.2, RFC 9113 §8.3.1).
+                    let forwarded_host = match authority {
+                        Some(authority) => HeaderValue::from_str(authority).ok(),
+                        None => fields[0].clone(),
+                    };
+                    let forwarded_path = match &path.forwarded {
+                        Cow::Owned(forwarded) => Some(forwarded.as_str()),
+                        Cow::Borrowed(_) => None,
+                    };
+                    let (response, endpoint) =
+                        self.forward(parts, body, forwarded_host, forwarded_path, &target, &state).await;
+                    routed = Some((target, state));
+                    (response, endpoint)
+                }
+            },
         };
         let elapsed = started.elapsed();
-        state.as_ref().map_or(&proxy.unrouted, |state| &state.labels).record(response.status(), elapsed);
+        routed.as_ref().map_or(&proxy.unrouted, |(_, state)| &state.labels).record(response.status(), elapsed);
+        let target = routed.as_ref().map(|(target, _)| target);
         tracing::info!(
             target: "access",
             client = %self.peer.ip().to_canonical(),
             %method,
-            %host,
+            host = %host_name,
             path = uri.path(),
             status = response.status().as_u16(),
-            ingress = target.as_ref().map(|t| tracing::field::display(&t.ingress)),
-            service = target.as_ref().map(|t| tracing::field::display(&t.service)),
+            ingress = target.map(|t| tracing::field::display(&t.ingress)),
+            service = target.map(|t| tracing::field::display(&t.service)),
             endpoint = endpoint.map(tracing::field::display),
             duration = ?elapsed,
         );
         response
     }
 
+    /// Whether this is a TLS connection whose SNI got another certificate than `host` has of its
+    /// own (RFC 9110 §15.5.20: 421).
+    fn misdirected(&self, host: &str) -> bool {
+        let Some(certificates) = &self.worker.certificates else { return false };
+        self.sni.as_deref() != Some(host) && certificates.misdirected(self.sni.as_deref(), host)
+    }
+
     /// Checks limits, then sends the request to an endpoint (retrying a connect failure once on
-    /// another endpoint when the body is empty), and returns the response and endpoint.
+    /// another endpoint when the body is empty), and returns the response and endpoint. `host`
+    /// is the Host routed on, `path` the normalised path when it differs from the received one.
     async fn forward(
         &self,
         mut parts: Parts,
         body: Incoming,
-        original_host: Option<HeaderValue>,
+        host: Option<HeaderValue>,
+        path: Option<&str>,
         target: &Target,
         state: &TargetState,
     ) -> (Response<ProxyBody>, Option<SocketAddr>) {
@@ -393,11 +485,21 @@ impl Conn {
 
         let upgrade = strip_hop_by_hop(&mut parts.headers, true);
         let client_upgrade = if upgrade { parts.extensions.remove::<OnUpgrade>() } else { None };
-        self.add_forwarded(&mut parts.headers, original_host);
+        self.add_forwarded(&mut parts.headers, host);
         parts.version = Version::HTTP_11;
         // Origin form: the connection already goes to the endpoint.
-        let path = parts.uri.path_and_query().cloned().unwrap_or_else(|| PathAndQuery::from_static("/"));
-        parts.uri = Uri::from(path);
+        parts.uri = match (path, parts.uri.path_and_query()) {
+            (None, Some(received)) => Uri::from(received.clone()),
+            (None, None) => Uri::from(PathAndQuery::from_static("/")),
+            (Some(path), received) => {
+                let forwarded = match received.and_then(PathAndQuery::query) {
+                    Some(query) => PathAndQuery::try_from(format!("{path}?{query}")),
+                    None => PathAndQuery::try_from(path),
+                };
+                // Received characters and slashes: always valid.
+                Uri::from(forwarded.expect("a normalised path is a valid path"))
+            }
+        };
         // Only an empty body can be sent twice: a body streams through without buffering, so a
         // request with one is not retried. A connect failure means the endpoint saw nothing,
         // so retrying is safe for every method. The copy is made only when a retry is possible.
@@ -423,8 +525,10 @@ impl Conn {
                 }
                 Err(failure) => failure,
             };
-            if let Failure::Connect = failure {
-                proxy.health.failed(endpoint);
+            if let Failure::Connect | Failure::Busy = failure {
+                if let Failure::Connect = failure {
+                    proxy.health.failed(endpoint);
+                }
                 if let Some(next) = proxy.health.pick(endpoints, index + 1, Some(index))
                     && let Some((method, uri, headers)) = spare.take()
                 {
@@ -440,29 +544,44 @@ impl Conn {
         }
     }
 
-    /// Sets `X-Forwarded-For` (appending the client), `-Proto`, `-Host` and `X-Real-IP`, and
-    /// `Host` from HTTP/2's `:authority`.
-    fn add_forwarded(&self, headers: &mut HeaderMap, original_host: Option<HeaderValue>) {
-        let mut forwarded_for = Vec::new();
-        for previous in headers.get_all(X_FORWARDED_FOR) {
-            forwarded_for.extend_from_slice(previous.as_bytes());
-            forwarded_for.extend_from_slice(b", ");
+    /// Sets `Host` to `host`, and the forwarded fields: from a client that is not a trusted
+    /// proxy, `X-Forwarded-For` and `X-Real-IP` are its address, `X-Forwarded-Proto` our scheme
+    /// and `X-Forwarded-Host` `host`, whatever it sent; a trusted proxy's `X-Forwarded-For` is
+    /// appended to, `X-Real-IP` is the client it names, and its `-Proto` and `-Host` are kept.
+    fn add_forwarded(&self, headers: &mut HeaderMap, host: Option<HeaderValue>) {
+        let mut real_ip = self.client_ip.clone();
+        if self.trusted {
+            let mut forwarded_for = Vec::new();
+            for previous in headers.get_all(X_FORWARDED_FOR) {
+                forwarded_for.extend_from_slice(previous.as_bytes());
+                forwarded_for.extend_from_slice(b", ");
+            }
+            forwarded_for.extend_from_slice(self.client_ip.as_bytes());
+            let trusted = &self.worker.proxy.config.trusted_proxies;
+            if let Some(client) = forwarded::real_client(&forwarded_for, trusted) {
+                real_ip = HeaderValue::try_from(client.to_string()).expect("an IP address is a valid header value");
+            }
+            let forwarded_for = HeaderValue::from_maybe_shared(Bytes::from(forwarded_for));
+            headers.insert(X_FORWARDED_FOR, forwarded_for.expect("joined valid header values"));
+            if !headers.contains_key(X_FORWARDED_PROTO) {
+                headers.insert(X_FORWARDED_PROTO, self.worker.proto.clone());
+            }
+            if let Some(host) = &host
+                && !headers.contains_key(X_FORWARDED_HOST)
+            {
+                headers.insert(X_FORWARDED_HOST, host.clone());
+            }
+        } else {
+            headers.insert(X_FORWARDED_FOR, self.client_ip.clone());
+            headers.insert(X_FORWARDED_PROTO, self.worker.proto.clone());
+            match &host {
+                Some(host) => headers.insert(X_FORWARDED_HOST, host.clone()),
+                None => headers.remove(X_FORWARDED_HOST),
+            };
         }
-        let forwarded_for = match forwarded_for.is_empty() {
-            true => self.client_ip.clone(),
-            false => {
-                forwarded_for.extend_from_slice(self.client_ip.as_bytes());
-                HeaderValue::from_maybe_shared(Bytes::from(forwarded_for)).expect("joined valid header values")
-            }
-        };
-        headers.insert(X_FORWARDED_FOR, forwarded_for);
-        headers.insert(X_REAL_IP, self.client_ip.clone());
-        headers.insert(X_FORWARDED_PROTO, self.worker.proto.clone());
-        if let Some(host) = original_host {
-            if !headers.contains_key(header::HOST) {
-                headers.insert(header::HOST, host.clone());
-            }
-            headers.insert(X_FORWARDED_HOST, host);
+        headers.insert(X_REAL_IP, real_ip);
+        if let Some(host) = host {
+            headers.insert(header::HOST, host);
         }
     }
 
@@ -531,25 +650,20 @@ fn strip_hop_by_hop(headers: &mut HeaderMap, allow_upgrade: bool) -> bool {
     upgrade
 }
 
-/// The host for routing: without port (an IPv6 literal keeps its brackets), without a trailing
-/// dot, lowercase.
-fn route_host(host: &str) -> Cow<'_, str> {
-    let host = match host.strip_prefix('[') {
-        Some(rest) => rest.find(']').map_or(host, |end| &host[..end + 2]),
-        None => host.split_once(':').map_or(host, |(name, _port)| name),
-    };
-    let host = host.strip_suffix('.').unwrap_or(host);
-    match host.bytes().any(|b| b.is_ascii_uppercase()) {
-        true => Cow::Owned(host.to_ascii_lowercase()),
-        false => Cow::Borrowed(host),
-    }
-}
-
 /// A plain-text response that the proxy itself generates.
 fn text(status: StatusCode, message: impl Into<Bytes>) -> Response<ProxyBody> {
     let mut response = Response::new(Either::Right(Full::new(message.into())));
     *response.status_mut() = status;
     response.headers_mut().insert(header::CONTENT_TYPE, HeaderValue::from_static("text/plain; charset=utf-8"));
+    response
+}
+
+/// 405 for `CONNECT` (no tunnels to arbitrary hosts) and `TRACE` (nginx refuses it too), with
+/// the methods that are forwarded.
+fn not_allowed() -> Response<ProxyBody> {
+    let mut response = text(StatusCode::METHOD_NOT_ALLOWED, "method not allowed\n");
+    let allowed = HeaderValue::from_static("GET, HEAD, POST, PUT, PATCH, DELETE, OPTIONS");
+    response.headers_mut().insert(header::ALLOW, allowed);
     response
 }
 
@@ -736,13 +850,24 @@ impl Health {
 struct Activity {
     moved: AtomicBool,
     waiting: AtomicU32,
+    /// Whether a request came.
+    requested: AtomicBool,
 }
 
 impl Activity {
     /// Counts a request as waiting until the returned guard is dropped.
     fn wait(&self) -> Waiting<'_> {
+        self.requested.store(true, Relaxed);
         self.waiting.fetch_add(1, Relaxed);
         Waiting(self)
+    }
+
+    /// Returns after `timeout` if no request came by then; else never.
+    async fn no_request(&self, timeout: Duration) {
+        tokio::time::sleep(timeout).await;
+        if self.requested.load(Relaxed) {
+            std::future::pending().await
+        }
     }
 
     /// Returns once no byte has moved and no request has waited for `timeout` (up to a quarter
@@ -767,10 +892,12 @@ impl Drop for Waiting<'_> {
     }
 }
 
-/// A client connection that notes in its [`Activity`] when bytes move.
+/// A client connection that notes in its [`Activity`] when bytes move, and fails its reads when
+/// the client floods HTTP/2 control frames (hyper then closes it).
 struct Tracked<IO> {
     io: IO,
     activity: Arc<Activity>,
+    frames: FrameBudget,
 }
 
 impl<IO> Tracked<IO> {
@@ -780,11 +907,25 @@ impl<IO> Tracked<IO> {
         }
         poll
     }
+
+    /// [`Tracked::note`] for a write, which also earns control-frame credit.
+    fn wrote(&mut self, poll: Poll<io::Result<usize>>) -> Poll<io::Result<usize>> {
+        if let Poll::Ready(Ok(n)) = poll {
+            self.frames.wrote(n);
+        }
+        self.note(poll)
+    }
 }
 
 impl<IO: AsyncRead + Unpin> AsyncRead for Tracked<IO> {
     fn poll_read(mut self: Pin<&mut Self>, cx: &mut Context<'_>, buf: &mut ReadBuf<'_>) -> Poll<io::Result<()>> {
+        let before = buf.filled().len();
         let poll = Pin::new(&mut self.io).poll_read(cx, buf);
+        if let Poll::Ready(Ok(())) = poll
+            && let Err(flood) = self.frames.read(&buf.filled()[before..])
+        {
+            return Poll::Ready(Err(io::Error::new(io::ErrorKind::InvalidData, flood)));
+        }
         self.note(poll)
     }
 }
@@ -792,7 +933,7 @@ impl<IO: AsyncRead + Unpin> AsyncRead for Tracked<IO> {
 impl<IO: AsyncWrite + Unpin> AsyncWrite for Tracked<IO> {
     fn poll_write(mut self: Pin<&mut Self>, cx: &mut Context<'_>, buf: &[u8]) -> Poll<io::Result<usize>> {
         let poll = Pin::new(&mut self.io).poll_write(cx, buf);
-        self.note(poll)
+        self.wrote(poll)
     }
 
     fn poll_write_vectored(
@@ -801,7 +942,7 @@ impl<IO: AsyncWrite + Unpin> AsyncWrite for Tracked<IO> {
         bufs: &[io::IoSlice<'_>],
     ) -> Poll<io::Result<usize>> {
         let poll = Pin::new(&mut self.io).poll_write_vectored(cx, bufs);
-        self.note(poll)
+        self.wrote(poll)
     }
 
     fn is_write_vectored(&self) -> bool {

@@ -249,18 +249,22 @@ async fn proxy_answers_504_when_the_endpoint_does_not_answer() {
 
 #[tokio::test]
 async fn proxy_sets_forwarded_headers_and_drops_hop_by_hop_ones() {
-    let proxy = start(vec![("a.example", "/", target("svc", &[backend("a").await]))], ProxyConfig::default()).await;
-    let request = Request::get("/")
-        .header("host", "A.example:8080")
-        .header("x-forwarded-for", "203.0.113.7")
-        .header("connection", "x-hop")
-        .header("x-hop", "1")
-        .header("keep-alive", "timeout=5")
-        .header("te", "trailers")
-        .body(Full::default())
-        .unwrap();
-    let headers = fetch_ok(proxy, request).await["headers"].take();
-    assert_eq!(headers["x-forwarded-for"], "203.0.113.7, 127.0.0.1");
+    let a = backend("a").await;
+    let request = || {
+        Request::get("/")
+            .header("host", "A.example:8080")
+            .header("x-forwarded-for", "203.0.113.7")
+            .header("x-forwarded-proto", "https")
+            .header("connection", "x-hop")
+            .header("x-hop", "1")
+            .header("keep-alive", "timeout=5")
+            .header("te", "trailers")
+            .body(Full::default())
+            .unwrap()
+    };
+    let proxy = start(vec![("a.example", "/", target("svc", &[a]))], ProxyConfig::default()).await;
+    let headers = fetch_ok(proxy, request()).await["headers"].take();
+    assert_eq!(headers["x-forwarded-for"], "127.0.0.1", "the client's own value is replaced");
     assert_eq!(headers["x-forwarded-proto"], "http");
     assert_eq!(headers["x-forwarded-host"], "A.example:8080");
     assert_eq!(headers["x-real-ip"], "127.0.0.1");
@@ -268,6 +272,14 @@ async fn proxy_sets_forwarded_headers_and_drops_hop_by_hop_ones() {
     for hop in ["connection", "x-hop", "keep-alive", "te"] {
         assert!(headers.get(hop).is_none(), "{hop} forwarded: {headers}");
     }
+
+    // From a trusted proxy, its claims stand.
+    let config = ProxyConfig { trusted_proxies: vec!["127.0.0.0/8".parse().unwrap()], ..ProxyConfig::default() };
+    let proxy = start(vec![("a.example", "/", target("svc", &[a]))], config).await;
+    let headers = fetch_ok(proxy, request()).await["headers"].take();
+    assert_eq!(headers["x-forwarded-for"], "203.0.113.7, 127.0.0.1");
+    assert_eq!(headers["x-real-ip"], "203.0.113.7");
+    assert_eq!(headers["x-forwarded-proto"], "https");
 }
 
 #[tokio::test]
@@ -458,20 +470,6 @@ async fn tls_update_swaps_certificates_for_new_handshakes() {
     assert_eq!(send(before, false, get("a.example", "/")).await.0, StatusCode::OK);
 }
 
-#[test]
-fn proxy_route_host_strips_the_port_and_lowercases() {
-    for (host, routed) in [
-        ("example.com", "example.com"),
-        ("Example.COM:8080", "example.com"),
-        ("a.example.", "a.example"),
-        ("[::1]:8443", "[::1]"),
-        ("[::1]", "[::1]"),
-        ("", ""),
-    ] {
-        assert_eq!(route_host(host), routed, "{host}");
-    }
-}
-
 #[tokio::test]
 async fn proxy_stops_accepting_then_finishes_requests_in_flight() {
     // A backend that answers after 300 ms.
@@ -537,4 +535,42 @@ async fn proxy_streams_large_bodies_both_ways_and_reuses_the_connection() {
         assert_eq!(u64::from_be_bytes(body[..8].try_into().unwrap()), up as u64, "request body received");
     }
     assert_eq!(connections.load(Relaxed), 1, "one backend connection, reused");
+}
+
+#[tokio::test]
+async fn proxy_routes_and_forwards_the_normalised_path() {
+    let routes = vec![("a.example", "/b", target("svc-b", &[backend("b").await]))];
+    let proxy = start(routes, ProxyConfig::default()).await;
+    for (path, forwarded) in [("/b/c", "/b/c"), ("/a/../b", "/b"), ("/a/%2e%2E/b/x%3F?q=/../", "/b/x%3F?q=/../")] {
+        assert_eq!(fetch_ok(proxy, get("a.example", path)).await["path"], forwarded, "HTTP/1.1 {path}");
+        let request = Request::get(format!("http://a.example{path}")).body(Full::default()).unwrap();
+        let (status, body, _) = send(TcpStream::connect(proxy).await.unwrap(), true, request).await;
+        assert_eq!(status, StatusCode::OK, "HTTP/2 {path}: {body}");
+        assert_eq!(serde_json::from_str::<Value>(&body).unwrap()["path"], forwarded, "HTTP/2 {path}");
+    }
+    for (path, status) in [("/b/../a", StatusCode::NOT_FOUND), ("/b/../..", StatusCode::BAD_REQUEST)] {
+        assert_eq!(fetch(proxy, get("a.example", path)).await.0, status, "{path}");
+    }
+}
+
+#[tokio::test]
+async fn proxy_answers_405_to_connect_and_trace() {
+    let proxy = start(vec![("a.example", "/", target("svc", &[backend("a").await]))], ProxyConfig::default()).await;
+    for request in [
+        &b"CONNECT a.example:443 HTTP/1.1\r\nHost: a.example\r\n\r\n"[..],
+        b"TRACE / HTTP/1.1\r\nHost: a.example\r\n\r\n",
+    ] {
+        let (head, _) = raw(proxy, request).await;
+        assert!(head.starts_with("HTTP/1.1 405 "), "{head}");
+        assert!(head.to_ascii_lowercase().contains("allow: get, head, post"), "{head}");
+    }
+}
+
+#[tokio::test]
+async fn proxy_closes_connections_that_send_no_request() {
+    let config = ProxyConfig { client_header_timeout: Duration::from_millis(200), ..ProxyConfig::default() };
+    let proxy = start(vec![("a.example", "/", target("svc", &[backend("a").await]))], config).await;
+    let mut tcp = TcpStream::connect(proxy).await.unwrap();
+    let read = tokio::time::timeout(Duration::from_secs(5), tcp.read(&mut [0; 1])).await;
+    assert_eq!(read.expect("closed before the idle timeout").unwrap(), 0);
 }

@@ -275,7 +275,8 @@ impl RouteTable {
 impl Router for RouteTable {
     /// Tries the routes of the exact host, then of the wildcard covering its first label, then of
     /// rules without a host, then the default backend. `host` must be lowercase, without port
-    /// (and without a trailing dot); `path` is compared as received, case-sensitive.
+    /// (and without a trailing dot); `path` (normalised by the proxy) is compared as given,
+    /// case-sensitive.
     fn route(&self, host: &str, path: &str) -> Option<Arc<Target>> {
         let exact = (!host.is_empty() && !host.starts_with('.')).then_some(host);
         let wildcard = host.find('.').filter(|&dot| dot > 0).map(|dot| &host[dot..]);

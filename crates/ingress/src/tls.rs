@@ -39,8 +39,13 @@ struct Hosts {
 
 impl Hosts {
     fn get(&self, host: Option<&str>) -> Option<&Arc<CertifiedKey>> {
-        let named = host.and_then(|host| self.exact.get(host).or_else(|| self.wildcard.get(host.split_once('.')?.1)));
-        named.or_else(|| self.exact.get(DEFAULT_HOST))
+        host.and_then(|host| self.own(host)).or_else(|| self.exact.get(DEFAULT_HOST))
+    }
+
+    /// The certificate of `host` itself (exact, else wildcard), not the default one.
+    fn own(&self, host: &str) -> Option<&Arc<CertifiedKey>> {
+        let exact = self.exact.get(host).filter(|_| host != DEFAULT_HOST);
+        exact.or_else(|| self.wildcard.get(host.split_once('.')?.1))
     }
 }
 
@@ -103,6 +108,15 @@ impl Certificates {
         }
         let key = PrivateKeyDer::from_pem_slice(key).map_err(|err| format!("tls.key: {err}"))?;
         CertifiedKey::from_der(chain, key, &self.provider).map_err(|err| err.to_string())
+    }
+
+    /// Whether a request for `host` (lowercase) on a connection whose handshake named `sni` went
+    /// to the wrong place: `host` has a certificate of its own and the handshake got another
+    /// (RFC 9110 §15.5.20, 421). Hosts that share a certificate (a wildcard, several names) may
+    /// share connections, as HTTP/2 clients do.
+    pub fn misdirected(&self, sni: Option<&str>, host: &str) -> bool {
+        let hosts = self.hosts.load();
+        hosts.own(host).is_some_and(|own| !hosts.get(sni).is_some_and(|negotiated| Arc::ptr_eq(own, negotiated)))
     }
 
     /// A server configuration (TLS 1.2 and 1.3, ring) that takes its certificates from `self`
@@ -189,5 +203,21 @@ mod tests {
         assert!(!Arc::ptr_eq(own, default), "a host with its own certificate keeps it");
         assert!(Arc::ptr_eq(hosts.get(Some("other.example")).unwrap(), default));
         assert!(Arc::ptr_eq(hosts.get(None).unwrap(), default), "no SNI");
+    }
+
+    #[test]
+    fn tls_misdirected_when_the_host_has_another_certificate_of_its_own() {
+        let certificates = Certificates::new();
+        let entries = vec![entry("a.example"), entry("b.example"), entry("*.w.example"), entry("*")];
+        assert!(certificates.update(entries).is_empty());
+        let misdirected = |sni: Option<&str>, host: &str| certificates.misdirected(sni, host);
+        assert!(misdirected(Some("a.example"), "b.example"));
+        assert!(misdirected(Some("x.w.example"), "a.example"));
+        assert!(misdirected(None, "a.example"), "no SNI: the default certificate was negotiated");
+        assert!(misdirected(Some("other.example"), "a.example"));
+        assert!(!misdirected(Some("a.example"), "a.example"));
+        assert!(!misdirected(Some("x.w.example"), "y.w.example"), "one wildcard certificate");
+        assert!(!misdirected(Some("a.example"), "other.example"), "no certificate of its own");
+        assert!(!misdirected(Some("a.example"), "*"), "the default certificate is nobody's own");
     }
 }

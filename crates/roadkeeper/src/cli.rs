@@ -307,9 +307,9 @@ pub struct IngressArgs {
     /// Time from sending a request to an endpoint until its response head; then 504.
     #[arg(long, value_name = "DURATION", default_value = "60s")]
     pub upstream_response_timeout: humantime::Duration,
-    /// Time a client has for the TLS handshake and for each HTTP/1 request head (counted from the
-    /// connection's start or its previous response, so it also closes idle keep-alive
-    /// connections).
+    /// Time a client has for the TLS handshake, for its first request (a connection that sends
+    /// none is closed), and for each HTTP/1 request head (counted from the connection's start or
+    /// its previous response, so it also closes idle keep-alive connections).
     #[arg(long, value_name = "DURATION", default_value = "10s")]
     pub client_header_timeout: humantime::Duration,
     /// A client connection, upgraded tunnel or pooled backend connection on which nothing moved
@@ -322,6 +322,25 @@ pub struct IngressArgs {
     /// Most request header fields (431 beyond it).
     #[arg(long, value_name = "N", default_value_t = 100)]
     pub max_request_headers: usize,
+    /// Largest request head in bytes, request line and header fields (431 beyond it; at least
+    /// 8192). On HTTP/2 the header list size, as SETTINGS_MAX_HEADER_LIST_SIZE counts it.
+    #[arg(long, value_name = "BYTES", default_value_t = 32 << 10, value_parser = parse_request_head)]
+    pub max_request_head: usize,
+    /// Concurrent HTTP/2 streams per client connection (more are refused with REFUSED_STREAM).
+    #[arg(long, value_name = "N", default_value_t = 100, value_parser = clap::value_parser!(u32).range(1..))]
+    pub http2_max_concurrent_streams: u32,
+    /// Open connections to one endpoint, busy or idle, per worker thread (one per CPU). A request
+    /// that finds them all busy waits for one up to --upstream-connect-timeout, then tries another
+    /// endpoint, else 503.
+    #[arg(long, value_name = "N", default_value_t = 512, value_parser = clap::value_parser!(u64).range(1..))]
+    pub upstream_max_connections: u64,
+    /// Clients whose X-Forwarded-For, X-Forwarded-Proto and X-Forwarded-Host are believed
+    /// (proxies or load balancers in front), comma-separated CIDRs, as ingress-nginx's
+    /// `use-forwarded-headers` with `proxy-real-ip-cidr`: their X-Forwarded-For is appended to
+    /// and X-Real-IP is the last address in it outside these CIDRs. From other clients those
+    /// fields are replaced with what this proxy saw (the default: no client is trusted).
+    #[arg(long, value_name = "CIDRS", value_delimiter = ',')]
+    pub trusted_proxy_cidrs: Vec<ipnet::IpNet>,
 }
 
 impl IngressArgs {
@@ -344,9 +363,23 @@ impl IngressArgs {
             idle_timeout: *self.idle_timeout,
             max_request_body: (self.max_request_body > 0).then_some(self.max_request_body),
             max_headers: self.max_request_headers,
+            max_request_head: self.max_request_head,
+            max_concurrent_streams: self.http2_max_concurrent_streams,
+            max_upstream_connections: usize::try_from(self.upstream_max_connections).unwrap_or(usize::MAX),
+            trusted_proxies: self.trusted_proxy_cidrs.clone(),
             ..Default::default()
         }
     }
+}
+
+/// A request head limit: bytes, at least hyper's minimum buffer.
+fn parse_request_head(text: &str) -> Result<usize, String> {
+    let bytes: usize = text.parse().map_err(|err| format!("{text:?}: {err}"))?;
+    let min = roadkeeper_ingress::proxy::MIN_REQUEST_HEAD;
+    if bytes < min {
+        return Err(format!("{bytes} is less than {min}"));
+    }
+    Ok(bytes)
 }
 
 /// `NAMESPACE/NAME`, both parts non-empty.

@@ -216,6 +216,31 @@ mod tests {
     }
 
     #[test]
+    fn flags_set_the_request_limits_and_trusted_proxies() {
+        let flags = [
+            ["--max-request-head", "65536"],
+            ["--http2-max-concurrent-streams", "8"],
+            ["--upstream-max-connections", "4"],
+            ["--trusted-proxy-cidrs", "10.0.0.0/8,fd00::/8"],
+        ];
+        let config = IngressArgs::parse_for_test(&flags.concat()).unwrap().proxy_config();
+        assert_eq!(
+            (config.max_request_head, config.max_concurrent_streams, config.max_upstream_connections),
+            (65536, 8, 4)
+        );
+        assert_eq!(config.trusted_proxies, ["10.0.0.0/8".parse().unwrap(), "fd00::/8".parse().unwrap()]);
+        for (flag, bad) in [
+            ("--max-request-head", "8191"),
+            ("--http2-max-concurrent-streams", "0"),
+            ("--upstream-max-connections", "0"),
+            ("--trusted-proxy-cidrs", "10.0.0.1"),
+        ] {
+            let error = IngressArgs::parse_for_test(&[flag, bad]).unwrap_err();
+            assert!(error.contains(flag), "{error}");
+        }
+    }
+
+    #[test]
     fn default_ssl_certificate_is_a_namespaced_name() {
         let args = IngressArgs::parse_for_test(&["--default-ssl-certificate", "ingress/wildcard-tls"]).unwrap();
         assert_eq!(args.default_ssl_certificate.unwrap().to_string(), "ingress/wildcard-tls");

@@ -9,7 +9,12 @@
 //! - a connect failure retried on another endpoint, 502 and 503, and the metrics that count them;
 //! - HTTP/2 over TLS (ALPN) and with prior knowledge;
 //! - WebSocket through the proxy;
-//! - `X-Forwarded-For/-Proto/-Host` and `X-Real-IP` as the backend sees them;
+//! - `X-Forwarded-For/-Proto/-Host` and `X-Real-IP` as the backend sees them, replaced unless the
+//!   client is a proxy of `--trusted-proxy-cidrs`;
+//! - path normalisation (`..`, encoded or not, reaches no path that no rule exposes) and the
+//!   routed Host forwarded (absolute form, `:authority`; 400 and 421 for ambiguous ones);
+//! - limits: request head size, silent connections, `CONNECT`, HTTP/2 streams and control-frame
+//!   floods, backend connections per endpoint;
 //! - `--upstream-response-timeout`: 504 from a slow endpoint, counted;
 //! - `--default-ssl-certificate` for hosts without a certificate and handshakes without SNI;
 //! - SIGTERM: no new connections, the request in flight completes, then a clean exit.
@@ -110,6 +115,14 @@ impl Lab {
     /// Starts [`backend`] `name` on `addr` inside the namespace.
     fn backend(&self, addr: &str, name: &'static str) {
         backend(self.ns.run(|| TcpListener::bind(addr)).unwrap_or_else(|err| panic!("bind {addr}: {err}")), name);
+    }
+
+    /// Starts [`backend`] `web-a` on 127.0.0.1:8081 behind one rule: `host`, `Prefix path`.
+    fn route_to_web_a(&self, host: &str, path: &str) {
+        self.backend("127.0.0.1:8081", "web-a");
+        self.write("a.yaml", &local_service("web-a", 8081));
+        let rules = rules(&[(host, &[(path, "Prefix", "web-a")])]);
+        self.write("ingress.yaml", &ingress("web", "roadkeeper", "2024-01-01T00:00:00Z", &[rules]));
     }
 
     /// `GET path` with `Host: host` to [`HTTP`], on a fresh connection.
@@ -855,10 +868,12 @@ fn passes_websocket_through() {
     assert_eq!(lab.get("plain.example", "/").served_by(), "web-a");
 }
 
-/// What the backend sees: `X-Forwarded-For` is the client's address, appended to the values a
-/// client sent (one header or several); `X-Real-IP` is the client's address; `X-Forwarded-Proto`
-/// is `http` or `https` by listener and `X-Forwarded-Host` the Host the client asked for, whatever
-/// a client claims in those three.
+/// What the backend sees: by default (as ingress-nginx) `X-Forwarded-For` and `X-Real-IP` are the
+/// client's address, replacing whatever the client sent (one header or several),
+/// `X-Forwarded-Proto` is `http` or `https` by listener and `X-Forwarded-Host` the Host the client
+/// asked for, whatever a client claims in those. With `--trusted-proxy-cidrs`, a client inside
+/// them (a proxy in front) has its `X-Forwarded-For` appended to, `X-Real-IP` is the first address
+/// from the right outside them, and its `X-Forwarded-Proto` and `-Host` are kept.
 #[test]
 fn sets_forwarded_headers() {
     let lab = Lab::new("rk-ing-fwd");
@@ -870,7 +885,7 @@ fn sets_forwarded_headers() {
     let tls = "tls: [{hosts: [a.example], secretName: a.example-tls}]".to_owned();
     lab.write("ingress.yaml", &ingress("web", "roadkeeper", "2024-01-01T00:00:00Z", &[rules, tls]));
     let ca_file = lab.scratch("ca.pem", &ca);
-    lab.start();
+    let untrusted = lab.start();
 
     let seen = |reply: &Reply| {
         let headers = ["x-forwarded-for", "x-real-ip", "x-forwarded-proto", "x-forwarded-host"];
@@ -880,36 +895,32 @@ fn sets_forwarded_headers() {
     assert_eq!(seen(&plain), ["127.0.0.1", "127.0.0.1", "http", "a.example"]);
 
     let spoofed = ["X-Real-IP: 192.0.2.1", "X-Forwarded-Proto: https", "X-Forwarded-Host: evil.example"];
-    let from_9 = lab.get_with(
-        "a.example:8080",
-        "/",
-        &[&["X-Forwarded-For: 203.0.113.7"], &spoofed[..]].concat(),
-        Some("127.0.0.9"),
-    );
-    assert_eq!(seen(&from_9), ["203.0.113.7, 127.0.0.9", "127.0.0.9", "http", "a.example:8080"], "{from_9:?}");
+    let claims = [&["X-Forwarded-For: 203.0.113.7"], &spoofed[..]].concat();
+    let from_9 = lab.get_with("a.example:8080", "/", &claims, Some("127.0.0.9"));
+    assert_eq!(seen(&from_9), ["127.0.0.9", "127.0.0.9", "http", "a.example:8080"], "{from_9:?}");
     let two = lab.get_with("a.example", "/", &["X-Forwarded-For: 198.51.100.1", "X-Forwarded-For: 203.0.113.7"], None);
-    assert_eq!(seen(&two)[0], "198.51.100.1, 203.0.113.7, 127.0.0.1", "{two:?}");
+    assert_eq!(seen(&two)[0], "127.0.0.1", "{two:?}");
 
-    let https = lab.curl(&[
-        "--cacert",
-        &ca_file,
-        "--resolve",
-        "a.example:8443:127.0.0.1",
-        "--interface",
-        "127.0.0.9",
-        "-H",
-        "X-Forwarded-For: 203.0.113.7",
-        "-H",
-        "X-Forwarded-Proto: http",
-        "https://a.example:8443/",
-    ]);
-    let https = Reply { status: 200, body: https };
-    assert_eq!(
-        seen(&https),
-        ["203.0.113.7, 127.0.0.9", "127.0.0.9", "https", "a.example:8443"],
-        "{https:?}; log:\n{}",
-        lab.log()
-    );
+    let https = |extra: &[&str]| {
+        let mut args = vec!["--cacert", &ca_file, "--resolve", "a.example:8443:127.0.0.1", "--interface", "127.0.0.9"];
+        args.extend(["-H", "X-Forwarded-For: 203.0.113.7", "-H", "X-Forwarded-Proto: http"]);
+        args.extend(extra);
+        args.push("https://a.example:8443/");
+        Reply { status: 200, body: lab.curl(&args) }
+    };
+    let tls = https(&[]);
+    assert_eq!(seen(&tls), ["127.0.0.9", "127.0.0.9", "https", "a.example:8443"], "{tls:?}; log:\n{}", lab.log());
+
+    untrusted.terminate(Duration::from_secs(10)).expect("stopped");
+    lab.start_with(&["--trusted-proxy-cidrs", "127.0.0.9/32,10.0.0.0/8"]);
+    let proxied = lab.get_with("a.example:8080", "/", &claims, Some("127.0.0.9"));
+    assert_eq!(seen(&proxied), ["203.0.113.7, 127.0.0.9", "203.0.113.7", "https", "evil.example"], "{proxied:?}");
+    let chain = lab.get_with("a.example", "/", &["X-Forwarded-For: 198.51.100.1, 10.1.2.3"], Some("127.0.0.9"));
+    assert_eq!(seen(&chain)[..2], ["198.51.100.1, 10.1.2.3, 127.0.0.9", "198.51.100.1"], "{chain:?}");
+    let direct = lab.get_with("a.example", "/", &claims, None);
+    assert_eq!(seen(&direct), ["127.0.0.1", "127.0.0.1", "http", "a.example"], "not from a trusted proxy");
+    let tls = https(&[]);
+    assert_eq!(seen(&tls), ["203.0.113.7, 127.0.0.9", "203.0.113.7", "http", "a.example:8443"], "{tls:?}");
 }
 
 /// SIGTERM drains: the listener closes at once, a request in flight still gets its answer, and
@@ -990,4 +1001,344 @@ fn serves_the_default_certificate_to_hosts_without_one() {
     // curl sends no SNI to an IP address; any certificate would do (-k), but there must be one.
     let no_sni = lab.curl(&["-k", "https://127.0.0.1:8443/"]);
     assert_eq!(no_sni, "no route for this host and path\n", "default certificate without SNI; log:\n{}", lab.log());
+}
+
+/// The request path is normalised before routing, as nginx does, over HTTP/1.1 and HTTP/2:
+/// percent-encodings decoded, slashes merged, `.` and `..` removed; what the backend gets is the
+/// normalised path (segments as received, the query untouched). So `..`, encoded or not, does
+/// not reach a path of the backend that no rule exposes, and a path that climbs above the root,
+/// an invalid percent-encoding or an encoded NUL is 400.
+#[test]
+fn normalises_the_path_before_routing_and_forwards_it() {
+    let lab = Lab::new("rk-ing-path");
+    lab.route_to_web_a("n.example", "/public");
+    lab.start();
+
+    // (path as sent, what the backend gets: its target, or the proxy's status)
+    let table = [
+        ("/public/../secret", "404"),
+        ("/public/%2e%2e/secret", "404"),
+        ("/public/%2E%2e/secret", "404"),
+        ("/public/.%2e/secret", "404"),
+        ("/public%2F..%2Fsecret", "404"),
+        ("/public/..%2Fsecret", "404"),
+        ("/public/x/../../secret", "404"),
+        ("/public/./x/../y", "/public/y"),
+        ("//public//x/", "/public/x/"),
+        ("/public/%2e/x", "/public/x"),
+        ("/public/a%2Fb", "/public/a/b"),
+        ("/public/a%3Fb%23c?q=%2e%2e/../x", "/public/a%3Fb%23c?q=%2e%2e/../x"),
+        ("/public/caf%C3%A9", "/public/caf%C3%A9"),
+        ("/public/../..", "400"),
+        ("/..", "400"),
+        ("/public/%zz", "400"),
+        ("/public/%2", "400"),
+        ("/public/a%00b", "400"),
+    ];
+    let http1: Vec<String> = table
+        .iter()
+        .filter_map(|&(path, expected)| {
+            let reply = lab.get("n.example", path);
+            let got = match reply.status {
+                200 => reply.body.lines().next().unwrap_or_default().trim_start_matches("web-a ").to_owned(),
+                status => status.to_string(),
+            };
+            (got != expected).then(|| format!("HTTP/1.1 {path}: expected {expected}, got {got} ({reply:?})"))
+        })
+        .collect();
+    // curl sends the path as given (--path-as-is); `%{http_code}` ends each answer.
+    let http2: Vec<String> = table
+        .iter()
+        .filter_map(|&(path, expected)| {
+            let url = format!("http://n.example:8080{path}");
+            let out = lab.curl(&[
+                "--http2-prior-knowledge",
+                "--path-as-is",
+                "--resolve",
+                "n.example:8080:127.0.0.1",
+                "-w",
+                "\n%{http_code} %{http_version}",
+                &url,
+            ]);
+            let (body, code) = out.rsplit_once('\n').unwrap_or(("", &out));
+            let got = match code {
+                "200 2" => body.lines().next().unwrap_or_default().trim_start_matches("web-a ").to_owned(),
+                code => code.trim_end_matches(" 2").to_owned(),
+            };
+            (got != expected).then(|| format!("HTTP/2 {path}: expected {expected}, got {got} ({out:?})"))
+        })
+        .collect();
+    let wrong = [http1, http2].concat();
+    assert!(wrong.is_empty(), "{}\nlog:\n{}", wrong.join("\n"), lab.log());
+}
+
+/// The backend sees the Host that was routed on: that of an absolute-form target (RFC 9112
+/// §3.2.2) or of HTTP/2's `:authority` (RFC 9113 §8.3.1), not a `Host` field that names another;
+/// two `Host` fields, a malformed port and HTTP/1.1 without Host are 400; over TLS, a Host other
+/// than the SNI that has a certificate of its own is 421, one without is served.
+#[test]
+fn forwards_the_host_it_routed_on_and_refuses_ambiguous_ones() {
+    let lab = Lab::new("rk-ing-host");
+    lab.backend("127.0.0.1:8081", "web-a");
+    lab.backend("127.0.0.1:8082", "web-b");
+    lab.write("a.yaml", &local_service("web-a", 8081));
+    lab.write("b.yaml", &local_service("web-b", 8082));
+    let (a_secret, a_ca) = tls_secret("a.example");
+    let (b_secret, _) = tls_secret("b.example");
+    lab.write("a-secret.yaml", &a_secret);
+    lab.write("b-secret.yaml", &b_secret);
+    let rules = rules(&[
+        ("a.example", &[("/", "Prefix", "web-a")]),
+        ("b.example", &[("/", "Prefix", "web-b")]),
+        ("c.example", &[("/", "Prefix", "web-b")]),
+    ]);
+    let tls = "tls: [{hosts: [a.example], secretName: a.example-tls}, {hosts: [b.example], secretName: b.example-tls}]";
+    lab.write("ingress.yaml", &ingress("hosts", "roadkeeper", "2024-01-01T00:00:00Z", &[rules, tls.to_owned()]));
+    let a_ca = lab.scratch("a-ca.pem", &a_ca);
+    lab.start();
+
+    let raw = |head: &str| lab.ns.run(|| exchange(HTTP.parse().expect("address"), None, head)).expect("exchange");
+    let absolute = raw("GET http://a.example/x HTTP/1.1\r\nHost: b.example\r\nConnection: close\r\n\r\n");
+    assert_eq!((absolute.served_by(), absolute.echoed("host")), ("web-a".into(), Some("a.example".into())));
+    let two = raw("GET / HTTP/1.1\r\nHost: a.example\r\nHost: b.example\r\nConnection: close\r\n\r\n");
+    assert_eq!(two.status, 400, "two Host fields: {two:?}");
+    assert_eq!(lab.get("a.example:8o", "/").status, 400, "malformed port");
+    assert_eq!(lab.get("a.example:65536", "/").status, 400, "port out of range");
+    let none = raw("GET / HTTP/1.1\r\nConnection: close\r\n\r\n");
+    assert_eq!(none.status, 400, "HTTP/1.1 without Host: {none:?}");
+    let old = raw("GET / HTTP/1.0\r\n\r\n");
+    assert_eq!(old.status, 404, "HTTP/1.0 may go without: {old:?}");
+
+    // HTTP/2 with `:authority` a.example and a `host` field naming b.example.
+    let h2 = lab.ns.run(|| {
+        let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build().expect("runtime");
+        runtime.block_on(async {
+            use http_body_util::BodyExt;
+            let tcp = tokio::net::TcpStream::connect(HTTP).await.expect("connect");
+            let io = hyper_util::rt::TokioIo::new(tcp);
+            let (mut sender, connection) =
+                hyper::client::conn::http2::handshake(hyper_util::rt::TokioExecutor::new(), io).await.expect("h2");
+            tokio::spawn(connection);
+            let request = hyper::Request::get("http://a.example/h2")
+                .header("host", "b.example")
+                .body(http_body_util::Empty::<hyper::body::Bytes>::new())
+                .expect("request");
+            let response = sender.send_request(request).await.expect("response");
+            let status = response.status().as_u16();
+            let body = response.into_body().collect().await.expect("body").to_bytes();
+            Reply { status, body: String::from_utf8_lossy(&body).into_owned() }
+        })
+    });
+    assert_eq!((h2.served_by(), h2.echoed("host")), ("web-a".into(), Some("a.example".into())), "{h2:?}");
+
+    // TLS: SNI a.example (curl takes it from the URL), Host from -H.
+    let https = |host: &str| {
+        let header = format!("Host: {host}");
+        let resolve = ["--resolve", "a.example:8443:127.0.0.1"];
+        let args = [&resolve[..], &["--cacert", &a_ca, "-H", &header, "-w", "%{http_code}", "https://a.example:8443/"]];
+        lab.curl(&args.concat())
+    };
+    assert_eq!(https("b.example"), "misdirected request\n421", "b.example has its own certificate");
+    assert!(https("c.example").starts_with("web-b /"), "c.example has none: served");
+    assert!(https("A.example:8443").starts_with("web-a /"), "the SNI's own host, in any case and with a port");
+}
+
+/// Limits a user would expect from nginx: a request head over `--max-request-head` (32 KiB) is
+/// 431, a connection that sends nothing is closed after `--client-header-timeout`, and `CONNECT`
+/// and `TRACE` are 405.
+#[test]
+fn limits_request_heads_silent_connections_and_methods() {
+    let lab = Lab::new("rk-ing-limits");
+    lab.route_to_web_a("a.example", "/");
+    lab.start_with(&["--client-header-timeout", "1s"]);
+
+    let big = |size: usize| format!("X-Big: {}", "x".repeat(size));
+    assert_eq!(lab.get_with("a.example", "/", &[&big(20 << 10)], None).served_by(), "web-a", "20 KiB");
+    assert_eq!(lab.get_with("a.example", "/", &[&big(40 << 10)], None).status, 431, "40 KiB");
+
+    let raw = |head: &str| lab.ns.run(|| exchange(HTTP.parse().expect("address"), None, head)).expect("exchange");
+    for method in ["CONNECT a.example:443", "TRACE /"] {
+        let reply = raw(&format!("{method} HTTP/1.1\r\nHost: a.example\r\nConnection: close\r\n\r\n"));
+        assert_eq!(reply.status, 405, "{method}: {reply:?}");
+    }
+
+    let started = Instant::now();
+    let mut silent = lab.ns.run(|| TcpStream::connect(HTTP)).expect("connect");
+    silent.set_read_timeout(Some(Duration::from_secs(5))).expect("timeout");
+    let read = silent.read(&mut [0; 16]);
+    assert!(matches!(read, Ok(0)), "{read:?} after {:?}", started.elapsed());
+    assert!(started.elapsed() < Duration::from_secs(3), "closed after {:?}", started.elapsed());
+}
+
+/// One HTTP/2 frame: type, flags, stream and payload.
+type Frame = (u8, u8, u32, Vec<u8>);
+
+/// A raw HTTP/2 connection with prior knowledge to [`HTTP`], for frames no client library sends.
+struct RawH2(TcpStream);
+
+impl RawH2 {
+    /// Connects from `lab`'s namespace and sends the preface and an empty SETTINGS frame.
+    fn connect(lab: &Lab) -> RawH2 {
+        let stream = lab.ns.run(|| TcpStream::connect(HTTP)).expect("connect");
+        stream.set_read_timeout(Some(PATIENCE)).expect("timeout");
+        let mut h2 = RawH2(stream);
+        h2.0.write_all(b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n").expect("preface");
+        h2.send(4, 0, 0, &[]).expect("SETTINGS");
+        h2
+    }
+
+    fn send(&mut self, kind: u8, flags: u8, stream: u32, payload: &[u8]) -> io::Result<()> {
+        self.0.write_all(&h2_frame(kind, flags, stream, payload))
+    }
+
+    fn read(&mut self) -> io::Result<Frame> {
+        let mut header = [0; 9];
+        self.0.read_exact(&mut header)?;
+        let length = u32::from_be_bytes([0, header[0], header[1], header[2]]) as usize;
+        let mut payload = vec![0; length];
+        self.0.read_exact(&mut payload)?;
+        let stream = u32::from_be_bytes([header[5], header[6], header[7], header[8]]) & 0x7fff_ffff;
+        Ok((header[3], header[4], stream, payload))
+    }
+}
+
+fn h2_frame(kind: u8, flags: u8, stream: u32, payload: &[u8]) -> Vec<u8> {
+    let mut frame = (payload.len() as u32).to_be_bytes()[1..].to_vec();
+    frame.extend_from_slice(&[kind, flags]);
+    frame.extend_from_slice(&stream.to_be_bytes());
+    frame.extend_from_slice(payload);
+    frame
+}
+
+/// The HPACK block of `GET http://authority path` (literals without indexing, no Huffman).
+fn h2_get(authority: &str, path: &str) -> Vec<u8> {
+    let mut block = vec![0x82, 0x86]; // :method GET, :scheme http
+    for (name, value) in [(4, path), (1, authority)] {
+        block.extend_from_slice(&[name, value.len() as u8]);
+        block.extend_from_slice(value.as_bytes());
+    }
+    block
+}
+
+/// HTTP/2 is bounded: 100 concurrent streams per connection (advertised, and the 101st refused
+/// with REFUSED_STREAM), and a flood of SETTINGS, PING or WINDOW_UPDATE frames closes its
+/// connection while other clients are still served.
+#[test]
+fn bounds_http2_streams_and_control_frame_floods() {
+    let lab = Lab::new("rk-ing-h2lim");
+    lab.route_to_web_a("a.example", "/");
+    lab.start();
+
+    let mut h2 = RawH2::connect(&lab);
+    let settings = loop {
+        match h2.read().expect("the server's SETTINGS") {
+            (4, 0, 0, payload) => break payload,
+            _ => continue,
+        }
+    };
+    h2.send(4, 1, 0, &[]).expect("SETTINGS ack");
+    let max_streams = settings
+        .chunks(6)
+        .find(|setting| setting[..2] == [0, 3])
+        .map(|setting| u32::from_be_bytes(setting[2..].try_into().expect("4 bytes")));
+    assert_eq!(max_streams, Some(100), "SETTINGS_MAX_CONCURRENT_STREAMS");
+    // 101 requests of a second each, at once: the last one is refused, the others answered.
+    let streams: Vec<u32> = (0..101).map(|i| 1 + 2 * i).collect();
+    for &stream in &streams {
+        h2.send(1, 5, stream, &h2_get("a.example", "/slow")).expect("HEADERS");
+    }
+    let (mut answered, mut reset) = (Vec::new(), Vec::new());
+    while answered.len() + reset.len() < streams.len() {
+        match h2.read() {
+            Ok((1, _, stream, _)) => answered.push(stream),
+            Ok((3, _, stream, code)) => reset.push((stream, u32::from_be_bytes(code[..4].try_into().expect("code")))),
+            Ok(_) => {}
+            Err(err) => panic!("{err} after {} answers and resets {reset:?}; log:\n{}", answered.len(), lab.log()),
+        }
+    }
+    assert_eq!(reset, [(201, 7)], "REFUSED_STREAM for the 101st stream only");
+    assert_eq!(answered.len(), 100);
+
+    for (name, frame) in [
+        ("SETTINGS", h2_frame(4, 0, 0, &[])),
+        ("PING", h2_frame(6, 0, 0, &[0; 8])),
+        ("WINDOW_UPDATE", h2_frame(8, 0, 0, &1u32.to_be_bytes())),
+    ] {
+        let mut flood = RawH2::connect(&lab);
+        let mut reader = RawH2(flood.0.try_clone().expect("clone"));
+        // Reads what the server sends until it closes (or 10 s pass), as a client would.
+        let drained = std::thread::spawn(move || {
+            let started = Instant::now();
+            loop {
+                match reader.read() {
+                    Ok((7, ..)) => return Some(started.elapsed()), // GOAWAY
+                    Ok(_) => continue,
+                    Err(err) if matches!(err.kind(), io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut) => {
+                        return None;
+                    }
+                    Err(_) => return Some(started.elapsed()), // closed or reset
+                }
+            }
+        });
+        let batch = frame.repeat(1000);
+        let started = Instant::now();
+        let mut sent = 0;
+        while sent < 200_000 && flood.0.write_all(&batch).is_ok() {
+            sent += 1000;
+        }
+        let closed = drained.join().expect("reader");
+        println!("{name} flood: {sent} frames written in {:?}, closed after {closed:?}", started.elapsed());
+        assert!(closed.is_some(), "{name} flood: the connection stays open after {sent} frames");
+        assert_eq!(lab.get("a.example", "/").served_by(), "web-a", "other clients are served");
+    }
+}
+
+/// An HTTP/1.1 backend on `listener` that answers every request after 300 ms and counts its open
+/// connections; returns the most that were open at once.
+fn counting_backend(listener: TcpListener) -> std::sync::Arc<std::sync::atomic::AtomicUsize> {
+    use std::sync::Arc;
+    use std::sync::atomic::AtomicUsize;
+    let (open, most) = (Arc::new(AtomicUsize::new(0)), Arc::new(AtomicUsize::new(0)));
+    let seen = most.clone();
+    std::thread::spawn(move || {
+        for stream in listener.incoming().flatten() {
+            let (open, most) = (open.clone(), most.clone());
+            most.fetch_max(open.fetch_add(1, Ordering::SeqCst) + 1, Ordering::SeqCst);
+            std::thread::spawn(move || {
+                let mut reader = BufReader::new(stream);
+                while let Ok(Some(_)) = read_head(&mut reader) {
+                    std::thread::sleep(Duration::from_millis(300));
+                    if reader.get_mut().write_all(b"HTTP/1.1 200 OK\r\ncontent-length: 8\r\n\r\ncounted\n").is_err() {
+                        break;
+                    }
+                }
+                open.fetch_sub(1, Ordering::SeqCst);
+            });
+        }
+    });
+    seen
+}
+
+/// `--upstream-max-connections` bounds the connections to one endpoint (per worker thread): 16
+/// requests at once over two connections per worker all succeed, queued for a free connection.
+#[test]
+fn bounds_backend_connections_per_endpoint() {
+    let lab = Lab::new("rk-ing-upconn");
+    let listener = lab.ns.run(|| TcpListener::bind("127.0.0.1:8081")).expect("bind");
+    let most = counting_backend(listener);
+    lab.write("a.yaml", &local_service("counted", 8081));
+    let rules = rules(&[("a.example", &[("/", "Prefix", "counted")])]);
+    lab.write("ingress.yaml", &ingress("pool", "roadkeeper", "2024-01-01T00:00:00Z", &[rules]));
+    // Waiting for a free connection counts as connecting.
+    lab.start_with(&["--upstream-max-connections", "2", "--upstream-connect-timeout", "20s"]);
+
+    let workers = std::thread::available_parallelism().map_or(1, usize::from);
+    let replies: Vec<Reply> = std::thread::scope(|scope| {
+        let clients: Vec<_> = (0..16).map(|_| scope.spawn(|| lab.get("a.example", "/"))).collect();
+        clients.into_iter().map(|client| client.join().expect("client")).collect()
+    });
+    let failed: Vec<&Reply> = replies.iter().filter(|reply| reply.status != 200).collect();
+    assert!(failed.is_empty(), "{failed:?}; log:\n{}", lab.log());
+    let most = most.load(Ordering::SeqCst);
+    assert!(most <= 2 * workers, "{most} backend connections at once, for {workers} workers");
 }

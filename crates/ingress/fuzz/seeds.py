@@ -1,0 +1,81 @@
+#!/usr/bin/env python3
+"""Writes the seeds of corpus/path, corpus/host and corpus/frames (see README.md)."""
+
+import pathlib
+import struct
+
+HERE = pathlib.Path(__file__).parent
+
+PATHS = {
+    "root": "/",
+    "plain": "/public/index.html",
+    "trailing-slash": "/a/b/",
+    "utf8": "/caf\u00e9/\u00fc",
+    "merge-slashes": "//a///b//",
+    "dot-segments": "/a/./b/../c/.",
+    "climb": "/public/../secret",
+    "climb-encoded": "/public/%2e%2e/secret",
+    "climb-mixed-case": "/public/%2E%2e/secret",
+    "climb-encoded-slash": "/public%2F..%2Fsecret",
+    "above-root": "/a/../..",
+    "encoded-reserved": "/a%3Fb%23c%25d%2Be",
+    "double-encoded": "/%252e%252e/x",
+    "not-utf8": "/%FF%FE",
+    "nul": "/a%00b",
+    "bad-escape": "/a%zz",
+    "truncated-escape": "/a%2",
+    "asterisk": "*",
+    "dots-not-segments": "/a./..b/.../c.",
+}
+
+HOSTS = {
+    "name": "a.example",
+    "name-port": "A.Example:8080",
+    "trailing-dot": "a.example.",
+    "empty": "",
+    "empty-port": "a.example:",
+    "ipv4": "127.0.0.1:80",
+    "ipv6": "[::1]:8443",
+    "ipv6-mapped": "[::ffff:127.0.0.1]",
+    "bad-port": "a.example:abc",
+    "big-port": "a.example:65536",
+    "two-ports": "a.example:80:90",
+    "double-dot": "a..example",
+    "userinfo": "user@a.example",
+    "slash": "a.example/x",
+    "open-bracket": "[::1",
+    "latin1": "caf\xe9",
+}
+
+PREFACE = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n"
+
+
+def frame(kind, flags, payload, stream=0):
+    return struct.pack(">I", len(payload))[1:] + bytes([kind, flags]) + struct.pack(">I", stream) + payload
+
+
+FRAMES = {
+    "http1": b"GET / HTTP/1.1\r\nHost: a.example\r\n\r\n",
+    "preface-only": PREFACE,
+    "preface-partial": PREFACE[:10],
+    "settings-and-request": PREFACE + frame(4, 0, b"") + frame(1, 5, b"\x82\x86\x84", 1),
+    "data-split": PREFACE + frame(0, 0, frame(6, 0, b"\0" * 8) * 4, 1) + frame(0, 1, b"", 1),
+    "ping-flood": PREFACE + frame(6, 0, b"\0" * 8) * 1001,
+    "window-update-flood": PREFACE + frame(8, 0, b"\0\0\0\1") * 1001,
+    "empty-data-flood": PREFACE + frame(0, 0, b"", 1) * 1001,
+    "headers-earn-credit": PREFACE + (frame(1, 5, b"\x82", 1) + frame(6, 0, b"\0" * 8)) * 600,
+    "truncated-header": PREFACE + frame(6, 0, b"\0" * 8)[:5],
+    "huge-length": PREFACE + b"\xff\xff\xff\x00\x00\x00\x00\x00\x01" + b"x" * 100,
+}
+
+
+def write(folder, seeds, encode):
+    target = HERE / "corpus" / folder
+    target.mkdir(parents=True, exist_ok=True)
+    for name, seed in seeds.items():
+        (target / name).write_bytes(encode(seed))
+
+
+write("path", PATHS, lambda s: s.encode())
+write("host", HOSTS, lambda s: s.encode("latin-1") if s == "caf\xe9" else s.encode())
+write("frames", FRAMES, lambda b: b)
