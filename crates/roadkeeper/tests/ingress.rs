@@ -55,8 +55,13 @@ struct Lab {
 
 impl Lab {
     /// A namespace `<prefix>-<pid>-<n>` and an empty manifest folder; nothing running yet.
+    /// A namespace whose loopback also holds the backends' addresses 10.244.0.1-3 (endpoint
+    /// addresses may not be loopback ones, as the API server refuses them).
     fn new(prefix: &str) -> Lab {
         let lab = Lab { ns: Netns::new(prefix).expect("netns"), dir: tempfile::tempdir().expect("tempdir") };
+        for host in 1..=3 {
+            lab.ns.ip(["addr", "add", &format!("10.244.0.{host}/32"), "dev", "lo"]).expect("backend address");
+        }
         std::fs::create_dir(lab.manifests()).expect("manifest folder");
         lab
     }
@@ -117,9 +122,9 @@ impl Lab {
         backend(self.ns.run(|| TcpListener::bind(addr)).unwrap_or_else(|err| panic!("bind {addr}: {err}")), name);
     }
 
-    /// Starts [`backend`] `web-a` on 127.0.0.1:8081 behind one rule: `host`, `Prefix path`.
+    /// Starts [`backend`] `web-a` on 10.244.0.1:8081 behind one rule: `host`, `Prefix path`.
     fn route_to_web_a(&self, host: &str, path: &str) {
-        self.backend("127.0.0.1:8081", "web-a");
+        self.backend("10.244.0.1:8081", "web-a");
         self.write("a.yaml", &local_service("web-a", 8081));
         let rules = rules(&[(host, &[(path, "Prefix", "web-a")])]);
         self.write("ingress.yaml", &ingress("web", "roadkeeper", "2024-01-01T00:00:00Z", &[rules]));
@@ -316,9 +321,9 @@ fn service(name: &str, port: u16, ready: &[&str], unready: &[&str]) -> String {
     )
 }
 
-/// A Service `name` with one ready endpoint, 127.0.0.1:`port`.
+/// A Service `name` with one ready endpoint, 10.244.0.1:`port`.
 fn local_service(name: &str, port: u16) -> String {
-    service(name, port, &["127.0.0.1"], &[])
+    service(name, port, &["10.244.0.1"], &[])
 }
 
 /// An Ingress `name` of class `class`, created at `created` (RFC 3339; the oldest wins
@@ -394,8 +399,8 @@ fn counter(metrics: &str, name: &str, labels: &[&str]) -> f64 {
 #[test]
 fn routes_by_host_and_path_with_tls_and_follows_rule_changes() {
     let lab = Lab::new("rk-ingress");
-    lab.backend("127.0.0.1:8081", "web-a");
-    lab.backend("127.0.0.1:8082", "web-b");
+    lab.backend("10.244.0.1:8081", "web-a");
+    lab.backend("10.244.0.1:8082", "web-b");
     let web = |api_backend: &str| {
         let paths = [("/", "Prefix", "web-a"), ("/api", "Prefix", api_backend)];
         let rules = rules(&[("a.example", &paths[..]), ("*.wild.example", &[("/", "Prefix", "web-b")])])
@@ -452,7 +457,7 @@ fn matches_paths_hosts_and_default_backends() {
         ("foreign", 8108),
     ];
     for (name, port) in backends {
-        lab.backend(&format!("127.0.0.1:{port}"), name);
+        lab.backend(&format!("10.244.0.1:{port}"), name);
         lab.write(&format!("svc-{name}.yaml"), &local_service(name, port));
     }
     let foo: &[_] =
@@ -589,11 +594,11 @@ fn load(host: &str, expected: &[&str], stop: &AtomicBool) -> Tally {
 fn no_request_fails_while_the_configuration_changes_under_load() {
     let lab = Lab::new("rk-ing-reload");
     for (addr, name) in [
-        ("127.0.0.1:8081", "a1"),
-        ("127.0.0.2:8081", "a2"),
-        ("127.0.0.3:8081", "a3"),
-        ("127.0.0.1:8082", "b1"),
-        ("127.0.0.2:8082", "b2"),
+        ("10.244.0.1:8081", "a1"),
+        ("10.244.0.2:8081", "a2"),
+        ("10.244.0.3:8081", "a3"),
+        ("10.244.0.1:8082", "b1"),
+        ("10.244.0.2:8082", "b2"),
     ] {
         lab.backend(addr, name);
     }
@@ -601,8 +606,8 @@ fn no_request_fails_while_the_configuration_changes_under_load() {
         let paths: Vec<_> = [("/", "Prefix", "web-a")].into_iter().chain(extra.iter().copied()).collect();
         ingress("load", "roadkeeper", "2024-01-01T00:00:00Z", &[rules(&[("load.example", &paths[..])])])
     };
-    lab.write("web-a.yaml", &service("web-a", 8081, &["127.0.0.1"], &[]));
-    lab.write("web-b.yaml", &service("web-b", 8082, &["127.0.0.1"], &[]));
+    lab.write("web-a.yaml", &service("web-a", 8081, &["10.244.0.1"], &[]));
+    lab.write("web-b.yaml", &service("web-b", 8082, &["10.244.0.1"], &[]));
     lab.write("load.yaml", &loaded(&[]));
     lab.start();
 
@@ -632,22 +637,22 @@ fn no_request_fails_while_the_configuration_changes_under_load() {
         });
         step(
             "a second endpoint",
-            &|| lab.write("web-a.yaml", &service("web-a", 8081, &["127.0.0.1", "127.0.0.2"], &[])),
+            &|| lab.write("web-a.yaml", &service("web-a", 8081, &["10.244.0.1", "10.244.0.2"], &[])),
             &|| answers("load.example", "/", "a2"),
         );
         step(
             "a third endpoint",
-            &|| lab.write("web-a.yaml", &service("web-a", 8081, &["127.0.0.1", "127.0.0.2", "127.0.0.3"], &[])),
+            &|| lab.write("web-a.yaml", &service("web-a", 8081, &["10.244.0.1", "10.244.0.2", "10.244.0.3"], &[])),
             &|| answers("load.example", "/", "a3"),
         );
         step(
             "the first endpoint removed",
-            &|| lab.write("web-a.yaml", &service("web-a", 8081, &["127.0.0.2", "127.0.0.3"], &[])),
+            &|| lab.write("web-a.yaml", &service("web-a", 8081, &["10.244.0.2", "10.244.0.3"], &[])),
             &|| (0..20).all(|_| lab.get("load.example", "/").served_by() != "a1"),
         );
         step(
             "another Service changed",
-            &|| lab.write("web-b.yaml", &service("web-b", 8082, &["127.0.0.2"], &[])),
+            &|| lab.write("web-b.yaml", &service("web-b", 8082, &["10.244.0.2"], &[])),
             &|| answers("other.example", "/new", "b2"),
         );
         step("the unrelated Ingress removed", &|| lab.remove("other.yaml"), &|| {
@@ -691,11 +696,11 @@ fn no_request_fails_while_the_configuration_changes_under_load() {
 #[test]
 fn retries_a_refused_connection_on_another_endpoint() {
     let lab = Lab::new("rk-ing-retry");
-    lab.backend("127.0.0.1:8091", "up");
-    // Nothing listens on 127.0.0.2:8091, 127.0.0.2:8092 or 127.0.0.3:8092: connections are refused.
-    lab.write("flaky.yaml", &service("flaky", 8091, &["127.0.0.1", "127.0.0.2"], &[]));
-    lab.write("dead.yaml", &service("dead", 8092, &["127.0.0.2", "127.0.0.3"], &[]));
-    lab.write("none.yaml", &service("none", 8091, &[], &["127.0.0.1"]));
+    lab.backend("10.244.0.1:8091", "up");
+    // Nothing listens on 10.244.0.2:8091, 10.244.0.2:8092 or 10.244.0.3:8092: connections are refused.
+    lab.write("flaky.yaml", &service("flaky", 8091, &["10.244.0.1", "10.244.0.2"], &[]));
+    lab.write("dead.yaml", &service("dead", 8092, &["10.244.0.2", "10.244.0.3"], &[]));
+    lab.write("none.yaml", &service("none", 8091, &[], &["10.244.0.1"]));
     let rules = rules(&[
         ("flaky.example", &[("/", "Prefix", "flaky")]),
         ("dead.example", &[("/", "Prefix", "dead")]),
@@ -717,7 +722,7 @@ fn retries_a_refused_connection_on_another_endpoint() {
     let log = lab.log();
     let access = log.lines().find(|line| line.contains("access") && line.contains("service=default/flaky"));
     let access = access.unwrap_or_else(|| panic!("no access log line for default/flaky:\n{log}"));
-    for field in ["method=GET", "host=flaky.example", "status=200", "ingress=default/retry", "endpoint=127.0.0.1:8091"]
+    for field in ["method=GET", "host=flaky.example", "status=200", "ingress=default/retry", "endpoint=10.244.0.1:8091"]
     {
         assert!(access.contains(field), "{field} missing from the access log line {access:?}");
     }
@@ -749,8 +754,8 @@ fn retries_a_refused_connection_on_another_endpoint() {
 #[test]
 fn serves_http2_over_tls_and_with_prior_knowledge() {
     let lab = Lab::new("rk-ing-h2");
-    lab.backend("127.0.0.1:8081", "web-a");
-    lab.backend("127.0.0.1:8082", "web-b");
+    lab.backend("10.244.0.1:8081", "web-a");
+    lab.backend("10.244.0.1:8082", "web-b");
     let (secret, ca) = tls_secret("a.example");
     lab.write("a.yaml", &local_service("web-a", 8081));
     lab.write("b.yaml", &local_service("web-b", 8082));
@@ -818,8 +823,8 @@ fn websocket_echo(ns: &Netns, addr: &str) {
 #[test]
 fn passes_websocket_through() {
     let lab = Lab::new("rk-ing-ws");
-    websocket_echo(&lab.ns, "127.0.0.1:8083");
-    lab.backend("127.0.0.1:8081", "web-a");
+    websocket_echo(&lab.ns, "10.244.0.1:8083");
+    lab.backend("10.244.0.1:8081", "web-a");
     lab.write("ws.yaml", &local_service("ws-echo", 8083));
     lab.write("a.yaml", &local_service("web-a", 8081));
     let rules = rules(&[("ws.example", &[("/", "Prefix", "ws-echo")]), ("", &[("/", "Prefix", "web-a")])]);
@@ -877,7 +882,7 @@ fn passes_websocket_through() {
 #[test]
 fn sets_forwarded_headers() {
     let lab = Lab::new("rk-ing-fwd");
-    lab.backend("127.0.0.1:8081", "web-a");
+    lab.backend("10.244.0.1:8081", "web-a");
     let (secret, ca) = tls_secret("a.example");
     lab.write("a.yaml", &local_service("web-a", 8081));
     lab.write("secret.yaml", &secret);
@@ -928,7 +933,7 @@ fn sets_forwarded_headers() {
 #[test]
 fn finishes_requests_in_flight_on_sigterm() {
     let lab = Lab::new("rk-ing-drain");
-    lab.backend("127.0.0.1:8091", "slow");
+    lab.backend("10.244.0.1:8091", "slow");
     lab.write("slow.yaml", &local_service("slow", 8091));
     let rules = rules(&[("slow.example", &[("/", "Prefix", "slow")])]);
     lab.write("ingress.yaml", &ingress("slow", "roadkeeper", "2024-01-01T00:00:00Z", &[rules]));
@@ -955,7 +960,7 @@ fn finishes_requests_in_flight_on_sigterm() {
 #[test]
 fn answers_504_when_the_endpoint_is_slower_than_the_response_timeout() {
     let lab = Lab::new("rk-ing-timeout");
-    lab.backend("127.0.0.1:8091", "slow");
+    lab.backend("10.244.0.1:8091", "slow");
     lab.write("slow.yaml", &local_service("slow", 8091));
     let rules = rules(&[("slow.example", &[("/", "Prefix", "slow")])]);
     lab.write("ingress.yaml", &ingress("slow", "roadkeeper", "2024-01-01T00:00:00Z", &[rules]));
@@ -977,7 +982,7 @@ fn answers_504_when_the_endpoint_is_slower_than_the_response_timeout() {
 #[test]
 fn serves_the_default_certificate_to_hosts_without_one() {
     let lab = Lab::new("rk-ing-defcert");
-    lab.backend("127.0.0.1:8081", "web-a");
+    lab.backend("10.244.0.1:8081", "web-a");
     lab.write("a.yaml", &local_service("web-a", 8081));
     let rules = rules(&[("a.example", &[("/", "Prefix", "web-a")])]);
     let tls = "tls: [{hosts: [a.example], secretName: a.example-tls}]".to_owned();
@@ -1079,8 +1084,8 @@ fn normalises_the_path_before_routing_and_forwards_it() {
 #[test]
 fn forwards_the_host_it_routed_on_and_refuses_ambiguous_ones() {
     let lab = Lab::new("rk-ing-host");
-    lab.backend("127.0.0.1:8081", "web-a");
-    lab.backend("127.0.0.1:8082", "web-b");
+    lab.backend("10.244.0.1:8081", "web-a");
+    lab.backend("10.244.0.1:8082", "web-b");
     lab.write("a.yaml", &local_service("web-a", 8081));
     lab.write("b.yaml", &local_service("web-b", 8082));
     let (a_secret, a_ca) = tls_secret("a.example");
@@ -1324,7 +1329,7 @@ fn counting_backend(listener: TcpListener) -> std::sync::Arc<std::sync::atomic::
 #[test]
 fn bounds_backend_connections_per_endpoint() {
     let lab = Lab::new("rk-ing-upconn");
-    let listener = lab.ns.run(|| TcpListener::bind("127.0.0.1:8081")).expect("bind");
+    let listener = lab.ns.run(|| TcpListener::bind("10.244.0.1:8081")).expect("bind");
     let most = counting_backend(listener);
     lab.write("a.yaml", &local_service("counted", 8081));
     let rules = rules(&[("a.example", &[("/", "Prefix", "counted")])]);
