@@ -5,15 +5,19 @@
 
 mod common;
 
+use std::collections::HashSet;
 use std::io::{Read, Write};
 use std::net::{TcpStream, UdpSocket};
 use std::path::PathBuf;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use common::apiserver::ControlPlane;
 use common::http::{get_in, sample};
 use common::{binary, eventually};
 use hickory_proto::op::{Edns, Message, MessageType, OpCode, Query, ResponseCode};
+use hickory_proto::rr::rdata::A;
 use hickory_proto::rr::{Name, RData, Record, RecordType};
 use roadkeeper_netlab::{Netns, Process};
 
@@ -281,10 +285,15 @@ fn names_outside_the_zone_are_forwarded_cached_and_fail_fast() {
     // A stub upstream in the namespace answering example.com A 192.0.2.1 (TTL 60), counting
     // questions, and NXDOMAIN for everything else.
     let mut dns = DnsServer::start(&cluster(), &["--upstream", "127.0.0.1:5300"]);
-    let asked = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
-    let socket = dns.ns.run(|| UdpSocket::bind("127.0.0.1:5300").expect("stub bind"));
-    let counter = asked.clone();
-    std::thread::spawn(move || stub_upstream(socket, &counter));
+    let upstream = Upstream::start(&dns.ns, "127.0.0.1:5300", |request| {
+        let question = &request.queries[0];
+        let ip = "192.0.2.1".parse().expect("ip");
+        if question.name().to_lowercase().to_string() == "example.com." && question.query_type() == RecordType::A {
+            Some(reply(request, OK, vec![Record::from_rdata(question.name().clone(), 60, RData::A(A(ip)))]))
+        } else {
+            Some(reply(request, NX, Vec::new()))
+        }
+    });
     let first = dns.ask("example.com.", RecordType::A, false);
     assert_eq!(
         (first.metadata.response_code, lines(&first.answers)),
@@ -293,10 +302,10 @@ fn names_outside_the_zone_are_forwarded_cached_and_fail_fast() {
     assert!(!first.metadata.authoritative && first.metadata.recursion_available);
     let second = dns.ask("EXAMPLE.com.", RecordType::A, true);
     assert_eq!(second.answers.len(), 1);
-    assert_eq!(asked.load(std::sync::atomic::Ordering::SeqCst), 1, "the second answer came from the cache");
+    assert_eq!(upstream.questions(), 1, "the second answer came from the cache");
     // Reverse names of unknown addresses fall through to the upstream (NXDOMAIN there).
     assert_eq!(dns.ask("4.3.2.1.in-addr.arpa.", RecordType::PTR, false).metadata.response_code, NX);
-    assert_eq!(asked.load(std::sync::atomic::Ordering::SeqCst), 2);
+    assert_eq!(upstream.questions(), 2);
     let (_, metrics) = get_in(&dns.ns, "127.0.0.1:9153", "/metrics");
     assert!(sample(&metrics, "roadkeeper_dns_cache_hits_total") >= 1.0, "{metrics}");
 
@@ -312,30 +321,88 @@ fn names_outside_the_zone_are_forwarded_cached_and_fail_fast() {
     assert!(started.elapsed() < Duration::from_secs(3), "SERVFAIL took {:?}", started.elapsed());
 }
 
-/// Answers example.com A with 192.0.2.1 (TTL 60), anything else with NXDOMAIN; counts questions.
-/// Ends after 30 s without a question.
-fn stub_upstream(socket: UdpSocket, asked: &std::sync::atomic::AtomicUsize) {
-    socket.set_read_timeout(Some(Duration::from_secs(30))).expect("timeout");
-    let mut buf = [0; 4096];
-    while let Ok((n, peer)) = socket.recv_from(&mut buf) {
-        let Ok(request) = Message::from_vec(&buf[..n]) else { continue };
-        asked.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
-        let mut response = Message::new(request.metadata.id, MessageType::Response, OpCode::Query);
-        response.metadata.recursion_available = true;
-        response.queries = request.queries.clone();
-        let question = &request.queries[0];
-        if question.name().to_lowercase().to_string() == "example.com." && question.query_type() == RecordType::A {
-            let ip = "192.0.2.1".parse().expect("ip");
-            response.answers.push(Record::from_rdata(
-                question.name().clone(),
-                60,
-                RData::A(hickory_proto::rr::rdata::A(ip)),
-            ));
-        } else {
-            response.metadata.response_code = NX;
-        }
-        let _ = socket.send_to(&response.to_vec().expect("encode"), peer);
+/// What an [`Upstream`] saw: questions, the source ports they came from, the largest EDNS
+/// payload they advertised.
+#[derive(Default)]
+struct Seen {
+    questions: usize,
+    ports: HashSet<u16>,
+    max_payload: u16,
+}
+
+/// A UDP upstream resolver in the lab namespace: answers each question with what `respond`
+/// returns (`None`: never), after `delay`; stops when dropped.
+struct Upstream {
+    seen: Arc<Mutex<Seen>>,
+    stop: Arc<AtomicBool>,
+    thread: Option<std::thread::JoinHandle<()>>,
+}
+
+impl Upstream {
+    fn start(ns: &Netns, addr: &str, respond: impl Fn(&Message) -> Option<Message> + Send + 'static) -> Upstream {
+        Self::delayed(ns, addr, Duration::ZERO, respond)
     }
+
+    fn delayed(
+        ns: &Netns,
+        addr: &str,
+        delay: Duration,
+        respond: impl Fn(&Message) -> Option<Message> + Send + 'static,
+    ) -> Upstream {
+        let socket = ns.run(|| UdpSocket::bind(addr).expect("upstream bind"));
+        socket.set_read_timeout(Some(Duration::from_millis(50))).expect("timeout");
+        let (seen, stop) = (Arc::new(Mutex::new(Seen::default())), Arc::new(AtomicBool::new(false)));
+        let (log, stopped) = (seen.clone(), stop.clone());
+        let thread = std::thread::spawn(move || {
+            let mut buf = [0; 4096];
+            while !stopped.load(Ordering::SeqCst) {
+                let Ok((n, peer)) = socket.recv_from(&mut buf) else { continue };
+                let Ok(request) = Message::from_vec(&buf[..n]) else { continue };
+                {
+                    let mut seen = log.lock().expect("lock");
+                    seen.questions += 1;
+                    seen.ports.insert(peer.port());
+                    let payload = request.edns.as_ref().map_or(0, |edns| edns.max_payload());
+                    seen.max_payload = seen.max_payload.max(payload);
+                }
+                let Some(response) = respond(&request) else { continue };
+                let bytes = response.to_vec().expect("encode");
+                let socket = socket.try_clone().expect("clone");
+                if delay.is_zero() {
+                    let _ = socket.send_to(&bytes, peer);
+                } else {
+                    std::thread::spawn(move || {
+                        std::thread::sleep(delay);
+                        let _ = socket.send_to(&bytes, peer);
+                    });
+                }
+            }
+        });
+        Upstream { seen, stop, thread: Some(thread) }
+    }
+
+    fn questions(&self) -> usize {
+        self.seen.lock().expect("lock").questions
+    }
+}
+
+impl Drop for Upstream {
+    fn drop(&mut self) {
+        self.stop.store(true, Ordering::SeqCst);
+        if let Some(thread) = self.thread.take() {
+            let _ = thread.join();
+        }
+    }
+}
+
+/// A response to `request` with `rcode` and `answers`.
+fn reply(request: &Message, rcode: ResponseCode, answers: Vec<Record>) -> Message {
+    let mut response = Message::new(request.metadata.id, MessageType::Response, OpCode::Query);
+    response.metadata.recursion_available = true;
+    response.metadata.response_code = rcode;
+    response.queries = request.queries.clone();
+    response.answers = answers;
+    response
 }
 
 #[test]
