@@ -44,32 +44,31 @@ impl Handler {
         Self { zones, data, forwarder }
     }
 
-    /// The response to `request`, sent on `response`.
+    /// The response to `request`, sent on `response`, cut to the size its transport carries.
     async fn respond<R: ResponseHandler>(&self, request: &Request, mut response: R) -> (ResponseInfo, &'static str) {
         let (edns, mut metadata) = wire::response_head(request);
         let questions = wire::echoed_questions(request);
-        let mut builder = MessageResponseBuilder::new(&questions, None);
-        if let Some(edns) = &edns {
-            builder.edns(edns);
-        }
+        let limit = wire::size_limit(request, edns.as_ref());
         let (query, outcome) = match wire::plan(&self.zones, &self.data.load(), request) {
             Ok(planned) => planned,
-            Err(code) => return (send(builder.error_msg(&request.metadata, code), &mut response).await, "zone"),
+            Err(code) => {
+                let mut builder = MessageResponseBuilder::new(&questions, None);
+                if let Some(edns) = &edns {
+                    builder.edns(edns);
+                }
+                return (send(builder.error_msg(&request.metadata, code), &mut response).await, "zone");
+            }
         };
         match outcome {
             Outcome::Answer(answer) => {
-                (send(wire::authoritative(builder, metadata, &answer), &mut response).await, "zone")
+                let message = wire::authoritative(&questions, edns.as_ref(), metadata, &answer, limit);
+                (send(message, &mut response).await, "zone")
             }
             Outcome::Forward => {
                 let upstream = self.forwarder.forward(&forwarded(request, query)).await;
                 metadata.response_code = upstream.metadata.response_code;
-                let message = builder.build(
-                    metadata,
-                    &upstream.answers,
-                    &upstream.authorities,
-                    [],
-                    upstream.additionals.iter().filter(|r| r.record_type() != hickory_proto::rr::RecordType::OPT),
-                );
+                let sections = [&upstream.answers[..], &upstream.authorities, &upstream.additionals];
+                let message = wire::fitted(&questions, edns.as_ref(), metadata, sections, limit);
                 (send(message, &mut response).await, "upstream")
             }
         }

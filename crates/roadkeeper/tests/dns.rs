@@ -19,6 +19,7 @@ use common::{binary, eventually};
 use hickory_proto::op::{Edns, Message, MessageType, OpCode, Query, ResponseCode};
 use hickory_proto::rr::rdata::A;
 use hickory_proto::rr::{Name, RData, Record, RecordType};
+use hickory_proto::serialize::binary::{BinDecodable, BinDecoder};
 use roadkeeper_netlab::{Netns, Process};
 
 /// Where the server listens inside its namespace.
@@ -552,4 +553,42 @@ fn the_api_server_is_a_source_too() {
     // Namespaces come from the API: kube-system has no Service here but exists.
     assert_negative(&dns.ask("kube-system.svc.cluster.local.", RecordType::A, false), OK, "cluster.local.");
     assert_negative(&dns.ask("nope.svc.cluster.local.", RecordType::A, false), NX, "cluster.local.");
+}
+
+/// `raw` parsed as one whole DNS message: every byte belongs to a record the header counts (a
+/// parser that stops at the counts, as hickory's does, would accept trailing garbage).
+fn strict(raw: &[u8]) -> Message {
+    let mut decoder = BinDecoder::new(raw);
+    let message = Message::read(&mut decoder).unwrap_or_else(|err| panic!("unparsable ({err}): {raw:02x?}"));
+    assert!(decoder.is_empty(), "{} bytes after the last record of {message}", decoder.len());
+    message
+}
+
+#[test]
+fn truncated_udp_answers_are_whole_messages() {
+    let endpoints: Vec<String> = (0..200)
+        .map(|i| format!("{{addresses: [10.244.{}.{}], hostname: member-{i}}}", i / 250, i % 250 + 1))
+        .collect();
+    let mut manifests = vec![("big.yaml", service("big", "{clusterIP: None, ports: [{name: pg, port: 5432}]}"))];
+    manifests.push(("big-4.yaml", slice("big-4", "big", "IPv4", &format!("[{}]", endpoints.join(", ")))));
+    let dns = DnsServer::start(&manifests, &[]);
+    let srv = "_pg._tcp.big.default.svc.cluster.local.";
+    let cases = [(srv, RecordType::SRV), ("big.default.svc.cluster.local.", RecordType::SRV)];
+    for (name, qtype) in cases.into_iter().chain([("big.default.svc.cluster.local.", RecordType::A)]) {
+        for edns in [None, Some(512), Some(1232), Some(4096)] {
+            let raw = dns.raw_udp(&query(name, qtype, edns)).expect("an answer");
+            let response = strict(&raw);
+            let limit = edns.map_or(512, |payload| usize::from(payload.min(1232)));
+            assert!(raw.len() <= limit, "{name} {qtype} {edns:?}: {} bytes", raw.len());
+            assert!(response.metadata.truncation && !response.answers.is_empty(), "{name} {qtype} {edns:?}");
+            assert_eq!(response.edns.is_some(), edns.is_some(), "{name} {qtype} {edns:?}: the OPT record");
+        }
+    }
+    // dig without EDNS (+ignore: no retry over TCP) finds nothing malformed.
+    let out = dns.ns.exec(["dig", "+noedns", "+ignore", "@127.0.0.1", srv, "SRV"]);
+    let out = String::from_utf8_lossy(&out.expect("dig").stdout).into_owned();
+    assert!(
+        out.contains("flags: qr aa tc rd ra") && !out.contains("malformed") && !out.contains("extra bytes"),
+        "{out}"
+    );
 }
