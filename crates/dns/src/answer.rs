@@ -123,9 +123,10 @@ impl Zones {
                 Some(svc) => self.service(name, namespace, service, svc, qtype),
                 None => Found::NxDomain,
             },
+            // Endpoints of headless and, as CoreDNS names them too, of ClusterIP Services.
             [endpoint, service, namespace, "svc"] => match data.service(&NamespacedName::new(*namespace, *service)) {
                 Some(svc) => match &svc.kind {
-                    ServiceKind::Headless(endpoints) => {
+                    ServiceKind::Headless(endpoints) | ServiceKind::ClusterIp { endpoints, .. } => {
                         let named: Vec<&EndpointRecord> = endpoints.iter().filter(|e| e.label == *endpoint).collect();
                         if named.is_empty() {
                             Found::NxDomain
@@ -133,7 +134,7 @@ impl Zones {
                             Found::Records(addresses(name, self.ttl, named.iter().map(|e| e.ip), qtype), Vec::new())
                         }
                     }
-                    _ => Found::NxDomain,
+                    ServiceKind::ExternalName(_) => Found::NxDomain,
                 },
                 None => Found::NxDomain,
             },
@@ -166,7 +167,9 @@ impl Zones {
                 ),
                 Err(_) => Found::NxDomain,
             },
-            ServiceKind::ClusterIp { has_endpoints: false, .. } if self.ignore_empty_service => Found::NxDomain,
+            ServiceKind::ClusterIp { endpoints, .. } if endpoints.is_empty() && self.ignore_empty_service => {
+                Found::NxDomain
+            }
             ServiceKind::Headless(endpoints) if endpoints.is_empty() => Found::NxDomain,
             _ if qtype == RecordType::SRV => self.srv(name, namespace, service, svc, |_| true),
             ServiceKind::ClusterIp { ips, .. } => {

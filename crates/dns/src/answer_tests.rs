@@ -225,6 +225,38 @@ fn ptr_for_service_and_endpoint_addresses_and_fallthrough() {
     assert_eq!(answer.authority[0].name.to_string(), "in-addr.arpa.");
 }
 
+/// The snapshot of [`objects`] and `extra`.
+fn data_with(extra: Vec<Object>, options: &ZoneOptions) -> ZoneData {
+    ZoneData::build(&Store::from_objects(objects().into_iter().chain(extra)), options)
+}
+
+#[test]
+fn ptr_for_every_ready_endpoint_with_or_without_hostname_and_of_cluster_ip_services() {
+    let v6 = slice("db-6b", "db", "IPv6", json!([{"addresses": ["fd00:244::6"]}]));
+    let data = data_with(vec![v6], &ZoneOptions::default());
+    let reverse_v6 = "6.0.0.0.0.0.0.0.0.0.0.0.0.0.0.0.0.0.0.0.0.0.0.0.4.4.2.0.0.0.d.f.ip6.arpa.";
+    let cases = [
+        ("6.0.244.10.in-addr.arpa.", "10-244-0-6.db.default.svc.cluster.local.", RecordType::A, "10.244.0.6"),
+        (reverse_v6, "fd00-244--6.db.default.svc.cluster.local.", RecordType::AAAA, "fd00:244::6"),
+        // web is a ClusterIP Service; its endpoint 10.244.0.20 (slice web-x) has a name too.
+        ("20.0.244.10.in-addr.arpa.", "10-244-0-20.web.default.svc.cluster.local.", RecordType::A, "10.244.0.20"),
+    ];
+    for (reverse, target, qtype, ip) in cases {
+        assert_eq!(text(&ask(&zones(), &data, reverse, RecordType::PTR)).1, [format!("{reverse} PTR {target}")]);
+        assert_eq!(text(&ask(&zones(), &data, target, qtype)).1, [format!("{target} {qtype} {ip}")], "{target}");
+    }
+    // A not-ready endpoint has none (the name falls through upstream).
+    let not_ready = Name::from_ascii("7.0.244.10.in-addr.arpa.").unwrap();
+    assert_eq!(zones().answer(&data, &not_ready, RecordType::PTR), Outcome::Forward);
+    assert_negative("10-244-0-21.web.default.svc.cluster.local.", RecordType::A, NX);
+    // With endpoint_pod_names, the Pod's name.
+    let named = data_with(Vec::new(), &ZoneOptions { endpoint_pod_names: true, ..ZoneOptions::default() });
+    assert_eq!(
+        text(&ask(&zones(), &named, "6.0.244.10.in-addr.arpa.", RecordType::PTR)).1,
+        ["6.0.244.10.in-addr.arpa. PTR db-pod-b.db.default.svc.cluster.local."]
+    );
+}
+
 #[test]
 fn pod_records_by_mode() {
     let name = "10-244-0-9.default.pod.cluster.local.";

@@ -564,6 +564,29 @@ fn strict(raw: &[u8]) -> Message {
     message
 }
 
+/// `ip`'s name under `ip6.arpa.`.
+fn reverse_v6(ip: &str) -> String {
+    let ip: std::net::Ipv6Addr = ip.parse().expect("IPv6");
+    let nibbles: Vec<String> =
+        ip.octets().iter().rev().flat_map(|b| [b & 0xf, b >> 4]).map(|n| format!("{n:x}")).collect();
+    format!("{}.ip6.arpa.", nibbles.join("."))
+}
+
+/// The cluster of [`cluster`] and: endpoints of the ClusterIP Service web (10.244.0.20,
+/// fd00:244::20), an IPv6 endpoint of db without hostname (fd00:244::6), ExternalName Services
+/// pointing inside the zone (alias to web, dangling to a Service that does not exist).
+fn extended_cluster() -> Vec<(&'static str, String)> {
+    let mut manifests = cluster();
+    manifests.extend([
+        ("web-4.yaml", slice("web-4", "web", "IPv4", "[{addresses: [10.244.0.20]}]")),
+        ("web-6.yaml", slice("web-6", "web", "IPv6", "[{addresses: ['fd00:244::20']}]")),
+        ("db-6b.yaml", slice("db-6b", "db", "IPv6", "[{addresses: ['fd00:244::6']}]")),
+        ("alias.yaml", service("alias", "{type: ExternalName, externalName: web.default.svc.cluster.local}")),
+        ("dangling.yaml", service("dangling", "{type: ExternalName, externalName: nope.default.svc.cluster.local.}")),
+    ]);
+    manifests
+}
+
 #[test]
 fn truncated_udp_answers_are_whole_messages() {
     let endpoints: Vec<String> = (0..200)
@@ -591,4 +614,28 @@ fn truncated_udp_answers_are_whole_messages() {
         out.contains("flags: qr aa tc rd ra") && !out.contains("malformed") && !out.contains("extra bytes"),
         "{out}"
     );
+}
+
+#[test]
+fn ptr_for_every_ready_endpoint_in_both_families_and_the_names_they_give_resolve() {
+    let dns = DnsServer::start(&extended_cluster(), &["--no-fallthrough"]);
+    let cases = [
+        ("6.0.244.10.in-addr.arpa.".to_string(), "10-244-0-6.db.default.svc.cluster.local.", "10.244.0.6"),
+        (reverse_v6("fd00:244::6"), "fd00-244--6.db.default.svc.cluster.local.", "fd00:244::6"),
+        ("20.0.244.10.in-addr.arpa.".to_string(), "10-244-0-20.web.default.svc.cluster.local.", "10.244.0.20"),
+        (reverse_v6("fd00:244::20"), "fd00-244--20.web.default.svc.cluster.local.", "fd00:244::20"),
+        // Still there: the hostname form.
+        ("5.0.244.10.in-addr.arpa.".to_string(), "db-0.db.default.svc.cluster.local.", "10.244.0.5"),
+    ];
+    for tcp in [false, true] {
+        for (reverse, target, ip) in &cases {
+            let ptr = dns.ask(reverse, RecordType::PTR, tcp);
+            assert_eq!(lines(&ptr.answers), [format!("{reverse} PTR {target}")], "{ptr}");
+            let qtype = if ip.contains(':') { RecordType::AAAA } else { RecordType::A };
+            let forward = dns.ask(target, qtype, tcp);
+            assert_eq!(lines(&forward.answers), [format!("{target} {qtype} {ip}")], "{forward}");
+        }
+        // The endpoint that is not ready has none.
+        assert_negative(&dns.ask("7.0.244.10.in-addr.arpa.", RecordType::PTR, tcp), NX, "in-addr.arpa.");
+    }
 }
