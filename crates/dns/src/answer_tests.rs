@@ -73,6 +73,7 @@ fn zones() -> Zones {
         ttl: 5,
         pods: PodMode::Disabled,
         ignore_empty_service: false,
+        servers: vec!["192.0.2.53".parse().unwrap()],
     }
 }
 
@@ -140,6 +141,39 @@ fn structural_names_are_nodata_and_unknown_namespaces_nxdomain() {
     assert_negative("dns-version.cluster.local.", RecordType::A, OK);
     assert_eq!(lookup("cluster.local.", RecordType::SOA).1.len(), 1);
     assert_eq!(lookup("cluster.local.", RecordType::NS).1, ["cluster.local. NS ns.dns.cluster.local."]);
+}
+
+#[test]
+fn the_server_name_of_ns_and_soa_answers_with_the_service_in_front_of_this_server_or_its_address() {
+    let data = data(&ZoneOptions::default());
+    let addresses = |zones: &Zones, name: &str| {
+        let [a, aaaa] = [RecordType::A, RecordType::AAAA].map(|t| text(&ask(zones, &data, name, t)).1);
+        [a, aaaa].concat()
+    };
+    let soa = ask(&zones(), &data, "cluster.local.", RecordType::SOA);
+    let RData::SOA(soa) = &soa.answers[0].data else { panic!("{soa:?}") };
+    assert_eq!(soa.mname.to_string(), "ns.dns.cluster.local.");
+    let ns = ask(&zones(), &data, "cluster.local.", RecordType::NS);
+    assert_eq!(text(&ns).1, ["cluster.local. NS ns.dns.cluster.local."]);
+    assert_eq!(
+        ns.additionals.iter().map(|r| r.to_string()).collect::<Vec<_>>(),
+        ["ns.dns.cluster.local. 5 IN A 192.0.2.53"]
+    );
+    // No Service has this server as its endpoint: its own address, in every zone.
+    assert_eq!(addresses(&zones(), "ns.dns.cluster.local."), ["ns.dns.cluster.local. A 192.0.2.53"]);
+    assert_eq!(addresses(&zones(), "NS.dns.in-addr.arpa."), ["NS.dns.in-addr.arpa. A 192.0.2.53"]);
+    assert_eq!(
+        text(&ask(&zones(), &data, "in-addr.arpa.", RecordType::NS)).1,
+        ["in-addr.arpa. NS ns.dns.in-addr.arpa."]
+    );
+    // This server is an endpoint of web (ClusterIP) or db (headless).
+    let behind_web = Zones { servers: vec!["10.244.0.20".parse().unwrap()], ..zones() };
+    assert_eq!(
+        addresses(&behind_web, "ns.dns.cluster.local."),
+        ["ns.dns.cluster.local. A 10.96.0.10", "ns.dns.cluster.local. AAAA fd00:96::10"]
+    );
+    let behind_db = Zones { servers: vec!["fd00:244::5".parse().unwrap()], ..zones() };
+    assert_eq!(addresses(&behind_db, "ns.dns.cluster.local.").len(), 3, "db's three endpoint addresses");
 }
 
 #[test]
@@ -268,9 +302,12 @@ fn pod_records_by_mode() {
     assert_eq!(ask(&verified, &data, "10-244-0-8.default.pod.cluster.local.", RecordType::A).rcode, NX);
     assert_eq!(ask(&verified, &data, "10-244-0-9.quiet.pod.cluster.local.", RecordType::A).rcode, NX);
     let insecure = Zones { pods: PodMode::Insecure, ..zones() };
-    let answer = ask(&insecure, &data, "fd00-244--8.any.pod.cluster.local.", RecordType::AAAA);
-    assert_eq!(text(&answer).1, ["fd00-244--8.any.pod.cluster.local. AAAA fd00:244::8"]);
-    assert_eq!(ask(&insecure, &data, "not-an-ip.any.pod.cluster.local.", RecordType::A).rcode, NX);
+    let answer = ask(&insecure, &data, "fd00-244--8.quiet.pod.cluster.local.", RecordType::AAAA);
+    assert_eq!(text(&answer).1, ["fd00-244--8.quiet.pod.cluster.local. AAAA fd00:244::8"]);
+    assert_eq!(ask(&insecure, &data, "10-244-0-8.default.pod.cluster.local.", RecordType::A).answers.len(), 1);
+    assert_eq!(ask(&insecure, &data, "not-an-ip.default.pod.cluster.local.", RecordType::A).rcode, NX);
+    // As CoreDNS: any address, but only in a namespace that exists.
+    assert_eq!(ask(&insecure, &data, "10-244-0-8.nope.pod.cluster.local.", RecordType::A).rcode, NX);
 }
 
 #[test]

@@ -278,6 +278,7 @@ pub fn fixture() -> (Zones, ZoneData) {
         ttl: 5,
         pods: PodMode::Insecure,
         ignore_empty_service: false,
+        servers: vec![Ipv4Addr::LOCALHOST.into()],
     };
     let data = ZoneData::build(&store, &ZoneOptions { endpoint_pod_names: false, pods: PodMode::Insecure });
     (zones, data)

@@ -1,7 +1,7 @@
 //! `roadkeeper dns`: wiring the cluster state ([`Feed`]) to the DNS zone snapshot and the
 //! server, with health and metrics endpoints.
 
-use std::net::{IpAddr, SocketAddr};
+use std::net::{IpAddr, Ipv6Addr, SocketAddr};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 
@@ -101,7 +101,47 @@ fn zones(args: &DnsArgs) -> anyhow::Result<Zones> {
         "verified" => PodMode::Verified,
         other => bail!("--pods: {other:?} is not one of disabled, insecure, verified"),
     };
-    Ok(Zones { cluster, reverse, fallthrough, ttl: args.ttl, pods, ignore_empty_service: args.ignore_empty_service })
+    Ok(Zones {
+        cluster,
+        reverse,
+        fallthrough,
+        ttl: args.ttl,
+        pods,
+        ignore_empty_service: args.ignore_empty_service,
+        servers: own_addresses(&args.listen),
+    })
+}
+
+/// This server's addresses, for `ns.dns.<zone>`: those of `--listen`, and for a wildcard one
+/// (`0.0.0.0`; `::` also takes IPv6) the host's addresses of that family, but for loopback and
+/// link-local ones unless there are no others (as CoreDNS, which answers with the addresses it is
+/// bound to).
+fn own_addresses(listen: &[SocketAddr]) -> Vec<IpAddr> {
+    let mut own: Vec<IpAddr> = listen.iter().map(SocketAddr::ip).filter(|ip| !ip.is_unspecified()).collect();
+    let any_v6 = listen.iter().any(|addr| addr.ip() == IpAddr::V6(Ipv6Addr::UNSPECIFIED));
+    if any_v6 || listen.iter().any(|addr| addr.ip().is_unspecified()) {
+        let host: Vec<IpAddr> = match nix::ifaddrs::getifaddrs() {
+            Ok(interfaces) => interfaces
+                .filter_map(|interface| interface.address)
+                .filter_map(|a| {
+                    a.as_sockaddr_in()
+                        .map(|s| IpAddr::V4(s.ip()))
+                        .or_else(|| a.as_sockaddr_in6().map(|s| s.ip().into()))
+                })
+                .filter(|ip| ip.is_ipv4() || any_v6)
+                .collect(),
+            Err(err) => {
+                tracing::warn!("listing this host's addresses: {err}; ns.dns answers with none");
+                Vec::new()
+            }
+        };
+        let local = |ip: &IpAddr| ip.is_loopback() || matches!(ip, IpAddr::V6(v6) if v6.is_unicast_link_local());
+        let (local, routable): (Vec<IpAddr>, Vec<IpAddr>) = host.into_iter().partition(local);
+        own.extend(if routable.is_empty() { local } else { routable });
+    }
+    own.sort();
+    own.dedup();
+    own
 }
 
 /// `zone` as a lowercase, fully qualified name.
@@ -162,4 +202,20 @@ fn install_metrics() -> anyhow::Result<metrics_exporter_prometheus::PrometheusHa
     describe_counter!(forward::FORWARD_REQUESTS_TOTAL, "Questions sent upstream, by upstream and outcome");
     describe_histogram!(forward::FORWARD_DURATION_SECONDS, Unit::Seconds, "Time to get an answer from upstream");
     Ok(handle)
+}
+
+#[cfg(test)]
+mod tests {
+    use std::net::IpAddr;
+
+    use super::own_addresses;
+
+    #[test]
+    fn own_addresses_are_the_listen_addresses_or_the_hosts_for_a_wildcard() {
+        let listen = ["127.0.0.1:53".parse().unwrap(), "[fd00::53]:53".parse().unwrap()];
+        let expected: [IpAddr; 2] = ["127.0.0.1".parse().unwrap(), "fd00::53".parse().unwrap()];
+        assert_eq!(own_addresses(&listen), expected);
+        let host = own_addresses(&["0.0.0.0:53".parse().unwrap()]);
+        assert!(!host.is_empty() && host.iter().all(IpAddr::is_ipv4), "{host:?}");
+    }
 }

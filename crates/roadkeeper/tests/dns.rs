@@ -639,3 +639,46 @@ fn ptr_for_every_ready_endpoint_in_both_families_and_the_names_they_give_resolve
         assert_negative(&dns.ask("7.0.244.10.in-addr.arpa.", RecordType::PTR, tcp), NX, "in-addr.arpa.");
     }
 }
+
+#[test]
+fn the_server_name_of_ns_and_soa_resolves_and_insecure_pods_need_their_namespace() {
+    let dns = DnsServer::start(&cluster(), &["--pods", "insecure", "--no-fallthrough"]);
+    let soa_name = |response: &Message| match response.authorities.first().map(|r| &r.data) {
+        Some(RData::SOA(soa)) => soa.mname.to_string(),
+        _ => panic!("no SOA: {response}"),
+    };
+    let ns = dns.ask("cluster.local.", RecordType::NS, false);
+    let RData::NS(target) = &ns.answers[0].data else { panic!("{ns}") };
+    let names = [
+        target.0.to_string(),
+        soa_name(&dns.ask("nope.cluster.local.", RecordType::A, false)),
+        soa_name(&dns.ask("4.3.2.1.in-addr.arpa.", RecordType::PTR, false)),
+    ];
+    for name in &names {
+        let a = dns.ask(name, RecordType::A, false);
+        assert_eq!(lines(&a.answers), [format!("{name} A 127.0.0.1")], "{name}: this server's --listen address");
+    }
+    assert_eq!(ns.additionals.iter().filter(|r| r.record_type() == RecordType::A).count(), 1, "glue: {ns}");
+
+    // Once a Service has this server as its endpoint, the name gives that Service's cluster IP.
+    std::fs::write(
+        dns.manifests.path().join("kube-dns.yaml"),
+        format!(
+            "{}---\n{}",
+            service("kube-dns", "{clusterIP: 10.96.0.53, ports: [{name: dns, port: 53, protocol: UDP}]}"),
+            slice("kube-dns-x", "kube-dns", "IPv4", "[{addresses: [127.0.0.1]}]")
+        ),
+    )
+    .expect("write");
+    let found = eventually(Duration::from_secs(5), || {
+        lines(&dns.ask(&names[0], RecordType::A, false).answers) == [format!("{} A 10.96.0.53", names[0])]
+    });
+    assert!(found, "{}", dns.ask(&names[0], RecordType::A, false));
+
+    // --pods insecure answers any address, but only in a namespace that exists.
+    for (namespace, rcode) in [("default", OK), ("quiet", OK), ("nope", NX)] {
+        let name = format!("10-244-0-9.{namespace}.pod.cluster.local.");
+        let response = dns.ask(&name, RecordType::A, false);
+        assert_eq!(response.metadata.response_code, rcode, "{response}");
+    }
+}
