@@ -64,21 +64,44 @@ enum Found {
     NxDomain,
 }
 
+/// Most CNAMEs followed inside the zones for one answer (CoreDNS's limit).
+const MAX_CNAMES: usize = 8;
+
 impl Zones {
-    /// The answer to `name` (as asked: its case is echoed) of type `qtype`.
+    /// The answer to `name` (as asked: its case is echoed) of type `qtype`. A CNAME (an
+    /// ExternalName Service) whose target lies in a cluster zone is followed there, up to
+    /// [`MAX_CNAMES`] and until a name repeats: the answer holds the CNAMEs and the target's
+    /// records, as CoreDNS's; where the target has none, the CNAMEs and the target's negative
+    /// answer (RFC 2308; CoreDNS leaves the CNAME out then).
     pub fn answer(&self, data: &ZoneData, name: &Name, qtype: RecordType) -> Outcome {
         let lower = name.to_lowercase();
-        let Some((zone, found)) = self.find(data, name, &lower, qtype) else { return Outcome::Forward };
+        let Some((mut zone, mut found)) = self.find(data, name, &lower, qtype) else { return Outcome::Forward };
+        let mut chain: Vec<Record> = Vec::new();
+        while let Some(target) = cname_target(&found).filter(|_| qtype != RecordType::CNAME) {
+            let repeated = target == lower || chain.iter().any(|r| r.name.to_lowercase() == target);
+            let outside = !self.cluster.iter().any(|z| z.zone_of(&target));
+            if outside || repeated || chain.len() + 1 >= MAX_CNAMES {
+                break;
+            }
+            let Some((next, followed)) = self.find(data, &target, &target, qtype) else { break };
+            if let Found::Records(cname, _) = std::mem::replace(&mut found, followed) {
+                chain.extend(cname);
+            }
+            zone = next;
+        }
         let (rcode, answers, additionals) = match found {
             Found::Records(answers, additionals) if !answers.is_empty() => {
                 (ResponseCode::NoError, answers, additionals)
             }
             Found::Records(..) | Found::NoData => (ResponseCode::NoError, Vec::new(), Vec::new()),
-            Found::NxDomain if self.fallthrough.iter().any(|z| z.zone_of(&lower)) => return Outcome::Forward,
+            Found::NxDomain if chain.is_empty() && self.fallthrough.iter().any(|z| z.zone_of(&lower)) => {
+                return Outcome::Forward;
+            }
             Found::NxDomain => (ResponseCode::NXDomain, Vec::new(), Vec::new()),
         };
         let authority = if answers.is_empty() { vec![self.soa(data, zone)] } else { Vec::new() };
-        Outcome::Answer(Answer { rcode, answers, authority, additionals })
+        chain.extend(answers);
+        Outcome::Answer(Answer { rcode, answers: chain, authority, additionals })
     }
 
     /// The zone of ours holding `lower` (`name` lowercase) and what it holds there; `None` outside
@@ -304,6 +327,17 @@ impl Zones {
         Name::from_labels(labels.iter().map(|l| l.as_bytes()))
             .and_then(|n| n.append_domain(&self.cluster[0]))
             .unwrap_or_else(|_| self.cluster[0].clone())
+    }
+}
+
+/// The target of `found` when it is a CNAME (an ExternalName Service's), lowercase.
+fn cname_target(found: &Found) -> Option<Name> {
+    match found {
+        Found::Records(answers, _) => match answers.as_slice() {
+            [Record { data: RData::CNAME(CNAME(target)), .. }] => Some(target.to_lowercase()),
+            _ => None,
+        },
+        _ => None,
     }
 }
 

@@ -292,6 +292,56 @@ fn ptr_for_every_ready_endpoint_with_or_without_hostname_and_of_cluster_ip_servi
 }
 
 #[test]
+fn external_names_inside_the_zone_are_followed_to_the_target_records() {
+    let alias = |name: &str, target: &str| service(name, json!({"type": "ExternalName", "externalName": target}));
+    let data = data_with(
+        vec![
+            alias("alias", "web.default.svc.cluster.local"),
+            alias("chain", "Alias.default.svc.cluster.local."),
+            alias("dangling", "nope.default.svc.cluster.local"),
+            alias("loop-a", "loop-b.default.svc.cluster.local"),
+            alias("loop-b", "loop-a.default.svc.cluster.local"),
+        ],
+        &ZoneOptions::default(),
+    );
+    let answer = |name: &str, qtype| ask(&zones(), &data, name, qtype);
+    let cname = "alias.default.svc.cluster.local. CNAME web.default.svc.cluster.local.";
+    assert_eq!(
+        text(&answer("alias.default.svc.cluster.local.", RecordType::A)),
+        (OK, vec![cname.to_string(), "web.default.svc.cluster.local. A 10.96.0.10".to_string()])
+    );
+    assert_eq!(
+        text(&answer("alias.default.svc.cluster.local.", RecordType::AAAA)).1,
+        [cname, "web.default.svc.cluster.local. AAAA fd00:96::10"]
+    );
+    assert_eq!(text(&answer("alias.default.svc.cluster.local.", RecordType::CNAME)).1, [cname], "only the CNAME");
+    let srv = answer("alias.default.svc.cluster.local.", RecordType::SRV);
+    assert_eq!((srv.answers.len(), srv.additionals.len()), (3, 2), "the CNAME, web's two SRV, their addresses");
+    assert_eq!(
+        text(&answer("chain.default.svc.cluster.local.", RecordType::A)).1,
+        [
+            "chain.default.svc.cluster.local. CNAME alias.default.svc.cluster.local.",
+            cname,
+            "web.default.svc.cluster.local. A 10.96.0.10"
+        ]
+    );
+    // A dangling target: the CNAME and the target's NXDOMAIN, with the SOA.
+    let dangling = answer("dangling.default.svc.cluster.local.", RecordType::A);
+    assert_eq!(
+        text(&dangling),
+        (NX, vec!["dangling.default.svc.cluster.local. CNAME nope.default.svc.cluster.local.".to_string()])
+    );
+    assert_eq!(dangling.authority[0].record_type(), RecordType::SOA);
+    // A loop ends where a name repeats.
+    assert_eq!(text(&answer("loop-a.default.svc.cluster.local.", RecordType::A)).1.len(), 2);
+    // Outside the zones, the CNAME alone.
+    assert_eq!(
+        text(&answer("ext.default.svc.cluster.local.", RecordType::A)).1,
+        ["ext.default.svc.cluster.local. CNAME example.com."]
+    );
+}
+
+#[test]
 fn pod_records_by_mode() {
     let name = "10-244-0-9.default.pod.cluster.local.";
     assert_negative(name, RecordType::A, NX);

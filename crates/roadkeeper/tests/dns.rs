@@ -641,6 +641,45 @@ fn ptr_for_every_ready_endpoint_in_both_families_and_the_names_they_give_resolve
 }
 
 #[test]
+fn external_names_inside_the_zone_are_answered_with_the_target_records() {
+    let dns = DnsServer::start(&extended_cluster(), &[]);
+    for tcp in [false, true] {
+        let a = dns.ask("alias.default.svc.cluster.local.", RecordType::A, tcp);
+        assert_eq!(
+            (a.metadata.response_code, lines(&a.answers)),
+            (
+                OK,
+                vec![
+                    "alias.default.svc.cluster.local. CNAME web.default.svc.cluster.local.".to_string(),
+                    "web.default.svc.cluster.local. A 10.96.0.10".to_string()
+                ]
+            )
+        );
+        let aaaa = dns.ask("Alias.default.svc.cluster.local.", RecordType::AAAA, tcp);
+        assert_eq!(
+            lines(&aaaa.answers),
+            [
+                "Alias.default.svc.cluster.local. CNAME web.default.svc.cluster.local.",
+                "web.default.svc.cluster.local. AAAA fd00:96::10"
+            ]
+        );
+        // A target that does not exist: the CNAME, and the target's NXDOMAIN with the SOA.
+        let dangling = dns.ask("dangling.default.svc.cluster.local.", RecordType::A, tcp);
+        assert_eq!(dangling.metadata.response_code, NX, "{dangling}");
+        assert_eq!(
+            lines(&dangling.answers),
+            ["dangling.default.svc.cluster.local. CNAME nope.default.svc.cluster.local."]
+        );
+        assert!(matches!(dangling.authorities.first().map(|r| &r.data), Some(RData::SOA(_))), "{dangling}");
+        // Outside the zone, as before: the CNAME alone, for the client to follow.
+        assert_eq!(
+            lines(&dns.ask("ext.default.svc.cluster.local.", RecordType::A, tcp).answers),
+            ["ext.default.svc.cluster.local. CNAME example.com."]
+        );
+    }
+}
+
+#[test]
 fn the_server_name_of_ns_and_soa_resolves_and_insecure_pods_need_their_namespace() {
     let dns = DnsServer::start(&cluster(), &["--pods", "insecure", "--no-fallthrough"]);
     let soa_name = |response: &Message| match response.authorities.first().map(|r| &r.data) {
