@@ -16,7 +16,7 @@ use metrics::{counter, histogram};
 
 use crate::answer::{Outcome, Zones};
 use crate::forward::Forwarder;
-use crate::wire;
+use crate::wire::{self, MAX_UDP_PAYLOAD};
 use crate::zone::ZoneData;
 
 /// `roadkeeper_dns_requests_total{proto, type}`: requests by transport and question type.
@@ -75,7 +75,9 @@ impl Handler {
     }
 }
 
-/// The request as sent upstream: the same question, recursion and DNSSEC-OK bits.
+/// The request as sent upstream: the same question, recursion, checking-disabled and DNSSEC-OK
+/// bits, and EDNS when the client sent it, with its payload size within 512..=[`MAX_UDP_PAYLOAD`]
+/// (what the upstream sockets' buffers hold).
 fn forwarded(request: &Request, query: Query) -> Message {
     let mut message = Message::new(request.metadata.id, MessageType::Query, OpCode::Query);
     message.metadata.recursion_desired = request.metadata.recursion_desired;
@@ -83,7 +85,7 @@ fn forwarded(request: &Request, query: Query) -> Message {
     message.queries.push(query);
     if let Some(asked) = &request.edns {
         let mut edns = Edns::new();
-        edns.set_max_payload(asked.max_payload().max(512));
+        edns.set_max_payload(asked.max_payload().clamp(512, MAX_UDP_PAYLOAD));
         edns.set_dnssec_ok(asked.flags().dnssec_ok);
         message.edns = Some(edns);
     }

@@ -9,10 +9,10 @@ use anyhow::{Context, bail};
 use arc_swap::ArcSwap;
 use hickory_proto::rr::Name;
 use hyper::{Method, StatusCode};
-use metrics::{Unit, describe_counter, describe_histogram};
+use metrics::{Unit, describe_counter, describe_gauge, describe_histogram};
 use roadkeeper_cluster::{Feed, Interest, Kind};
 use roadkeeper_dns::answer::Zones;
-use roadkeeper_dns::forward::{self, ForwardConfig, Forwarder};
+use roadkeeper_dns::forward::{self, Forwarder};
 use roadkeeper_dns::server::{self, Handler};
 use roadkeeper_dns::zone::{PodMode, ZoneData, ZoneOptions};
 
@@ -53,7 +53,7 @@ pub fn run(args: DnsArgs) -> anyhow::Result<()> {
         };
         let mut data = ZoneData::build(feed.store(), &options);
         let shared = Arc::new(ArcSwap::from_pointee(data.clone()));
-        let forwarder = Forwarder::new(upstreams.clone(), ForwardConfig::default());
+        let forwarder = Forwarder::new(upstreams.clone(), args.forward_config());
         let (mut dns, bound) = server::serve(&args.listen, Handler::new(zones, shared.clone(), forwarder))
             .await
             .context("binding --listen")?;
@@ -199,7 +199,13 @@ fn install_metrics() -> anyhow::Result<metrics_exporter_prometheus::PrometheusHa
     describe_histogram!(server::REQUEST_DURATION_SECONDS, Unit::Seconds, "Time to answer, by source (zone, upstream)");
     describe_counter!(forward::CACHE_HITS_TOTAL, "Forwarded questions answered from the cache");
     describe_counter!(forward::CACHE_MISSES_TOTAL, "Forwarded questions not in the cache");
+    describe_gauge!(forward::CACHE_SIZE_BYTES, Unit::Bytes, "Bytes the cache holds, as of its last insertion");
+    describe_gauge!(forward::CACHE_ENTRIES, "Entries the cache holds, as of its last insertion");
     describe_counter!(forward::FORWARD_REQUESTS_TOTAL, "Questions sent upstream, by upstream and outcome");
+    describe_counter!(
+        forward::MAX_CONCURRENT_REJECTS_TOTAL,
+        "Questions answered SERVFAIL at once because --max-concurrent were waiting on the upstreams"
+    );
     describe_histogram!(forward::FORWARD_DURATION_SECONDS, Unit::Seconds, "Time to get an answer from upstream");
     Ok(handle)
 }
@@ -208,7 +214,25 @@ fn install_metrics() -> anyhow::Result<metrics_exporter_prometheus::PrometheusHa
 mod tests {
     use std::net::IpAddr;
 
+    use clap::Parser;
+    use roadkeeper_dns::forward::ForwardConfig;
+
     use super::own_addresses;
+    use crate::cli::{Cli, Command, DnsArgs};
+
+    fn dns_args(flags: &[&str]) -> DnsArgs {
+        match Cli::try_parse_from(["roadkeeper", "dns"].iter().chain(flags)).unwrap().command {
+            Command::Dns(args) => args,
+            other => panic!("{other:?}"),
+        }
+    }
+
+    #[test]
+    fn flags_set_the_forwarder_bounds() {
+        assert_eq!(format!("{:?}", dns_args(&[]).forward_config()), format!("{:?}", ForwardConfig::default()));
+        let config = dns_args(&["--max-concurrent", "50", "--cache-max-bytes", "4096"]).forward_config();
+        assert_eq!((config.max_concurrent, config.cache_max_bytes), (50, 4096));
+    }
 
     #[test]
     fn own_addresses_are_the_listen_addresses_or_the_hosts_for_a_wildcard() {

@@ -9,15 +9,15 @@ use std::collections::HashSet;
 use std::io::{Read, Write};
 use std::net::{TcpStream, UdpSocket};
 use std::path::PathBuf;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use common::apiserver::ControlPlane;
-use common::http::{get_in, sample};
+use common::http::{get_in, sample, try_sample};
 use common::{binary, eventually};
 use hickory_proto::op::{Edns, Message, MessageType, OpCode, Query, ResponseCode};
-use hickory_proto::rr::rdata::A;
+use hickory_proto::rr::rdata::{A, TXT};
 use hickory_proto::rr::{Name, RData, Record, RecordType};
 use hickory_proto::serialize::binary::{BinDecodable, BinDecoder};
 use roadkeeper_netlab::{Netns, Process};
@@ -720,4 +720,198 @@ fn the_server_name_of_ns_and_soa_resolves_and_insecure_pods_need_their_namespace
         let response = dns.ask(&name, RecordType::A, false);
         assert_eq!(response.metadata.response_code, rcode, "{response}");
     }
+}
+
+/// Sends `bytes` from `sockets` UDP sockets at once (in `dns`'s namespace) and returns the
+/// responses that came within three seconds.
+fn ask_at_once(dns: &DnsServer, bytes: &[u8], sockets: u16) -> Vec<Message> {
+    dns.ns.run(|| {
+        let sockets: Vec<UdpSocket> = (0..sockets).map(|_| UdpSocket::bind("127.0.0.1:0").expect("bind")).collect();
+        for (id, socket) in sockets.iter().enumerate() {
+            let mut query = bytes.to_vec();
+            query[..2].copy_from_slice(&(id as u16).to_be_bytes());
+            socket.send_to(&query, DNS).expect("send");
+        }
+        let deadline = Instant::now() + Duration::from_secs(3);
+        let mut buf = vec![0; 65535];
+        sockets
+            .iter()
+            .filter_map(|socket| {
+                let left = deadline.saturating_duration_since(Instant::now()).max(Duration::from_millis(1));
+                socket.set_read_timeout(Some(left)).expect("timeout");
+                let n = socket.recv(&mut buf).ok()?;
+                Some(strict(&buf[..n]))
+            })
+            .collect()
+    })
+}
+
+#[test]
+fn identical_questions_in_flight_are_asked_upstream_once() {
+    let dns = DnsServer::start(&cluster(), &["--upstream", "127.0.0.1:5300"]);
+    let upstream = Upstream::delayed(&dns.ns, "127.0.0.1:5300", Duration::from_millis(500), |request| {
+        let name = request.queries[0].name().clone();
+        Some(reply(request, OK, vec![Record::from_rdata(name, 60, RData::A(A([192, 0, 2, 7].into())))]))
+    });
+    let responses = ask_at_once(&dns, &query("popular.example.", RecordType::A, None), 20);
+    assert_eq!(responses.len(), 20);
+    for response in &responses {
+        assert_eq!(lines(&response.answers), ["popular.example. A 192.0.2.7"], "{response}");
+    }
+    assert_eq!(upstream.questions(), 1, "twenty clients, one question upstream");
+}
+
+#[test]
+fn the_cache_keeps_answers_fetched_with_checking_disabled_apart() {
+    // A validating upstream: with CD (checking disabled) it hands out what it could not validate.
+    let dns = DnsServer::start(&cluster(), &["--upstream", "127.0.0.1:5300"]);
+    let upstream = Upstream::start(&dns.ns, "127.0.0.1:5300", |request| {
+        let name = request.queries[0].name().clone();
+        let ip = if request.metadata.checking_disabled { [192, 0, 2, 66] } else { [192, 0, 2, 1] };
+        Some(reply(request, OK, vec![Record::from_rdata(name, 300, RData::A(A(ip.into())))]))
+    });
+    let ask = |checking_disabled: bool| {
+        let mut bytes = query("signed.example.", RecordType::A, Some(1232));
+        if checking_disabled {
+            bytes[3] |= 0x10;
+        }
+        let raw = (0..3).find_map(|_| dns.raw_udp(&bytes)).expect("an answer");
+        lines(&strict(&raw).answers)
+    };
+    assert_eq!(ask(true), ["signed.example. A 192.0.2.66"]);
+    assert_eq!(ask(false), ["signed.example. A 192.0.2.1"], "not the answer fetched with CD");
+    let (again_disabled, again_checked) = (ask(true), ask(false));
+    assert_eq!(again_disabled, ["signed.example. A 192.0.2.66"], "each cached under its own key");
+    assert_eq!(again_checked, ["signed.example. A 192.0.2.1"]);
+    assert_eq!(upstream.questions(), 2);
+}
+
+#[test]
+fn the_cache_is_bounded_in_bytes() {
+    // Each answer is about 1 KB (four TXT records of 250 bytes); 32 KiB hold a few dozen.
+    let dns = DnsServer::start(&cluster(), &["--upstream", "127.0.0.1:5300", "--cache-max-bytes", "32768"]);
+    let upstream = Upstream::start(&dns.ns, "127.0.0.1:5300", |request| {
+        let name = request.queries[0].name().clone();
+        let txt = |i: u8| RData::TXT(TXT::new(vec![format!("{i}{}", "x".repeat(249))]));
+        Some(reply(request, OK, (0..4).map(|i| Record::from_rdata(name.clone(), 300, txt(i))).collect()))
+    });
+    let names: Vec<String> = (0..200).map(|i| format!("big-{i}.example.")).collect();
+    for round in 0..2 {
+        for name in &names {
+            let response = dns.ask(name, RecordType::TXT, false);
+            assert_eq!(response.answers.len(), 4, "round {round}: {response}");
+        }
+    }
+    assert!(upstream.questions() >= 300, "{} questions upstream: most answers were not kept", upstream.questions());
+    let (_, metrics) = get_in(&dns.ns, "127.0.0.1:9153", "/metrics");
+    let size = sample(&metrics, "roadkeeper_dns_cache_size_bytes");
+    assert!(size > 0.0 && size <= 32768.0, "{size} bytes cached");
+}
+
+/// The highest open file descriptor count and resident set size (bytes) of `pid`, sampled every
+/// 20 ms until `done`.
+fn sample_usage(pid: u32, done: &AtomicBool) -> (usize, u64) {
+    let (mut fds, mut rss) = (0, 0);
+    while !done.load(Ordering::SeqCst) {
+        fds = fds.max(std::fs::read_dir(format!("/proc/{pid}/fd")).map_or(0, |dir| dir.count()));
+        let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap_or_default();
+        let kb = status.lines().find_map(|l| l.strip_prefix("VmRSS:")?.trim().strip_suffix(" kB")?.parse::<u64>().ok());
+        rss = rss.max(kb.unwrap_or(0) * 1024);
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    (fds, rss)
+}
+
+#[test]
+fn a_flood_at_a_silent_upstream_stays_bounded_and_the_overflow_is_servfail_at_once() {
+    const QUERIES: u16 = 15_000;
+    const PER_SECOND: f64 = 5_000.0;
+    let dns = DnsServer::start(&cluster(), &["--upstream", "127.0.0.1:5300"]);
+    let upstream = Upstream::start(&dns.ns, "127.0.0.1:5300", |_| None);
+    let pid = dns.process.as_ref().expect("running").id();
+    let sockets: Vec<UdpSocket> = dns.ns.run(|| {
+        (0..8)
+            .map(|_| {
+                let socket = UdpSocket::bind("127.0.0.1:0").expect("bind");
+                socket.connect(DNS).expect("connect");
+                socket.set_read_timeout(Some(Duration::from_millis(100))).expect("timeout");
+                socket
+            })
+            .collect()
+    });
+    let started = Instant::now();
+    let sent_at: Arc<Vec<AtomicU64>> = Arc::new((0..QUERIES).map(|_| AtomicU64::new(0)).collect());
+    let done = Arc::new(AtomicBool::new(false));
+    let sampler = {
+        let done = done.clone();
+        std::thread::spawn(move || sample_usage(pid, &done))
+    };
+    // One receiver per socket: (rcode, latency) of every response.
+    let receivers: Vec<_> = sockets
+        .iter()
+        .map(|socket| {
+            let (socket, sent_at, done) = (socket.try_clone().expect("clone"), sent_at.clone(), done.clone());
+            std::thread::spawn(move || {
+                let mut got = Vec::new();
+                let mut buf = [0; 4096];
+                while !done.load(Ordering::SeqCst) {
+                    let Ok(n) = socket.recv(&mut buf) else { continue };
+                    let response = strict(&buf[..n]);
+                    let sent = sent_at[usize::from(response.metadata.id)].load(Ordering::SeqCst);
+                    let latency = started.elapsed().saturating_sub(Duration::from_nanos(sent));
+                    got.push((response.metadata.response_code, latency));
+                }
+                got
+            })
+        })
+        .collect();
+    for i in 0..QUERIES {
+        let due = Duration::from_secs_f64(f64::from(i) / PER_SECOND);
+        std::thread::sleep(due.saturating_sub(started.elapsed()));
+        let mut bytes = query(&format!("q{i}.flood.example."), RecordType::A, Some(4096));
+        bytes[..2].copy_from_slice(&i.to_be_bytes());
+        sent_at[usize::from(i)].store(started.elapsed().as_nanos() as u64, Ordering::SeqCst);
+        let _ = sockets[usize::from(i) % sockets.len()].send(&bytes);
+    }
+    let flood = started.elapsed();
+    // Answered from the zone during the flood's tail, at once.
+    let asked = Instant::now();
+    assert_eq!(dns.ask("web.default.svc.cluster.local.", RecordType::A, false).answers.len(), 1);
+    let zone_latency = asked.elapsed();
+    std::thread::sleep(Duration::from_millis(2500));
+    done.store(true, Ordering::SeqCst);
+    let (fds, rss) = sampler.join().expect("sampler");
+    let responses: Vec<(ResponseCode, Duration)> =
+        receivers.into_iter().flat_map(|r| r.join().expect("receiver")).collect();
+    let fast_servfail = responses
+        .iter()
+        .filter(|(rcode, latency)| *rcode == ResponseCode::ServFail && *latency < Duration::from_millis(500))
+        .count();
+    // The server's own account: questions rejected over the bound, and how many forwarded
+    // questions it answered within 102.4 ms of reading them (queueing in a busy socket aside).
+    let (_, metrics) = get_in(&dns.ns, "127.0.0.1:9153", "/metrics");
+    let rejected = try_sample(&metrics, "roadkeeper_dns_forward_max_concurrent_rejects_total").unwrap_or(0.0);
+    let bucket = r#"roadkeeper_dns_request_duration_seconds_bucket{source="upstream",le="0.1024"}"#;
+    let answered_at_once = try_sample(&metrics, bucket).unwrap_or(0.0);
+    let seen = upstream.seen.lock().expect("lock");
+    eprintln!(
+        "flood: {QUERIES} queries in {flood:?}, {} responses, {fast_servfail} SERVFAIL within 500 ms; server: \
+         {rejected} rejected over the bound, {answered_at_once} forwarded questions answered within 102.4 ms, \
+         at most {fds} fds and {} MiB RSS; upstream: {} questions from {} ports, EDNS payload {}; zone answer \
+         during the flood in {zone_latency:?}",
+        responses.len(),
+        rss >> 20,
+        seen.questions,
+        seen.ports.len(),
+        seen.max_payload,
+    );
+    assert!(fds < 200, "{fds} file descriptors");
+    assert!(rss < 200 << 20, "{} MiB resident", rss >> 20);
+    assert!(rejected >= f64::from(QUERIES) / 4.0 && answered_at_once >= rejected, "{rejected}, {answered_at_once}");
+    assert!(fast_servfail >= usize::from(QUERIES) / 5, "{fast_servfail} quick SERVFAIL of {QUERIES}");
+    assert!(seen.questions <= usize::from(QUERIES) / 2, "{} questions upstream", seen.questions);
+    assert!(seen.ports.len() <= 16, "{} source ports: upstream sockets are reused", seen.ports.len());
+    assert!(seen.max_payload <= 1232, "EDNS payload {} asked of the upstream", seen.max_payload);
+    drop(seen);
+    assert!(dns.alive(), "log:\n{}", dns.log());
 }
