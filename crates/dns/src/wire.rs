@@ -4,6 +4,7 @@
 //! ([`plan`]), and the authoritative response ([`authoritative`]).
 
 use std::net::{Ipv4Addr, SocketAddr};
+use std::slice::Iter;
 use std::sync::Arc;
 
 use hickory_proto::op::{Edns, Header, HeaderCounts, Message, MessageType, Metadata, OpCode, Query, ResponseCode};
@@ -78,6 +79,10 @@ pub(crate) fn size_limit(request: &Request, edns: Option<&Edns>) -> u16 {
     }
 }
 
+/// A response of [`fitted`]: the sections are slices of the records given.
+pub(crate) type Fitted<'q, 'a> =
+    MessageResponse<'q, 'a, Iter<'a, Record>, Iter<'a, Record>, std::array::IntoIter<&'a Record, 0>, Iter<'a, Record>>;
+
 /// The response to `questions` with the records of `answers`, `authorities` and `additionals` that
 /// fit in `limit` bytes together with the OPT record of `edns`: whole records, the first ones of
 /// each section, and the TC bit set when an answer or authority record is left out (additionals
@@ -93,14 +98,7 @@ pub(crate) fn fitted<'q, 'a>(
     mut metadata: Metadata,
     [answers, authorities, additionals]: [&'a [Record]; 3],
     limit: u16,
-) -> MessageResponse<
-    'q,
-    'a,
-    impl Iterator<Item = &'a Record> + Send + 'a,
-    impl Iterator<Item = &'a Record> + Send + 'a,
-    impl Iterator<Item = &'a Record> + Send + 'a,
-    impl Iterator<Item = &'a Record> + Send + 'a,
-> {
+) -> Fitted<'q, 'a> {
     let opt = edns.map_or(Some(0), |edns| Record::from(edns).to_bytes().ok().map(|b| b.len()));
     let room = opt.and_then(|opt| u16::try_from(opt).ok()).and_then(|opt| limit.checked_sub(opt));
     let mut scratch = Vec::with_capacity(usize::from(limit.min(4096)));
@@ -131,14 +129,7 @@ pub(crate) fn authoritative<'q, 'a>(
     mut metadata: Metadata,
     answer: &'a Answer,
     limit: u16,
-) -> MessageResponse<
-    'q,
-    'a,
-    impl Iterator<Item = &'a Record> + Send + 'a,
-    impl Iterator<Item = &'a Record> + Send + 'a,
-    impl Iterator<Item = &'a Record> + Send + 'a,
-    impl Iterator<Item = &'a Record> + Send + 'a,
-> {
+) -> Fitted<'q, 'a> {
     metadata.authoritative = true;
     metadata.response_code = answer.rcode;
     fitted(questions, edns, metadata, [&answer.answers, &answer.authority, &answer.additionals], limit)
