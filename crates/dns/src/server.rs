@@ -1,8 +1,7 @@
 //! Serving: hickory-server's UDP and TCP front ends (wire format, EDNS0, truncation with the TC
 //! bit, FORMERR for malformed requests) calling [`Handler`], which answers from the current
-//! [`ZoneData`] snapshot or forwards upstream.
+//! [`ZoneData`] snapshot or forwards upstream. One [`Server`] per worker runtime ([`serve_on`]).
 
-use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -140,18 +139,19 @@ fn rcode_label(code: ResponseCode) -> &'static str {
     }
 }
 
-/// Binds UDP and TCP on every address of `listen` and serves `handler` there (tasks on the current
-/// tokio runtime). A port 0 is bound once, so UDP and TCP share the port the kernel picked.
-pub async fn serve(listen: &[SocketAddr], handler: Handler) -> std::io::Result<(Server<Handler>, Vec<SocketAddr>)> {
+/// A server of `handler` on `udp` sockets and `tcp` listeners, bound (and listening) already:
+/// tasks on the current tokio runtime.
+pub fn serve_on(
+    udp: Vec<std::net::UdpSocket>,
+    tcp: Vec<std::net::TcpListener>,
+    handler: Handler,
+) -> std::io::Result<Server<Handler>> {
     let mut server = Server::new(handler);
-    let mut bound = Vec::new();
-    for &addr in listen {
-        let udp = tokio::net::UdpSocket::bind(addr).await?;
-        let local = udp.local_addr()?;
-        let tcp = tokio::net::TcpListener::bind(local).await?;
-        server.register_socket(udp);
-        server.register_listener(tcp, TCP_IDLE_TIMEOUT, 64 * 1024);
-        bound.push(local);
+    for socket in udp {
+        server.register_socket(tokio::net::UdpSocket::from_std(socket)?);
     }
-    Ok((server, bound))
+    for listener in tcp {
+        server.register_listener(tokio::net::TcpListener::from_std(listener)?, TCP_IDLE_TIMEOUT, 64 * 1024);
+    }
+    Ok(server)
 }

@@ -23,12 +23,19 @@ use crate::serve;
 const RESOLV_CONF: &str = "/etc/resolv.conf";
 
 /// `roadkeeper dns`: loads the cluster state, serves DNS, follows changes until SIGTERM/SIGINT.
+///
+/// The cluster state, zone updates, health and metrics run on the main thread's runtime; DNS is
+/// served by one worker thread per CPU this process may run on, each with a single-threaded
+/// runtime, its own `SO_REUSEPORT` UDP socket and TCP listener on every `--listen` address (the
+/// kernel spreads clients among them) and its own upstream sockets, as the ingress's workers. The
+/// zone snapshot, the cache and the bound on questions in flight are shared.
 pub fn run(args: DnsArgs) -> anyhow::Result<()> {
     let zones = zones(&args)?;
     let options = ZoneOptions { endpoint_pod_names: args.endpoint_pod_names, pods: zones.pods };
     let upstreams = upstreams(&args.upstream)?;
-    let runtime = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build()?;
-    runtime.block_on(async move {
+    let workers = std::thread::available_parallelism().map_or(2, usize::from);
+    let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
+    let threads = runtime.block_on(async move {
         use tokio::signal::unix::{SignalKind, signal};
         let (mut sigterm, mut sigint) = (signal(SignalKind::terminate())?, signal(SignalKind::interrupt())?);
         let ready = Arc::new(AtomicBool::new(false));
@@ -48,17 +55,22 @@ pub fn run(args: DnsArgs) -> anyhow::Result<()> {
         let interest = Interest { kinds: kinds.into_iter().collect(), node: None };
         let mut feed = tokio::select! {
             feed = Feed::open(&spec, &interest, true) => feed.context("reading the cluster state")?,
-            _ = sigterm.recv() => return Ok(()),
-            _ = sigint.recv() => return Ok(()),
+            _ = sigterm.recv() => return Ok(Vec::new()),
+            _ = sigint.recv() => return Ok(Vec::new()),
         };
         let mut data = ZoneData::build(feed.store(), &options);
         let shared = Arc::new(ArcSwap::from_pointee(data.clone()));
         let forwarder = Forwarder::new(upstreams.clone(), args.forward_config());
-        let (mut dns, bound) = server::serve(&args.listen, Handler::new(zones, shared.clone(), forwarder))
-            .await
-            .context("binding --listen")?;
+        let (stop, stopping) = tokio::sync::watch::channel(false);
+        let mut threads = Vec::with_capacity(workers);
+        for (index, sockets) in bind_workers(&args.listen, workers)?.into_iter().enumerate() {
+            let handler = Handler::new(zones.clone(), shared.clone(), forwarder.worker());
+            let stopping = stopping.clone();
+            let thread = std::thread::Builder::new().name(format!("dns-{index}"));
+            threads.push(thread.spawn(move || serve_worker(sockets, handler, stopping))?);
+        }
         ready.store(true, Ordering::Relaxed);
-        tracing::info!(listen = ?bound, ?upstreams, source = feed.describe(), "serving DNS");
+        tracing::info!(listen = ?args.listen, workers, ?upstreams, source = feed.describe(), "serving DNS");
         loop {
             tokio::select! {
                 changes = feed.changed() => {
@@ -70,9 +82,47 @@ pub fn run(args: DnsArgs) -> anyhow::Result<()> {
                 _ = sigint.recv() => break,
             }
         }
-        dns.shutdown_gracefully().await.context("stopping the DNS server")?;
-        Ok(())
-    })
+        stop.send_replace(true);
+        anyhow::Ok(threads)
+    })?;
+    for thread in threads {
+        // A worker that failed has ended the process already.
+        let _ = thread.join();
+    }
+    Ok(())
+}
+
+/// One worker's sockets: a UDP socket and a TCP listener per `--listen` address.
+type WorkerSockets = (Vec<std::net::UdpSocket>, Vec<std::net::TcpListener>);
+
+/// The sockets of `count` workers on every `--listen` address (`SO_REUSEPORT`); a port 0 is
+/// chosen once, for UDP and TCP alike.
+fn bind_workers(listen: &[SocketAddr], count: usize) -> anyhow::Result<Vec<WorkerSockets>> {
+    let mut workers: Vec<WorkerSockets> = (0..count).map(|_| Default::default()).collect();
+    for &addr in listen {
+        let udp = serve::reuseport_sockets(addr, socket2::Type::DGRAM, count)
+            .with_context(|| format!("--listen: cannot bind UDP {addr}"))?;
+        let bound = udp[0].local_addr()?.as_socket().unwrap_or(addr);
+        let tcp = serve::reuseport_sockets(bound, socket2::Type::STREAM, count)
+            .with_context(|| format!("--listen: cannot bind TCP {bound}"))?;
+        for ((worker, udp), tcp) in workers.iter_mut().zip(udp).zip(tcp) {
+            tcp.listen(1024)?;
+            worker.0.push(udp.into());
+            worker.1.push(tcp.into());
+        }
+    }
+    Ok(workers)
+}
+
+/// One worker thread: serves DNS on its sockets until `stopping` turns true, then stops
+/// (answers being sent are finished).
+fn serve_worker((udp, tcp): WorkerSockets, handler: Handler, mut stopping: tokio::sync::watch::Receiver<bool>) {
+    serve::run_worker("dns worker", async move {
+        let mut server = server::serve_on(udp, tcp, handler)?;
+        // An error means the sender is gone: the process is ending anyway.
+        let _ = stopping.wait_for(|stop| *stop).await;
+        server.shutdown_gracefully().await.map_err(std::io::Error::other)
+    });
 }
 
 /// The zones of `--zone`, `--fallthrough` and the record options.

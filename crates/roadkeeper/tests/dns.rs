@@ -915,3 +915,62 @@ fn a_flood_at_a_silent_upstream_stays_bounded_and_the_overflow_is_servfail_at_on
     drop(seen);
     assert!(dns.alive(), "log:\n{}", dns.log());
 }
+
+#[test]
+fn one_worker_per_cpu_each_with_its_own_reuseport_sockets() {
+    let cpus = std::thread::available_parallelism().map_or(1, usize::from);
+    let dns = DnsServer::start(&cluster(), &[]);
+    let pid = dns.process.as_ref().expect("running").id();
+    // Sockets on port 53 (hex 0035) in the server's namespace: UDP, and TCP listening (0A).
+    let bound = |table: &str, state: Option<&str>| {
+        let text = std::fs::read_to_string(format!("/proc/{pid}/net/{table}")).expect("socket table");
+        text.lines()
+            .skip(1)
+            .filter(|line| {
+                let fields: Vec<&str> = line.split_whitespace().collect();
+                fields[1].ends_with(":0035") && state.is_none_or(|s| fields[3] == s)
+            })
+            .count()
+    };
+    assert_eq!((bound("udp", None), bound("tcp", Some("0A"))), (cpus, cpus), "one UDP and one TCP socket per CPU");
+
+    // Load from 32 client sockets: the kernel spreads them over the workers, each of which works.
+    let workers = |pid: u32| -> Vec<(String, u64)> {
+        let tasks = std::fs::read_dir(format!("/proc/{pid}/task")).expect("tasks");
+        let mut found: Vec<(String, u64)> = tasks
+            .filter_map(|task| {
+                let path = task.ok()?.path();
+                let name = std::fs::read_to_string(path.join("comm")).ok()?.trim().to_string();
+                let stat = std::fs::read_to_string(path.join("stat")).ok()?;
+                let fields: Vec<&str> = stat.rsplit_once(')')?.1.split_whitespace().collect();
+                let ticks = fields[11].parse::<u64>().ok()? + fields[12].parse::<u64>().ok()?;
+                name.starts_with("dns-").then_some((name, ticks))
+            })
+            .collect();
+        found.sort();
+        found
+    };
+    let before = workers(pid);
+    assert_eq!(before.len(), cpus, "worker threads: {before:?}");
+    let question = query("web.default.svc.cluster.local.", RecordType::A, None);
+    dns.ns.run(|| {
+        std::thread::scope(|scope| {
+            for _ in 0..32 {
+                scope.spawn(|| {
+                    let socket = UdpSocket::bind("127.0.0.1:0").expect("bind");
+                    socket.connect(DNS).expect("connect");
+                    socket.set_read_timeout(Some(Duration::from_secs(1))).expect("timeout");
+                    let mut buf = [0; 512];
+                    for _ in 0..1000 {
+                        socket.send(&question).expect("send");
+                        let _ = socket.recv(&mut buf);
+                    }
+                });
+            }
+        })
+    });
+    let after = workers(pid);
+    for ((name, was), (_, is)) in before.iter().zip(&after) {
+        assert!(is > was, "{name} did no work: {before:?} then {after:?}");
+    }
+}
