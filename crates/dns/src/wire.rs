@@ -223,8 +223,9 @@ pub fn respond_checked(zones: &Zones, data: &ZoneData, bytes: &[u8]) -> Option<M
 
 /// The fuzz target's zones and data: `cluster.local` (Pods answered as asked) and the reverse
 /// zones, holding in namespace `default` the ClusterIP Service `web` (dual-stack, ports http and
-/// dns), the headless Service `db` (50 ready endpoints `db-0`..`db-49`, 10.244.1.1..50, port pg),
-/// the ExternalName Service `ext` (example.com) and the Pod `p1`.
+/// dns, endpoint 10.244.0.20), the headless Service `db` (50 ready endpoints `db-0`..`db-49`, 10.244.1.1..50, port pg),
+/// the ExternalName Services `ext` (example.com) and `alias` (web, inside the zone) and the Pod
+/// `p1`; the server's own address is 127.0.0.1.
 #[doc(hidden)]
 pub fn fixture() -> (Zones, ZoneData) {
     fn object(value: Value) -> Object {
@@ -258,6 +259,7 @@ pub fn fixture() -> (Zones, ZoneData) {
             "addressType": "IPv4", "ports": [{"name": "pg", "port": 5432, "protocol": "TCP"}],
             "endpoints": endpoints})),
         service("ext", json!({"type": "ExternalName", "externalName": "example.com"})),
+        service("alias", json!({"type": "ExternalName", "externalName": "web.default.svc.cluster.local"})),
         object(json!({"kind": "Pod", "metadata": {"name": "p1", "namespace": "default"},
             "status": {"podIP": "10.244.0.9", "podIPs": [{"ip": "10.244.0.9"}]}})),
     ]);
