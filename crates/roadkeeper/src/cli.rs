@@ -247,9 +247,10 @@ pub struct DnsArgs {
     #[arg(long, value_name = "ADDR")]
     pub upstream: Vec<String>,
     /// Most questions waiting on the upstreams at once, identical ones included (CoreDNS forward's
-    /// `max_concurrent`); beyond it a question is answered SERVFAIL at once.
-    #[arg(long, value_name = "N", default_value_t = ForwardConfig::default().max_concurrent)]
-    pub max_concurrent: usize,
+    /// `max_concurrent`); beyond it a question is answered SERVFAIL at once. 1-65535 (message IDs
+    /// per upstream socket).
+    #[arg(long, value_name = "N", default_value_t = 1000, value_parser = clap::value_parser!(u16).range(1..))]
+    pub max_concurrent: u16,
     /// Most bytes the cache of upstream answers holds (each entry: its response in wire format,
     /// its name and 256 bytes of bookkeeping); 0 caches nothing.
     #[arg(long, value_name = "BYTES", default_value_t = ForwardConfig::default().cache_max_bytes)]
@@ -337,7 +338,7 @@ impl DnsArgs {
     /// The forwarder's bounds from the flags (its timeouts and TTL caps are the defaults).
     pub fn forward_config(&self) -> ForwardConfig {
         ForwardConfig {
-            max_concurrent: self.max_concurrent,
+            max_concurrent: self.max_concurrent.into(),
             cache_max_bytes: self.cache_max_bytes,
             ..ForwardConfig::default()
         }

@@ -282,6 +282,10 @@ mod tests {
         assert_eq!(format!("{:?}", dns_args(&[]).forward_config()), format!("{:?}", ForwardConfig::default()));
         let config = dns_args(&["--max-concurrent", "50", "--cache-max-bytes", "4096"]).forward_config();
         assert_eq!((config.max_concurrent, config.cache_max_bytes), (50, 4096));
+        for bad in ["0", "65536"] {
+            let error = Cli::try_parse_from(["roadkeeper", "dns", "--max-concurrent", bad]).unwrap_err().to_string();
+            assert!(error.contains("--max-concurrent"), "{error}");
+        }
     }
 
     #[test]
