@@ -1,6 +1,9 @@
 //! `roadkeeper dns` over the wire: the real binary in its own network namespace, asked real
-//! UDP and TCP questions. Every record form and negative answer, truncation and the TC-bit
-//! fallback, forwarding with a cache and a quick SERVFAIL, answers following changes, hostile
+//! UDP and TCP questions. Every record form and negative answer (PTR for every endpoint,
+//! ExternalName inside the zone, the server's own name), truncation to whole messages and the
+//! TC-bit fallback, forwarding with a cache (byte-bounded, keyed by the CD bit) and a quick
+//! SERVFAIL, identical questions asked once, a flood at a silent upstream with the server's
+//! descriptors and memory watched, one worker per CPU, answers following changes, hostile
 //! packets, health and metrics, and the API server as the source.
 
 mod common;
