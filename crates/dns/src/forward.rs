@@ -144,6 +144,31 @@ impl Drop for Waiting<'_> {
     }
 }
 
+/// A question joined to its entry among those in flight, which it leaves when dropped (answered,
+/// or cancelled): the first to leave takes the entry away, so that later questions start anew
+/// (and find the cache filled, if the answer may be cached).
+struct Joined<'a> {
+    map: &'a Mutex<HashMap<CacheKey, Arc<InFlight>>>,
+    key: &'a CacheKey,
+    cell: Arc<InFlight>,
+}
+
+impl<'a> Joined<'a> {
+    fn join(map: &'a Mutex<HashMap<CacheKey, Arc<InFlight>>>, key: &'a CacheKey) -> Self {
+        let cell = lock(map).entry(key.clone()).or_default().clone();
+        Self { map, key, cell }
+    }
+}
+
+impl Drop for Joined<'_> {
+    fn drop(&mut self) {
+        let mut map = lock(self.map);
+        if map.get(self.key).is_some_and(|current| Arc::ptr_eq(current, &self.cell)) {
+            map.remove(self.key);
+        }
+    }
+}
+
 impl Forwarder {
     /// A forwarder to `upstreams` (tried in this order) with an empty cache.
     pub fn new(upstreams: Vec<SocketAddr>, config: ForwardConfig) -> Self {
@@ -196,13 +221,9 @@ impl Forwarder {
             return error_reply(request, ResponseCode::ServFail);
         }
         let _waiting = Waiting(&shared.waiting);
-        let in_flight = lock(&shared.in_flight).entry(key.clone()).or_default().clone();
-        let response = in_flight.get_or_init(|| self.fetch(request, key.clone())).await.clone();
-        let mut map = lock(&shared.in_flight);
-        if map.get(&key).is_some_and(|current| Arc::ptr_eq(current, &in_flight)) {
-            map.remove(&key);
-        }
-        drop(map);
+        let in_flight = Joined::join(&shared.in_flight, &key);
+        let response = in_flight.cell.get_or_init(|| self.fetch(request, key.clone())).await.clone();
+        drop(in_flight);
         match response {
             Some(response) => reply_to(Message::clone(&response), 0, request),
             None => error_reply(request, ResponseCode::ServFail),
@@ -655,6 +676,17 @@ mod tests {
         assert_eq!(stub.queries(), 1, "one question upstream (TTL 0: not cached)");
         forwarder.forward(&query("same.example.", RecordType::A, 1)).await;
         assert_eq!(stub.queries(), 2, "asked again once answered");
+    }
+
+    #[tokio::test]
+    async fn a_question_given_up_leaves_nothing_behind() {
+        let stub = slow_udp_stub(Duration::from_millis(300), |query| vec![answer(query, &[[192, 0, 2, 7]], 0)]).await;
+        let forwarder = Forwarder::new(vec![stub.addr], ForwardConfig::default());
+        let request = query("slow.example.", RecordType::A, 1);
+        assert!(tokio::time::timeout(Duration::from_millis(50), forwarder.forward(&request)).await.is_err());
+        assert!(lock(&forwarder.shared.in_flight).is_empty(), "no question in flight");
+        assert_eq!(forwarder.shared.waiting.load(Ordering::Relaxed), 0, "none waiting");
+        assert_eq!(addresses(&forwarder.forward(&request).await), [Ipv4Addr::new(192, 0, 2, 7)], "asked anew");
     }
 
     #[tokio::test]

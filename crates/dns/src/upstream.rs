@@ -88,11 +88,12 @@ impl Channels {
         }
     }
 
-    /// The channel to upstream `index`, opened (and its reader spawned) when there is none or it
-    /// expired.
+    /// The channel to upstream `index`, opened (and its reader spawned) when there is none, or it
+    /// expired or failed.
     fn channel(&self, index: usize, upstream: SocketAddr, idle: Duration) -> io::Result<Arc<Channel>> {
         let mut slot = lock(&self.slots[index]);
-        if let Some(channel) = slot.as_ref().filter(|c| c.opened.elapsed() < SOCKET_EXPIRY) {
+        let usable = |c: &&Arc<Channel>| c.opened.elapsed() < SOCKET_EXPIRY && !c.retired.load(Ordering::Relaxed);
+        if let Some(channel) = slot.as_ref().filter(usable) {
             return Ok(channel.clone());
         }
         let channel = Arc::new(Channel::open(upstream, idle)?);
@@ -206,6 +207,12 @@ async fn read(
             Ok(Err(error)) => {
                 debug!(%upstream, %error, "upstream socket failed");
                 lock(&waiting).clear();
+                // An ICMP error leaves the socket usable; any other retires it (a fresh one then
+                // takes the next question) rather than spin on it.
+                if error.kind() != io::ErrorKind::ConnectionRefused {
+                    retired.store(true, Ordering::Relaxed);
+                    return;
+                }
             }
             Err(_) if retired.load(Ordering::Relaxed) => return,
             Err(_) => {}
