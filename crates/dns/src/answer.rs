@@ -77,8 +77,8 @@ impl Zones {
         let lower = name.to_lowercase();
         let Some((mut zone, mut found)) = self.find(data, name, &lower, qtype) else { return Outcome::Forward };
         let mut chain: Vec<Record> = Vec::new();
-        while let Some(target) = cname_target(&found).filter(|_| qtype != RecordType::CNAME) {
-            let repeated = target == lower || chain.iter().any(|r| r.name.to_lowercase() == target);
+        while let Some((owner, target)) = cname(&found).filter(|_| qtype != RecordType::CNAME) {
+            let repeated = target == lower || target == owner || chain.iter().any(|r| r.name.to_lowercase() == target);
             let outside = !self.cluster.iter().any(|z| z.zone_of(&target));
             if outside || repeated || chain.len() + 1 >= MAX_CNAMES {
                 break;
@@ -330,11 +330,13 @@ impl Zones {
     }
 }
 
-/// The target of `found` when it is a CNAME (an ExternalName Service's), lowercase.
-fn cname_target(found: &Found) -> Option<Name> {
+/// The owner and the target of `found` when it is a CNAME (an ExternalName Service's), lowercase.
+fn cname(found: &Found) -> Option<(Name, Name)> {
     match found {
         Found::Records(answers, _) => match answers.as_slice() {
-            [Record { data: RData::CNAME(CNAME(target)), .. }] => Some(target.to_lowercase()),
+            [Record { name, data: RData::CNAME(CNAME(target)), .. }] => {
+                Some((name.to_lowercase(), target.to_lowercase()))
+            }
             _ => None,
         },
         _ => None,

@@ -301,6 +301,8 @@ fn external_names_inside_the_zone_are_followed_to_the_target_records() {
             alias("dangling", "nope.default.svc.cluster.local"),
             alias("loop-a", "loop-b.default.svc.cluster.local"),
             alias("loop-b", "loop-a.default.svc.cluster.local"),
+            alias("to-self", "self.default.svc.cluster.local"),
+            alias("self", "self.default.svc.cluster.local"),
         ],
         &ZoneOptions::default(),
     );
@@ -334,6 +336,13 @@ fn external_names_inside_the_zone_are_followed_to_the_target_records() {
     assert_eq!(dangling.authority[0].record_type(), RecordType::SOA);
     // A loop ends where a name repeats.
     assert_eq!(text(&answer("loop-a.default.svc.cluster.local.", RecordType::A)).1.len(), 2);
+    assert_eq!(
+        text(&answer("to-self.default.svc.cluster.local.", RecordType::A)).1,
+        [
+            "to-self.default.svc.cluster.local. CNAME self.default.svc.cluster.local.",
+            "self.default.svc.cluster.local. CNAME self.default.svc.cluster.local."
+        ]
+    );
     // Outside the zones, the CNAME alone.
     assert_eq!(
         text(&answer("ext.default.svc.cluster.local.", RecordType::A)).1,
