@@ -8,7 +8,8 @@ use std::slice::Iter;
 use std::sync::Arc;
 
 use hickory_proto::op::{Edns, Header, HeaderCounts, Message, MessageType, Metadata, OpCode, Query, ResponseCode};
-use hickory_proto::rr::{DNSClass, Name, Record};
+use hickory_proto::rr::rdata::{CNAME, NS, PTR};
+use hickory_proto::rr::{DNSClass, Name, RData, Record};
 use hickory_proto::serialize::binary::{BinDecodable, BinDecoder, BinEncodable, BinEncoder, NameEncoding};
 use hickory_server::net::xfer::Protocol;
 use hickory_server::server::Request;
@@ -89,9 +90,10 @@ pub(crate) type Fitted<'q, 'a> =
 /// left out need no retry over TCP, RFC 2181 §9).
 ///
 /// hickory's encoder, left to cut a message at its size limit itself, leaves the bytes of the
-/// record that did not fit after the last whole one: clients reject such a message. So the cut is
-/// measured here first, by encoding without the OPT record into `limit` less its size (the
-/// records then encode to the same bytes, compression included, with room for it).
+/// record that did not fit after the last whole one: clients reject such a message. So a response
+/// that might not fit (by the records' uncompressed sizes) is measured here first, by encoding it
+/// without the OPT record into `limit` less its size (the records then encode to the same bytes,
+/// compression included, with room for it).
 pub(crate) fn fitted<'q, 'a>(
     questions: &'q Queries,
     edns: Option<&'q Edns>,
@@ -99,8 +101,20 @@ pub(crate) fn fitted<'q, 'a>(
     [answers, authorities, additionals]: [&'a [Record]; 3],
     limit: u16,
 ) -> Fitted<'q, 'a> {
-    let opt = edns.map_or(Some(0), |edns| Record::from(edns).to_bytes().ok().map(|b| b.len()));
-    let room = opt.and_then(|opt| u16::try_from(opt).ok()).and_then(|opt| limit.checked_sub(opt));
+    let mut builder = MessageResponseBuilder::new(questions, None);
+    if let Some(edns) = edns {
+        builder.edns(edns);
+    }
+    // Most responses fit even uncompressed: no need to measure them.
+    let sections = [answers, authorities, additionals];
+    let records = sections.iter().flat_map(|section| section.iter()).map(bound).sum::<Option<usize>>();
+    let asked: usize = questions.queries().iter().map(|q| q.original().name().len() + 5).sum();
+    // The OPT record: root name, type, class, TTL, length, then each option's code and length.
+    let opt = edns.map(|edns| 11 + edns.options().options.iter().map(|(_, o)| 4 + usize::from(o.len())).sum::<usize>());
+    if records.is_some_and(|records| 12 + asked + records + opt.unwrap_or(0) <= usize::from(limit)) {
+        return builder.build(metadata, answers, authorities, [], additionals);
+    }
+    let room = u16::try_from(opt.unwrap_or(0)).ok().and_then(|opt| limit.checked_sub(opt));
     let mut scratch = Vec::with_capacity(usize::from(limit.min(4096)));
     let mut encoder = BinEncoder::new(&mut scratch);
     encoder.set_max_size(room.unwrap_or(0));
@@ -114,11 +128,25 @@ pub(crate) fn fitted<'q, 'a>(
     };
     let kept = [cut(answers, |c| c.answers), cut(authorities, |c| c.authorities), cut(additionals, |c| c.additionals)];
     metadata.truncation |= kept[0].len() < answers.len() || kept[1].len() < authorities.len();
-    let mut builder = MessageResponseBuilder::new(questions, None);
-    if let Some(edns) = edns {
-        builder.edns(edns);
-    }
     builder.build(metadata, kept[0], kept[1], [], kept[2])
+}
+
+/// The most bytes `record` takes in wire format (uncompressed); `None` for a type not measured
+/// here.
+fn bound(record: &Record) -> Option<usize> {
+    // A name's labels and their length bytes, and the root label.
+    let name = |name: &Name| name.len() + 1;
+    let data = match &record.data {
+        RData::A(_) => 4,
+        RData::AAAA(_) => 16,
+        RData::CNAME(CNAME(target)) | RData::NS(NS(target)) | RData::PTR(PTR(target)) => name(target),
+        RData::SRV(srv) => 6 + name(&srv.target),
+        RData::SOA(soa) => name(&soa.mname) + name(&soa.rname) + 20,
+        RData::TXT(txt) => txt.txt_data.iter().map(|s| s.len() + 1).sum(),
+        _ => return None,
+    };
+    // Type, class, TTL and data length.
+    Some(name(&record.name) + 10 + data)
 }
 
 /// The response carrying a zone's `answer`: authoritative, with its response code, cut to `limit`
@@ -416,6 +444,34 @@ mod tests {
             assert_eq!(response.metadata.truncation, truncated);
             assert!(response.answers.len() + response.additionals.len() < 60);
         }
+    }
+
+    #[test]
+    fn the_size_bound_of_a_record_holds_it_uncompressed() {
+        let (zones, data) = fixture();
+        let mut measured = 0;
+        for (name, qtype) in [
+            ("web.default.svc.cluster.local.", RecordType::AAAA),
+            ("db.default.svc.cluster.local.", RecordType::SRV),
+            ("alias.default.svc.cluster.local.", RecordType::A),
+            ("10.0.96.10.in-addr.arpa.", RecordType::PTR),
+            ("dns-version.cluster.local.", RecordType::TXT),
+            ("cluster.local.", RecordType::NS),
+            ("nope.default.svc.cluster.local.", RecordType::A),
+        ] {
+            let Outcome::Answer(answer) = zones.answer(&data, &Name::from_ascii(name).unwrap(), qtype) else {
+                panic!("{name} forwarded")
+            };
+            for record in answer.answers.iter().chain(&answer.authority).chain(&answer.additionals) {
+                let mut bytes = Vec::new();
+                let mut encoder = BinEncoder::new(&mut bytes);
+                encoder.set_name_encoding(NameEncoding::Uncompressed);
+                record.emit(&mut encoder).unwrap();
+                assert!(bound(record).unwrap() >= bytes.len(), "{record}: {} bytes", bytes.len());
+                measured += 1;
+            }
+        }
+        assert!(measured > 50, "{measured} records");
     }
 
     #[test]
