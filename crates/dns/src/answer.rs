@@ -107,7 +107,10 @@ impl Zones {
     /// The zone of ours holding `lower` (`name` lowercase) and what it holds there; `None` outside
     /// our zones. Every zone has its apex (SOA, NS) and `ns.dns.<zone>`, the server's name.
     fn find<'z>(&'z self, data: &ZoneData, name: &Name, lower: &Name, qtype: RecordType) -> Option<(&'z Name, Found)> {
-        let zone = self.cluster.iter().chain(&self.reverse).find(|z| z.zone_of(lower))?;
+        let (zone, cluster) = match self.cluster.iter().find(|z| z.zone_of(lower)) {
+            Some(zone) => (zone, true),
+            None => (self.reverse.iter().find(|z| z.zone_of(lower))?, false),
+        };
         let record = |rdata: RData| Record::from_rdata(name.clone(), self.ttl, rdata);
         let found = if lower == zone {
             match qtype {
@@ -122,7 +125,7 @@ impl Zones {
             }
         } else if is_server_name(lower, zone) {
             Found::Records(addresses(name, self.ttl, self.server_addresses(data), qtype), Vec::new())
-        } else if self.cluster.contains(zone) {
+        } else if cluster {
             self.cluster_lookup(data, zone, name, lower, qtype)
         } else {
             self.reverse_lookup(data, name, lower, qtype)
