@@ -2,7 +2,7 @@
 """Writes the seed corpus of the `request` fuzz target: corpus/request/<name>.bin.
 
 Real queries against the fixture of `roadkeeper_dns::wire::fixture` (cluster.local, Services web,
-db, ext, Pod 10.244.0.9), and a few malformed requests. Deterministic: rerun after editing.
+db, ext, alias, Pod 10.244.0.9), and a few malformed requests. Deterministic: rerun after editing.
 """
 
 import pathlib
@@ -52,6 +52,10 @@ SEEDS = {
     "ptr-v6": query(ip6_arpa("fd000096000000000000000000000010"), PTR),
     "txt-dns-version": query("dns-version.cluster.local.", TXT),
     "cname-external-name": query("ext.default.svc.cluster.local.", CNAME),
+    "a-external-name-in-zone": query("alias.default.svc.cluster.local.", A),
+    "a-cluster-ip-endpoint": query("10-244-0-20.web.default.svc.cluster.local.", A),
+    "ptr-endpoint-without-hostname": query("20.0.244.10.in-addr.arpa.", PTR),
+    "a-server-name": query("ns.dns.cluster.local.", A),
     "a-pod": query("10-244-0-9.default.pod.cluster.local.", A),
     "soa-zone-apex": query("cluster.local.", SOA),
     "ns-zone-apex": query("cluster.local.", NS),

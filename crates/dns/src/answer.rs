@@ -30,6 +30,9 @@ pub struct Zones {
     pub pods: PodMode,
     /// `ignore empty_service`: a ClusterIP Service without ready endpoints is NXDOMAIN.
     pub ignore_empty_service: bool,
+    /// This server's own addresses (those it listens on), from which `ns.dns.<zone>`, the name
+    /// its NS and SOA records give, is answered.
+    pub servers: Vec<IpAddr>,
 }
 
 /// An authoritative answer.
@@ -61,33 +64,101 @@ enum Found {
     NxDomain,
 }
 
+/// Most CNAMEs followed inside the zones for one answer (CoreDNS's limit).
+const MAX_CNAMES: usize = 8;
+
 impl Zones {
-    /// The answer to `name` (as asked: its case is echoed) of type `qtype`.
+    /// The answer to `name` (as asked: its case is echoed) of type `qtype`. A CNAME (an
+    /// ExternalName Service) whose target lies in a cluster zone is followed there, up to
+    /// [`MAX_CNAMES`] and until a name repeats: the answer holds the CNAMEs and the target's
+    /// records, as CoreDNS's; where the target has none, the CNAMEs and the target's negative
+    /// answer (RFC 2308; CoreDNS leaves the CNAME out then).
     pub fn answer(&self, data: &ZoneData, name: &Name, qtype: RecordType) -> Outcome {
         let lower = name.to_lowercase();
-        let (zone, found) = if let Some(zone) = self.cluster.iter().find(|z| z.zone_of(&lower)) {
-            (zone, self.cluster_lookup(data, zone, name, &lower, qtype))
-        } else if let Some(zone) = self.reverse.iter().find(|z| z.zone_of(&lower)) {
-            (zone, self.reverse_lookup(data, name, &lower, qtype))
-        } else {
-            return Outcome::Forward;
-        };
+        let Some((mut zone, mut found)) = self.find(data, name, &lower, qtype) else { return Outcome::Forward };
+        let mut chain: Vec<Record> = Vec::new();
+        while let Some((owner, target)) = cname(&found).filter(|_| qtype != RecordType::CNAME) {
+            let repeated = target == lower || target == owner || chain.iter().any(|r| r.name.to_lowercase() == target);
+            let outside = !self.cluster.iter().any(|z| z.zone_of(&target));
+            if outside || repeated || chain.len() + 1 >= MAX_CNAMES {
+                break;
+            }
+            let Some((next, followed)) = self.find(data, &target, &target, qtype) else { break };
+            if let Found::Records(cname, _) = std::mem::replace(&mut found, followed) {
+                chain.extend(cname);
+            }
+            zone = next;
+        }
         let (rcode, answers, additionals) = match found {
             Found::Records(answers, additionals) if !answers.is_empty() => {
                 (ResponseCode::NoError, answers, additionals)
             }
             Found::Records(..) | Found::NoData => (ResponseCode::NoError, Vec::new(), Vec::new()),
-            Found::NxDomain if self.fallthrough.iter().any(|z| z.zone_of(&lower)) => return Outcome::Forward,
+            Found::NxDomain if chain.is_empty() && self.fallthrough.iter().any(|z| z.zone_of(&lower)) => {
+                return Outcome::Forward;
+            }
             Found::NxDomain => (ResponseCode::NXDomain, Vec::new(), Vec::new()),
         };
         let authority = if answers.is_empty() { vec![self.soa(data, zone)] } else { Vec::new() };
-        Outcome::Answer(Answer { rcode, answers, authority, additionals })
+        chain.extend(answers);
+        Outcome::Answer(Answer { rcode, answers: chain, authority, additionals })
+    }
+
+    /// The zone of ours holding `lower` (`name` lowercase) and what it holds there; `None` outside
+    /// our zones. Every zone has its apex (SOA, NS) and `ns.dns.<zone>`, the server's name.
+    fn find<'z>(&'z self, data: &ZoneData, name: &Name, lower: &Name, qtype: RecordType) -> Option<(&'z Name, Found)> {
+        let (zone, cluster) = match self.cluster.iter().find(|z| z.zone_of(lower)) {
+            Some(zone) => (zone, true),
+            None => (self.reverse.iter().find(|z| z.zone_of(lower))?, false),
+        };
+        let record = |rdata: RData| Record::from_rdata(name.clone(), self.ttl, rdata);
+        let found = if lower == zone {
+            match qtype {
+                RecordType::SOA => Found::Records(vec![self.soa(data, zone)], Vec::new()),
+                RecordType::NS => {
+                    let server = server_name(zone);
+                    let glue = [RecordType::A, RecordType::AAAA].into_iter();
+                    let glue = glue.flat_map(|t| addresses(&server, self.ttl, self.server_addresses(data), t));
+                    Found::Records(vec![record(RData::NS(NS(server.clone())))], glue.collect())
+                }
+                _ => Found::NoData,
+            }
+        } else if is_server_name(lower, zone) {
+            Found::Records(addresses(name, self.ttl, self.server_addresses(data), qtype), Vec::new())
+        } else if cluster {
+            self.cluster_lookup(data, zone, name, lower, qtype)
+        } else {
+            self.reverse_lookup(data, name, lower, qtype)
+        };
+        Some((zone, found))
+    }
+
+    /// The addresses `ns.dns.<zone>` answers, as CoreDNS finds them: the cluster IPs of the
+    /// Services that have one of this server's addresses as a ready endpoint (all their endpoints'
+    /// addresses for a headless Service), else this server's addresses.
+    fn server_addresses(&self, data: &ZoneData) -> Vec<IpAddr> {
+        let mut found = Vec::new();
+        for own in &self.servers {
+            for (key, endpoint) in data.reverse(own) {
+                match data.service(key).map(|svc| &svc.kind) {
+                    Some(ServiceKind::ClusterIp { ips, .. }) if endpoint.is_some() => found.extend(ips),
+                    Some(ServiceKind::Headless(endpoints)) => found.extend(endpoints.iter().map(|e| e.ip)),
+                    _ => {}
+                }
+            }
+        }
+        if found.is_empty() {
+            found.clone_from(&self.servers);
+        }
+        found.sort();
+        found.dedup();
+        found
     }
 
     /// The zone's SOA record, as CoreDNS writes it.
     pub fn soa(&self, data: &ZoneData, zone: &Name) -> Record {
-        let at = |label: &str| Name::from_ascii(label).and_then(|l| l.append_domain(zone)).expect("valid name");
-        let soa = SOA::new(at("ns.dns"), at("hostmaster"), data.version(), 7200, 1800, 86400, self.ttl);
+        let hostmaster = Name::from_ascii("hostmaster").and_then(|l| l.append_domain(zone)).expect("valid name");
+        let soa = SOA::new(server_name(zone), hostmaster, data.version(), 7200, 1800, 86400, self.ttl);
         Record::from_rdata(zone.clone(), self.ttl, RData::SOA(soa))
     }
 
@@ -100,14 +171,6 @@ impl Zones {
         let labels: Vec<&str> = labels.iter().map(String::as_str).collect();
         let record = |rdata: RData| Record::from_rdata(name.clone(), self.ttl, rdata);
         match labels.as_slice() {
-            [] => match qtype {
-                RecordType::SOA => Found::Records(vec![self.soa(data, zone)], Vec::new()),
-                RecordType::NS => {
-                    let ns = Name::from_ascii("ns.dns").and_then(|n| n.append_domain(zone)).expect("valid name");
-                    Found::Records(vec![record(RData::NS(NS(ns)))], Vec::new())
-                }
-                _ => Found::NoData,
-            },
             ["dns-version"] if qtype == RecordType::TXT => {
                 Found::Records(vec![record(RData::TXT(TXT::new(vec![SCHEMA_VERSION.into()])))], Vec::new())
             }
@@ -123,9 +186,10 @@ impl Zones {
                 Some(svc) => self.service(name, namespace, service, svc, qtype),
                 None => Found::NxDomain,
             },
+            // Endpoints of headless and, as CoreDNS names them too, of ClusterIP Services.
             [endpoint, service, namespace, "svc"] => match data.service(&NamespacedName::new(*namespace, *service)) {
                 Some(svc) => match &svc.kind {
-                    ServiceKind::Headless(endpoints) => {
+                    ServiceKind::Headless(endpoints) | ServiceKind::ClusterIp { endpoints, .. } => {
                         let named: Vec<&EndpointRecord> = endpoints.iter().filter(|e| e.label == *endpoint).collect();
                         if named.is_empty() {
                             Found::NxDomain
@@ -133,7 +197,7 @@ impl Zones {
                             Found::Records(addresses(name, self.ttl, named.iter().map(|e| e.ip), qtype), Vec::new())
                         }
                     }
-                    _ => Found::NxDomain,
+                    ServiceKind::ExternalName(_) => Found::NxDomain,
                 },
                 None => Found::NxDomain,
             },
@@ -166,7 +230,9 @@ impl Zones {
                 ),
                 Err(_) => Found::NxDomain,
             },
-            ServiceKind::ClusterIp { has_endpoints: false, .. } if self.ignore_empty_service => Found::NxDomain,
+            ServiceKind::ClusterIp { endpoints, .. } if endpoints.is_empty() && self.ignore_empty_service => {
+                Found::NxDomain
+            }
             ServiceKind::Headless(endpoints) if endpoints.is_empty() => Found::NxDomain,
             _ if qtype == RecordType::SRV => self.srv(name, namespace, service, svc, |_| true),
             ServiceKind::ClusterIp { ips, .. } => {
@@ -231,7 +297,8 @@ impl Zones {
         let Some(ip) = undashed(label) else { return Found::NxDomain };
         let known = match self.pods {
             PodMode::Disabled => false,
-            PodMode::Insecure => true,
+            // Any address, as CoreDNS, but only in a namespace that exists.
+            PodMode::Insecure => data.has_namespace(namespace),
             PodMode::Verified => data.has_pod_ip(namespace, ip),
         };
         if known { Found::Records(addresses(name, self.ttl, [ip], qtype), Vec::new()) } else { Found::NxDomain }
@@ -264,6 +331,30 @@ impl Zones {
             .and_then(|n| n.append_domain(&self.cluster[0]))
             .unwrap_or_else(|_| self.cluster[0].clone())
     }
+}
+
+/// The owner and the target of `found` when it is a CNAME (an ExternalName Service's), lowercase.
+fn cname(found: &Found) -> Option<(Name, Name)> {
+    match found {
+        Found::Records(answers, _) => match answers.as_slice() {
+            [Record { name, data: RData::CNAME(CNAME(target)), .. }] => {
+                Some((name.to_lowercase(), target.to_lowercase()))
+            }
+            _ => None,
+        },
+        _ => None,
+    }
+}
+
+/// `ns.dns.<zone>`: the server's name in the NS and SOA records of `zone`.
+fn server_name(zone: &Name) -> Name {
+    Name::from_ascii("ns.dns").and_then(|n| n.append_domain(zone)).expect("valid name")
+}
+
+/// Whether `lower`, a name in `zone`, is [`server_name`]`(zone)` (without building that name).
+fn is_server_name(lower: &Name, zone: &Name) -> bool {
+    let mut labels = lower.iter();
+    lower.num_labels() == zone.num_labels() + 2 && labels.next() == Some(b"ns") && labels.next() == Some(b"dns")
 }
 
 /// A or AAAA records of the `ips` of the asked family (none for other types).

@@ -73,6 +73,7 @@ fn zones() -> Zones {
         ttl: 5,
         pods: PodMode::Disabled,
         ignore_empty_service: false,
+        servers: vec!["192.0.2.53".parse().unwrap()],
     }
 }
 
@@ -140,6 +141,39 @@ fn structural_names_are_nodata_and_unknown_namespaces_nxdomain() {
     assert_negative("dns-version.cluster.local.", RecordType::A, OK);
     assert_eq!(lookup("cluster.local.", RecordType::SOA).1.len(), 1);
     assert_eq!(lookup("cluster.local.", RecordType::NS).1, ["cluster.local. NS ns.dns.cluster.local."]);
+}
+
+#[test]
+fn the_server_name_of_ns_and_soa_answers_with_the_service_in_front_of_this_server_or_its_address() {
+    let data = data(&ZoneOptions::default());
+    let addresses = |zones: &Zones, name: &str| {
+        let [a, aaaa] = [RecordType::A, RecordType::AAAA].map(|t| text(&ask(zones, &data, name, t)).1);
+        [a, aaaa].concat()
+    };
+    let soa = ask(&zones(), &data, "cluster.local.", RecordType::SOA);
+    let RData::SOA(soa) = &soa.answers[0].data else { panic!("{soa:?}") };
+    assert_eq!(soa.mname.to_string(), "ns.dns.cluster.local.");
+    let ns = ask(&zones(), &data, "cluster.local.", RecordType::NS);
+    assert_eq!(text(&ns).1, ["cluster.local. NS ns.dns.cluster.local."]);
+    assert_eq!(
+        ns.additionals.iter().map(|r| r.to_string()).collect::<Vec<_>>(),
+        ["ns.dns.cluster.local. 5 IN A 192.0.2.53"]
+    );
+    // No Service has this server as its endpoint: its own address, in every zone.
+    assert_eq!(addresses(&zones(), "ns.dns.cluster.local."), ["ns.dns.cluster.local. A 192.0.2.53"]);
+    assert_eq!(addresses(&zones(), "NS.dns.in-addr.arpa."), ["NS.dns.in-addr.arpa. A 192.0.2.53"]);
+    assert_eq!(
+        text(&ask(&zones(), &data, "in-addr.arpa.", RecordType::NS)).1,
+        ["in-addr.arpa. NS ns.dns.in-addr.arpa."]
+    );
+    // This server is an endpoint of web (ClusterIP) or db (headless).
+    let behind_web = Zones { servers: vec!["10.244.0.20".parse().unwrap()], ..zones() };
+    assert_eq!(
+        addresses(&behind_web, "ns.dns.cluster.local."),
+        ["ns.dns.cluster.local. A 10.96.0.10", "ns.dns.cluster.local. AAAA fd00:96::10"]
+    );
+    let behind_db = Zones { servers: vec!["fd00:244::5".parse().unwrap()], ..zones() };
+    assert_eq!(addresses(&behind_db, "ns.dns.cluster.local.").len(), 3, "db's three endpoint addresses");
 }
 
 #[test]
@@ -225,6 +259,97 @@ fn ptr_for_service_and_endpoint_addresses_and_fallthrough() {
     assert_eq!(answer.authority[0].name.to_string(), "in-addr.arpa.");
 }
 
+/// The snapshot of [`objects`] and `extra`.
+fn data_with(extra: Vec<Object>, options: &ZoneOptions) -> ZoneData {
+    ZoneData::build(&Store::from_objects(objects().into_iter().chain(extra)), options)
+}
+
+#[test]
+fn ptr_for_every_ready_endpoint_with_or_without_hostname_and_of_cluster_ip_services() {
+    let v6 = slice("db-6b", "db", "IPv6", json!([{"addresses": ["fd00:244::6"]}]));
+    let data = data_with(vec![v6], &ZoneOptions::default());
+    let reverse_v6 = "6.0.0.0.0.0.0.0.0.0.0.0.0.0.0.0.0.0.0.0.0.0.0.0.4.4.2.0.0.0.d.f.ip6.arpa.";
+    let cases = [
+        ("6.0.244.10.in-addr.arpa.", "10-244-0-6.db.default.svc.cluster.local.", RecordType::A, "10.244.0.6"),
+        (reverse_v6, "fd00-244--6.db.default.svc.cluster.local.", RecordType::AAAA, "fd00:244::6"),
+        // web is a ClusterIP Service; its endpoint 10.244.0.20 (slice web-x) has a name too.
+        ("20.0.244.10.in-addr.arpa.", "10-244-0-20.web.default.svc.cluster.local.", RecordType::A, "10.244.0.20"),
+    ];
+    for (reverse, target, qtype, ip) in cases {
+        assert_eq!(text(&ask(&zones(), &data, reverse, RecordType::PTR)).1, [format!("{reverse} PTR {target}")]);
+        assert_eq!(text(&ask(&zones(), &data, target, qtype)).1, [format!("{target} {qtype} {ip}")], "{target}");
+    }
+    // A not-ready endpoint has none (the name falls through upstream).
+    let not_ready = Name::from_ascii("7.0.244.10.in-addr.arpa.").unwrap();
+    assert_eq!(zones().answer(&data, &not_ready, RecordType::PTR), Outcome::Forward);
+    assert_negative("10-244-0-21.web.default.svc.cluster.local.", RecordType::A, NX);
+    // With endpoint_pod_names, the Pod's name.
+    let named = data_with(Vec::new(), &ZoneOptions { endpoint_pod_names: true, ..ZoneOptions::default() });
+    assert_eq!(
+        text(&ask(&zones(), &named, "6.0.244.10.in-addr.arpa.", RecordType::PTR)).1,
+        ["6.0.244.10.in-addr.arpa. PTR db-pod-b.db.default.svc.cluster.local."]
+    );
+}
+
+#[test]
+fn external_names_inside_the_zone_are_followed_to_the_target_records() {
+    let alias = |name: &str, target: &str| service(name, json!({"type": "ExternalName", "externalName": target}));
+    let data = data_with(
+        vec![
+            alias("alias", "web.default.svc.cluster.local"),
+            alias("chain", "Alias.default.svc.cluster.local."),
+            alias("dangling", "nope.default.svc.cluster.local"),
+            alias("loop-a", "loop-b.default.svc.cluster.local"),
+            alias("loop-b", "loop-a.default.svc.cluster.local"),
+            alias("to-self", "self.default.svc.cluster.local"),
+            alias("self", "self.default.svc.cluster.local"),
+        ],
+        &ZoneOptions::default(),
+    );
+    let answer = |name: &str, qtype| ask(&zones(), &data, name, qtype);
+    let cname = "alias.default.svc.cluster.local. CNAME web.default.svc.cluster.local.";
+    assert_eq!(
+        text(&answer("alias.default.svc.cluster.local.", RecordType::A)),
+        (OK, vec![cname.to_string(), "web.default.svc.cluster.local. A 10.96.0.10".to_string()])
+    );
+    assert_eq!(
+        text(&answer("alias.default.svc.cluster.local.", RecordType::AAAA)).1,
+        [cname, "web.default.svc.cluster.local. AAAA fd00:96::10"]
+    );
+    assert_eq!(text(&answer("alias.default.svc.cluster.local.", RecordType::CNAME)).1, [cname], "only the CNAME");
+    let srv = answer("alias.default.svc.cluster.local.", RecordType::SRV);
+    assert_eq!((srv.answers.len(), srv.additionals.len()), (3, 2), "the CNAME, web's two SRV, their addresses");
+    assert_eq!(
+        text(&answer("chain.default.svc.cluster.local.", RecordType::A)).1,
+        [
+            "chain.default.svc.cluster.local. CNAME alias.default.svc.cluster.local.",
+            cname,
+            "web.default.svc.cluster.local. A 10.96.0.10"
+        ]
+    );
+    // A dangling target: the CNAME and the target's NXDOMAIN, with the SOA.
+    let dangling = answer("dangling.default.svc.cluster.local.", RecordType::A);
+    assert_eq!(
+        text(&dangling),
+        (NX, vec!["dangling.default.svc.cluster.local. CNAME nope.default.svc.cluster.local.".to_string()])
+    );
+    assert_eq!(dangling.authority[0].record_type(), RecordType::SOA);
+    // A loop ends where a name repeats.
+    assert_eq!(text(&answer("loop-a.default.svc.cluster.local.", RecordType::A)).1.len(), 2);
+    assert_eq!(
+        text(&answer("to-self.default.svc.cluster.local.", RecordType::A)).1,
+        [
+            "to-self.default.svc.cluster.local. CNAME self.default.svc.cluster.local.",
+            "self.default.svc.cluster.local. CNAME self.default.svc.cluster.local."
+        ]
+    );
+    // Outside the zones, the CNAME alone.
+    assert_eq!(
+        text(&answer("ext.default.svc.cluster.local.", RecordType::A)).1,
+        ["ext.default.svc.cluster.local. CNAME example.com."]
+    );
+}
+
 #[test]
 fn pod_records_by_mode() {
     let name = "10-244-0-9.default.pod.cluster.local.";
@@ -236,9 +361,12 @@ fn pod_records_by_mode() {
     assert_eq!(ask(&verified, &data, "10-244-0-8.default.pod.cluster.local.", RecordType::A).rcode, NX);
     assert_eq!(ask(&verified, &data, "10-244-0-9.quiet.pod.cluster.local.", RecordType::A).rcode, NX);
     let insecure = Zones { pods: PodMode::Insecure, ..zones() };
-    let answer = ask(&insecure, &data, "fd00-244--8.any.pod.cluster.local.", RecordType::AAAA);
-    assert_eq!(text(&answer).1, ["fd00-244--8.any.pod.cluster.local. AAAA fd00:244::8"]);
-    assert_eq!(ask(&insecure, &data, "not-an-ip.any.pod.cluster.local.", RecordType::A).rcode, NX);
+    let answer = ask(&insecure, &data, "fd00-244--8.quiet.pod.cluster.local.", RecordType::AAAA);
+    assert_eq!(text(&answer).1, ["fd00-244--8.quiet.pod.cluster.local. AAAA fd00:244::8"]);
+    assert_eq!(ask(&insecure, &data, "10-244-0-8.default.pod.cluster.local.", RecordType::A).answers.len(), 1);
+    assert_eq!(ask(&insecure, &data, "not-an-ip.default.pod.cluster.local.", RecordType::A).rcode, NX);
+    // As CoreDNS: any address, but only in a namespace that exists.
+    assert_eq!(ask(&insecure, &data, "10-244-0-8.nope.pod.cluster.local.", RecordType::A).rcode, NX);
 }
 
 #[test]

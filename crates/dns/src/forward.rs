@@ -1,44 +1,62 @@
 //! Forwarding of names outside the cluster zones to upstream resolvers, with a cache: what
-//! CoreDNS's `forward` and `cache` plugins do.
+//! CoreDNS's `forward` and `cache` plugins do. Bounded: at most `max_concurrent` questions wait on
+//! the upstreams (the others get SERVFAIL at once), identical questions in flight are asked once,
+//! each worker reuses one socket per upstream ([`crate::upstream`]), and the cache is bounded in
+//! bytes.
 
-use std::hash::{BuildHasher, RandomState};
+use std::collections::HashMap;
 use std::io;
-use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
+use std::net::{IpAddr, SocketAddr};
 use std::path::Path;
-use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use hickory_proto::op::{Edns, Message, MessageType, Metadata, ResponseCode};
+use hickory_proto::op::{Edns, Message, Metadata, ResponseCode};
 use hickory_proto::rr::{DNSClass, LowerName, RData, RecordType};
-use metrics::{counter, histogram};
+use metrics::{counter, gauge, histogram};
 use moka::Expiry;
 use moka::sync::Cache;
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
-use tokio::net::{TcpStream, UdpSocket};
+use tokio::sync::OnceCell;
 use tokio::time::timeout_at;
 use tracing::{debug, warn};
+
+use crate::upstream::{Channels, lock};
 
 /// Counter: queries answered from the cache.
 pub const CACHE_HITS_TOTAL: &str = "roadkeeper_dns_cache_hits_total";
 /// Counter: queries not in the cache, hence forwarded.
 pub const CACHE_MISSES_TOTAL: &str = "roadkeeper_dns_cache_misses_total";
+/// Gauge: bytes the cache holds (its entries' weight), as of the last insertion.
+pub const CACHE_SIZE_BYTES: &str = "roadkeeper_dns_cache_size_bytes";
+/// Gauge: entries the cache holds, as of the last insertion.
+pub const CACHE_ENTRIES: &str = "roadkeeper_dns_cache_entries";
 /// Counter of upstream attempts, labelled `to` (the upstream address) and `rcode` (the upstream's
 /// response code such as `NOERROR` or `NXDOMAIN`, `timeout` when it did not answer in time,
 /// `error` when the exchange failed, e.g. ICMP port unreachable or a TCP reset).
 pub const FORWARD_REQUESTS_TOTAL: &str = "roadkeeper_dns_forward_requests_total";
 /// Histogram: seconds a cache miss took to get its response from the upstreams (failover included).
 pub const FORWARD_DURATION_SECONDS: &str = "roadkeeper_dns_forward_duration_seconds";
+/// Counter: questions answered SERVFAIL at once because `max_concurrent` were already waiting.
+pub const MAX_CONCURRENT_REJECTS_TOTAL: &str = "roadkeeper_dns_forward_max_concurrent_rejects_total";
 
-/// Timeouts and cache limits.
+/// What a cache entry weighs besides its response's bytes and its name: the key, the entry and
+/// the cache's own bookkeeping of it, rounded up.
+pub const ENTRY_OVERHEAD_BYTES: u32 = 256;
+
+/// Timeouts and bounds.
 #[derive(Clone, Debug)]
 pub struct ForwardConfig {
     /// Bound of one upstream try (UDP and, after a truncated answer, TCP); default 1s.
     pub attempt_timeout: Duration,
     /// Bound of the whole query; SERVFAIL when no upstream answered by then. Default 2s.
     pub total_timeout: Duration,
-    /// Most entries the cache holds; default 10 000.
-    pub cache_entries: u64,
+    /// Most questions waiting on the upstreams at once, identical ones included (CoreDNS's
+    /// `max_concurrent`); beyond it SERVFAIL at once. Default 1000.
+    pub max_concurrent: usize,
+    /// Most bytes the cache holds: each entry weighs its response in wire format, its name and
+    /// [`ENTRY_OVERHEAD_BYTES`]. Default 16 MiB.
+    pub cache_max_bytes: u64,
     /// Longest time a positive answer is cached; default 1 hour.
     pub max_ttl: Duration,
     /// Longest time an NXDOMAIN or NODATA answer is cached; default 30 minutes.
@@ -46,12 +64,14 @@ pub struct ForwardConfig {
 }
 
 impl Default for ForwardConfig {
-    /// 1s per try, 2s in all, 10 000 entries, positive answers up to 1h, negative up to 30min.
+    /// 1s per try, 2s in all, 1000 questions waiting, 16 MiB of cache, positive answers up to
+    /// 1h, negative up to 30min.
     fn default() -> Self {
         Self {
             attempt_timeout: Duration::from_secs(1),
             total_timeout: Duration::from_secs(2),
-            cache_entries: 10_000,
+            max_concurrent: 1000,
+            cache_max_bytes: 16 << 20,
             max_ttl: Duration::from_secs(3600),
             max_negative_ttl: Duration::from_secs(1800),
         }
@@ -62,28 +82,42 @@ impl Default for ForwardConfig {
 ///
 /// Upstreams are tried in the order given, the next one only when the previous one failed or did
 /// not answer within `attempt_timeout` (CoreDNS picks them at random; in-order failover keeps the
-/// resolv.conf semantics).
+/// resolv.conf semantics). One `Forwarder` serves one runtime (its sockets live there); the
+/// handles of [`Forwarder::worker`] share its cache, bound and questions in flight.
 pub struct Forwarder {
+    shared: Arc<Shared>,
+    channels: Channels,
+}
+
+/// What the workers' forwarders share.
+struct Shared {
     upstreams: Vec<SocketAddr>,
     config: ForwardConfig,
     cache: Cache<CacheKey, Entry>,
-    /// Query IDs are SipHash (keyed at random per process) of a counter: unpredictable off-path.
-    id_keys: RandomState,
-    id_counter: AtomicU64,
+    /// Questions being asked upstream, each answered once for all who wait on it.
+    in_flight: Mutex<HashMap<CacheKey, Arc<InFlight>>>,
+    /// Questions waiting on the upstreams (bounded by `max_concurrent`).
+    waiting: AtomicUsize,
 }
 
-/// What a cached response answers: the question, and whether DNSSEC records were asked for.
+/// The upstreams' response to a question in flight, once there is one (`None`: none answered).
+type InFlight = OnceCell<Option<Arc<Message>>>;
+
+/// What a cached response answers: the question, whether DNSSEC records were asked for (DO) and
+/// whether checking was disabled (CD: such an answer may be one a validator would reject).
 #[derive(Clone, Debug, Hash, PartialEq, Eq)]
 struct CacheKey {
     name: LowerName,
     query_type: RecordType,
     query_class: DNSClass,
     dnssec_ok: bool,
+    checking_disabled: bool,
 }
 
+/// A cached response, in wire format (what it weighs is what it takes).
 #[derive(Clone)]
 struct Entry {
-    response: Arc<Message>,
+    response: Arc<[u8]>,
     inserted: Instant,
     ttl: Duration,
 }
@@ -101,60 +135,133 @@ impl Expiry<CacheKey, Entry> for EntryTtl {
     }
 }
 
+/// A question counted among those waiting on the upstreams, until dropped.
+struct Waiting<'a>(&'a AtomicUsize);
+
+impl Drop for Waiting<'_> {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::Relaxed);
+    }
+}
+
+/// A question joined to its entry among those in flight, which it leaves when dropped (answered,
+/// or cancelled): the first to leave takes the entry away, so that later questions start anew
+/// (and find the cache filled, if the answer may be cached).
+struct Joined<'a> {
+    map: &'a Mutex<HashMap<CacheKey, Arc<InFlight>>>,
+    key: &'a CacheKey,
+    cell: Arc<InFlight>,
+}
+
+impl<'a> Joined<'a> {
+    fn join(map: &'a Mutex<HashMap<CacheKey, Arc<InFlight>>>, key: &'a CacheKey) -> Self {
+        let cell = lock(map).entry(key.clone()).or_default().clone();
+        Self { map, key, cell }
+    }
+}
+
+impl Drop for Joined<'_> {
+    fn drop(&mut self) {
+        let mut map = lock(self.map);
+        if map.get(self.key).is_some_and(|current| Arc::ptr_eq(current, &self.cell)) {
+            map.remove(self.key);
+        }
+    }
+}
+
 impl Forwarder {
     /// A forwarder to `upstreams` (tried in this order) with an empty cache.
     pub fn new(upstreams: Vec<SocketAddr>, config: ForwardConfig) -> Self {
-        let cache = Cache::builder().max_capacity(config.cache_entries).expire_after(EntryTtl).build();
-        Self { upstreams, config, cache, id_keys: RandomState::new(), id_counter: AtomicU64::new(0) }
+        let weigh = |key: &CacheKey, entry: &Entry| {
+            let bytes = entry.response.len() + key.name.len();
+            u32::try_from(bytes).unwrap_or(u32::MAX).saturating_add(ENTRY_OVERHEAD_BYTES)
+        };
+        let cache = Cache::builder().max_capacity(config.cache_max_bytes).weigher(weigh).expire_after(EntryTtl).build();
+        let channels = Channels::new(upstreams.len());
+        let shared = Shared { upstreams, config, cache, in_flight: Mutex::default(), waiting: AtomicUsize::new(0) };
+        Self { shared: Arc::new(shared), channels }
+    }
+
+    /// A forwarder sharing this one's cache, bound and questions in flight, with sockets of its
+    /// own: one per worker runtime.
+    pub fn worker(&self) -> Self {
+        Self { shared: self.shared.clone(), channels: Channels::new(self.shared.upstreams.len()) }
     }
 
     /// The response to `request` (a parsed query Message with one question): from the cache (TTLs
     /// decremented by the entry's age, request's ID), else from the first upstream that answers
-    /// (UDP; retried over TCP with the same upstream when the UDP answer is truncated); SERVFAIL
-    /// when no upstream answers within total_timeout, FORMERR when the request does not hold
-    /// exactly one question. Never hangs.
+    /// (UDP; retried over TCP with the same upstream when the UDP answer is truncated), shared
+    /// with identical questions already in flight; SERVFAIL when no upstream answers within
+    /// total_timeout or `max_concurrent` questions already wait, FORMERR when the request does
+    /// not hold exactly one question. Never hangs.
     pub async fn forward(&self, request: &Message) -> Message {
         let [question] = request.queries.as_slice() else {
             return error_reply(request, ResponseCode::FormErr);
         };
+        let shared = &*self.shared;
         let key = CacheKey {
             name: question.name().into(),
             query_type: question.query_type(),
             query_class: question.query_class(),
             dnssec_ok: request.edns.as_ref().is_some_and(|edns| edns.flags().dnssec_ok),
+            checking_disabled: request.metadata.checking_disabled,
         };
-        if let Some(entry) = self.cache.get(&key) {
+        if let Some(entry) = shared.cache.get(&key) {
             counter!(CACHE_HITS_TOTAL).increment(1);
-            return entry.reply_to(request);
+            let age = u32::try_from(entry.inserted.elapsed().as_secs()).unwrap_or(u32::MAX);
+            return match Message::from_vec(&entry.response) {
+                Ok(response) => reply_to(response, age, request),
+                Err(_) => error_reply(request, ResponseCode::ServFail),
+            };
         }
         counter!(CACHE_MISSES_TOTAL).increment(1);
+        if shared.waiting.fetch_add(1, Ordering::Relaxed) >= shared.config.max_concurrent {
+            shared.waiting.fetch_sub(1, Ordering::Relaxed);
+            counter!(MAX_CONCURRENT_REJECTS_TOTAL).increment(1);
+            return error_reply(request, ResponseCode::ServFail);
+        }
+        let _waiting = Waiting(&shared.waiting);
+        let in_flight = Joined::join(&shared.in_flight, &key);
+        let response = in_flight.cell.get_or_init(|| self.fetch(request, key.clone())).await.clone();
+        drop(in_flight);
+        match response {
+            Some(response) => reply_to(Message::clone(&response), 0, request),
+            None => error_reply(request, ResponseCode::ServFail),
+        }
+    }
+
+    /// The upstreams' response to `request`, cached under `key` (before the question stops being
+    /// in flight, so that no later one misses both).
+    async fn fetch(&self, request: &Message, key: CacheKey) -> Option<Arc<Message>> {
         let started = Instant::now();
         let response = self.ask_upstreams(request).await;
         histogram!(FORWARD_DURATION_SECONDS).record(started.elapsed());
-        let Some(response) = response else {
-            return error_reply(request, ResponseCode::ServFail);
-        };
-        let ttl = cache_ttl(&response, &self.config);
-        let entry = Entry { response: Arc::new(response), inserted: Instant::now(), ttl };
-        let reply = entry.reply_to(request);
+        let response = response?;
+        let ttl = cache_ttl(&response, &self.shared.config);
         if !ttl.is_zero() {
-            self.cache.insert(key, entry);
+            let cache = &self.shared.cache;
+            if let Ok(bytes) = response.to_vec() {
+                cache.insert(key, Entry { response: bytes.into(), inserted: Instant::now(), ttl });
+                cache.run_pending_tasks();
+                gauge!(CACHE_SIZE_BYTES).set(cache.weighted_size() as f64);
+                gauge!(CACHE_ENTRIES).set(cache.entry_count() as f64);
+            }
         }
-        reply
+        Some(Arc::new(response))
     }
 
     /// The first upstream's response, each upstream given `attempt_timeout`, all `total_timeout`.
     async fn ask_upstreams(&self, request: &Message) -> Option<Message> {
-        let deadline = Instant::now() + self.config.total_timeout;
-        let mut query = request.clone();
-        for &upstream in &self.upstreams {
+        let config = &self.shared.config;
+        let deadline = Instant::now() + config.total_timeout;
+        for (index, &upstream) in self.shared.upstreams.iter().enumerate() {
             let now = Instant::now();
             if now >= deadline {
                 break;
             }
-            query.metadata.id = self.id_keys.hash_one(self.id_counter.fetch_add(1, Ordering::Relaxed)) as u16;
-            let attempt_deadline = (now + self.config.attempt_timeout).min(deadline);
-            let outcome = timeout_at(attempt_deadline.into(), exchange(upstream, &query)).await;
+            let attempt_deadline = (now + config.attempt_timeout).min(deadline);
+            let exchange = self.channels.exchange(index, upstream, request, config.total_timeout);
+            let outcome = timeout_at(attempt_deadline.into(), exchange).await;
             let rcode = match &outcome {
                 Ok(Ok(response)) => format!("{:?}", response.metadata.response_code).to_uppercase(),
                 Ok(Err(error)) => {
@@ -175,22 +282,19 @@ impl Forwarder {
     }
 }
 
-impl Entry {
-    /// The cached response as the answer to `request`: its ID and question (the client's spelling),
-    /// TTLs decremented by the entry's age, no OPT record when the request had none.
-    fn reply_to(&self, request: &Message) -> Message {
-        let age = u32::try_from(self.inserted.elapsed().as_secs()).unwrap_or(u32::MAX);
-        let mut reply = Message::clone(&self.response);
-        reply.metadata.id = request.metadata.id;
-        reply.queries = request.queries.clone();
-        if request.edns.is_none() {
-            reply.edns = None;
-        }
-        for record in reply.answers.iter_mut().chain(&mut reply.authorities).chain(&mut reply.additionals) {
-            record.decrement_ttl(age);
-        }
-        reply
+/// `response` (from the upstreams, or the cache `age` seconds ago) as the answer to `request`: its
+/// ID and question (the client's spelling), TTLs decremented by `age`, no OPT record when the
+/// request had none.
+fn reply_to(mut response: Message, age: u32, request: &Message) -> Message {
+    response.metadata.id = request.metadata.id;
+    response.queries = request.queries.clone();
+    if request.edns.is_none() {
+        response.edns = None;
     }
+    for record in response.answers.iter_mut().chain(&mut response.authorities).chain(&mut response.additionals) {
+        record.decrement_ttl(age);
+    }
+    response
 }
 
 /// How long `response` may be cached: the lowest answer TTL for a positive answer, the SOA's
@@ -229,56 +333,6 @@ fn error_reply(request: &Message, rcode: ResponseCode) -> Message {
     reply
 }
 
-/// `query` sent to `upstream` over UDP, and over TCP when the UDP answer is truncated.
-async fn exchange(upstream: SocketAddr, query: &Message) -> io::Result<Message> {
-    let bytes = query.to_vec().map_err(io::Error::other)?;
-    let response = exchange_udp(upstream, &bytes, query).await?;
-    if !response.metadata.truncation {
-        return Ok(response);
-    }
-    debug!(%upstream, "truncated answer, retrying over TCP");
-    let response = exchange_tcp(upstream, &bytes).await?;
-    if answers(query, &response) {
-        Ok(response)
-    } else {
-        Err(io::Error::new(io::ErrorKind::InvalidData, "the TCP response does not answer the query"))
-    }
-}
-
-/// Sends `bytes` from a fresh ephemeral port and waits for a datagram answering `query`; others
-/// (a wrong ID or question: late or spoofed) are ignored.
-async fn exchange_udp(upstream: SocketAddr, bytes: &[u8], query: &Message) -> io::Result<Message> {
-    let local = if upstream.is_ipv4() { IpAddr::V4(Ipv4Addr::UNSPECIFIED) } else { IpAddr::V6(Ipv6Addr::UNSPECIFIED) };
-    let socket = UdpSocket::bind((local, 0)).await?;
-    socket.connect(upstream).await?;
-    socket.send(bytes).await?;
-    let mut buffer = vec![0; usize::from(u16::MAX)];
-    loop {
-        let len = socket.recv(&mut buffer).await?;
-        match Message::from_vec(&buffer[..len]) {
-            Ok(response) if answers(query, &response) => return Ok(response),
-            _ => debug!(%upstream, "ignoring a datagram that does not answer the query"),
-        }
-    }
-}
-
-/// Sends `bytes` over a new TCP connection (2-byte length prefix) and reads one response.
-async fn exchange_tcp(upstream: SocketAddr, bytes: &[u8]) -> io::Result<Message> {
-    let len = u16::try_from(bytes.len()).map_err(io::Error::other)?;
-    let mut stream = TcpStream::connect(upstream).await?;
-    stream.write_all(&[&len.to_be_bytes(), bytes].concat()).await?;
-    let mut buffer = vec![0; usize::from(stream.read_u16().await?)];
-    stream.read_exact(&mut buffer).await?;
-    Message::from_vec(&buffer).map_err(|error| io::Error::new(io::ErrorKind::InvalidData, error))
-}
-
-/// Whether `response` is the response to `query`: same ID, a response, the same question.
-fn answers(query: &Message, response: &Message) -> bool {
-    response.metadata.id == query.metadata.id
-        && response.metadata.message_type == MessageType::Response
-        && response.queries == query.queries
-}
-
 /// The `nameserver` lines of a resolv.conf (port 53), in order; an error names the file.
 /// Unparsable addresses (e.g. with a `%zone`) are skipped with a warning; no nameserver line gives
 /// an empty list (glibc would then use 127.0.0.1: the caller decides).
@@ -302,20 +356,24 @@ pub fn upstreams_from_resolv_conf(path: &Path) -> io::Result<Vec<SocketAddr>> {
 
 #[cfg(test)]
 mod tests {
-    use std::sync::atomic::AtomicUsize;
+    use std::collections::HashSet;
+    use std::net::Ipv4Addr;
 
     use hickory_proto::op::{OpCode, Query};
-    use hickory_proto::rr::rdata::{A, SOA};
+    use hickory_proto::rr::rdata::{A, SOA, TXT};
     use hickory_proto::rr::{Name, Record};
-    use tokio::net::TcpListener;
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    use tokio::net::{TcpListener, UdpSocket};
     use tokio::time::sleep;
 
     use super::*;
 
-    /// A stub upstream on 127.0.0.1 that counts the UDP queries it gets.
+    /// A stub upstream on 127.0.0.1 that counts the UDP queries it gets and the ports they come
+    /// from.
     struct Stub {
         addr: SocketAddr,
         queries: Arc<AtomicUsize>,
+        ports: Arc<Mutex<HashSet<u16>>>,
     }
 
     impl Stub {
@@ -326,20 +384,35 @@ mod tests {
 
     /// A stub answering each UDP query with the datagrams `respond` makes (none: silent).
     async fn udp_stub(respond: impl Fn(&Message) -> Vec<Message> + Send + 'static) -> Stub {
-        serve_udp(UdpSocket::bind("127.0.0.1:0").await.unwrap(), respond)
+        serve_udp(UdpSocket::bind("127.0.0.1:0").await.unwrap(), Duration::ZERO, respond)
     }
 
-    fn serve_udp(socket: UdpSocket, respond: impl Fn(&Message) -> Vec<Message> + Send + 'static) -> Stub {
-        let stub = Stub { addr: socket.local_addr().unwrap(), queries: Arc::default() };
-        let queries = stub.queries.clone();
+    /// A stub answering like [`udp_stub`], `delay` after each query.
+    async fn slow_udp_stub(delay: Duration, respond: impl Fn(&Message) -> Vec<Message> + Send + 'static) -> Stub {
+        serve_udp(UdpSocket::bind("127.0.0.1:0").await.unwrap(), delay, respond)
+    }
+
+    fn serve_udp(
+        socket: UdpSocket,
+        delay: Duration,
+        respond: impl Fn(&Message) -> Vec<Message> + Send + 'static,
+    ) -> Stub {
+        let stub = Stub { addr: socket.local_addr().unwrap(), queries: Arc::default(), ports: Arc::default() };
+        let (queries, ports, socket) = (stub.queries.clone(), stub.ports.clone(), Arc::new(socket));
         tokio::spawn(async move {
             let mut buffer = vec![0; 65535];
             loop {
                 let (len, from) = socket.recv_from(&mut buffer).await.unwrap();
                 queries.fetch_add(1, Ordering::SeqCst);
-                for response in respond(&Message::from_vec(&buffer[..len]).unwrap()) {
-                    socket.send_to(&response.to_vec().unwrap(), from).await.unwrap();
-                }
+                ports.lock().unwrap().insert(from.port());
+                let responses = respond(&Message::from_vec(&buffer[..len]).unwrap());
+                let socket = socket.clone();
+                tokio::spawn(async move {
+                    sleep(delay).await;
+                    for response in responses {
+                        socket.send_to(&response.to_vec().unwrap(), from).await.unwrap();
+                    }
+                });
             }
         });
         stub
@@ -366,7 +439,7 @@ mod tests {
                 stream.write_all(&[&len, response.as_slice()].concat()).await.unwrap();
             }
         });
-        serve_udp(socket, udp)
+        serve_udp(socket, Duration::ZERO, udp)
     }
 
     fn config(attempt_ms: u64, total_ms: u64) -> ForwardConfig {
@@ -454,7 +527,7 @@ mod tests {
             assert_eq!(reply.authorities, [soa(600, 30)]);
         }
         assert_eq!(stub.queries(), 1);
-        let ttls: Vec<_> = forwarder.cache.iter().map(|(_, entry)| entry.ttl).collect();
+        let ttls: Vec<_> = forwarder.shared.cache.iter().map(|(_, entry)| entry.ttl).collect();
         assert_eq!(ttls, [Duration::from_secs(30)]);
     }
 
@@ -523,7 +596,7 @@ mod tests {
         assert_eq!(reply.queries, request.queries);
         assert!(elapsed >= Duration::from_millis(500) && elapsed < Duration::from_millis(900), "{elapsed:?}");
         assert_eq!(silent.iter().map(Stub::queries).collect::<Vec<_>>(), [1, 1, 1], "the third got the last 100ms");
-        assert!(forwarder.cache.iter().next().is_none(), "SERVFAIL is not cached");
+        assert!(forwarder.shared.cache.iter().next().is_none(), "SERVFAIL is not cached");
     }
 
     #[tokio::test]
@@ -558,6 +631,129 @@ mod tests {
         let forwarder = Forwarder::new(vec![stub.addr], ForwardConfig::default());
         let reply = forwarder.forward(&query("www.example.com.", RecordType::A, 5)).await;
         assert_eq!(addresses(&reply), [Ipv4Addr::new(192, 0, 2, 1)]);
+    }
+
+    /// `request` forwarded by `forwarder` on a task of its own.
+    fn spawn_forward(forwarder: &Arc<Forwarder>, request: Message) -> tokio::task::JoinHandle<Message> {
+        let forwarder = forwarder.clone();
+        tokio::spawn(async move { forwarder.forward(&request).await })
+    }
+
+    #[tokio::test]
+    async fn questions_beyond_max_concurrent_get_servfail_at_once() {
+        let silent = udp_stub(|_| vec![]).await;
+        let config = ForwardConfig { max_concurrent: 2, ..config(1000, 2000) };
+        let forwarder = Arc::new(Forwarder::new(vec![silent.addr], config));
+        let waiting: Vec<_> =
+            (0..2).map(|i| spawn_forward(&forwarder, query(&format!("w{i}.example."), RecordType::A, i))).collect();
+        while silent.queries() < 2 {
+            sleep(Duration::from_millis(5)).await;
+        }
+        let reply = forwarder.forward(&query("third.example.", RecordType::A, 3)).await;
+        assert_eq!((reply.metadata.id, reply.metadata.response_code), (3, ResponseCode::ServFail));
+        assert!(waiting.iter().all(|task| !task.is_finished()), "the third did not wait for the first two");
+        assert_eq!(silent.queries(), 2, "and was not asked upstream");
+        for task in waiting {
+            assert_eq!(task.await.unwrap().metadata.response_code, ResponseCode::ServFail);
+        }
+        assert_eq!(forwarder.forward(&query("later.example.", RecordType::A, 4)).await.metadata.id, 4);
+        assert_eq!(silent.queries(), 3, "room again once they are done");
+    }
+
+    #[tokio::test]
+    async fn identical_questions_in_flight_are_asked_once() {
+        let stub = slow_udp_stub(Duration::from_millis(200), |query| vec![answer(query, &[[192, 0, 2, 7]], 0)]).await;
+        let forwarder = Arc::new(Forwarder::new(vec![stub.addr], ForwardConfig::default()));
+        let names = ["same.example.", "SAME.example.", "Same.Example."];
+        let tasks: Vec<_> =
+            (0..12).map(|id| spawn_forward(&forwarder, query(names[id % 3], RecordType::A, id as u16))).collect();
+        for (id, task) in tasks.into_iter().enumerate() {
+            let reply = task.await.unwrap();
+            assert_eq!(reply.metadata.id, id as u16);
+            assert_eq!(reply.queries[0].name().to_string(), names[id % 3], "each its own spelling");
+            assert_eq!(addresses(&reply), [Ipv4Addr::new(192, 0, 2, 7)]);
+        }
+        assert_eq!(stub.queries(), 1, "one question upstream (TTL 0: not cached)");
+        forwarder.forward(&query("same.example.", RecordType::A, 1)).await;
+        assert_eq!(stub.queries(), 2, "asked again once answered");
+    }
+
+    #[tokio::test]
+    async fn a_question_given_up_leaves_nothing_behind() {
+        let stub = slow_udp_stub(Duration::from_millis(300), |query| vec![answer(query, &[[192, 0, 2, 7]], 0)]).await;
+        let forwarder = Forwarder::new(vec![stub.addr], ForwardConfig::default());
+        let request = query("slow.example.", RecordType::A, 1);
+        assert!(tokio::time::timeout(Duration::from_millis(50), forwarder.forward(&request)).await.is_err());
+        assert!(lock(&forwarder.shared.in_flight).is_empty(), "no question in flight");
+        assert_eq!(forwarder.shared.waiting.load(Ordering::Relaxed), 0, "none waiting");
+        assert_eq!(addresses(&forwarder.forward(&request).await), [Ipv4Addr::new(192, 0, 2, 7)], "asked anew");
+    }
+
+    #[tokio::test]
+    async fn an_answer_fetched_with_checking_disabled_is_cached_apart() {
+        let stub = udp_stub(|query| {
+            let address = if query.metadata.checking_disabled { [192, 0, 2, 66] } else { [192, 0, 2, 1] };
+            vec![answer(query, &[address], 300)]
+        })
+        .await;
+        let forwarder = Forwarder::new(vec![stub.addr], ForwardConfig::default());
+        let mut unchecked = query("signed.example.", RecordType::A, 1);
+        unchecked.metadata.checking_disabled = true;
+        let checked = query("signed.example.", RecordType::A, 2);
+        for _ in 0..2 {
+            assert_eq!(addresses(&forwarder.forward(&unchecked).await), [Ipv4Addr::new(192, 0, 2, 66)]);
+            assert_eq!(addresses(&forwarder.forward(&checked).await), [Ipv4Addr::new(192, 0, 2, 1)]);
+        }
+        assert_eq!(stub.queries(), 2, "one entry each");
+    }
+
+    #[tokio::test]
+    async fn the_cache_is_bounded_in_bytes() {
+        // Each response holds 1000 bytes of TXT: 8 KiB of cache keep about seven.
+        let stub = udp_stub(|query| {
+            let mut response = response(query, ResponseCode::NoError);
+            let data = RData::TXT(TXT::new(vec!["x".repeat(250); 4]));
+            response.add_answer(Record::from_rdata(query.queries[0].name().clone(), 300, data));
+            vec![response]
+        })
+        .await;
+        let config = ForwardConfig { cache_max_bytes: 8192, ..ForwardConfig::default() };
+        let forwarder = Forwarder::new(vec![stub.addr], config);
+        for i in 0..40 {
+            let reply = forwarder.forward(&query(&format!("big-{i}.example."), RecordType::TXT, 1)).await;
+            assert_eq!(reply.answers.len(), 1);
+        }
+        let cache = &forwarder.shared.cache;
+        cache.run_pending_tasks();
+        assert!(cache.weighted_size() <= 8192, "{} bytes", cache.weighted_size());
+        assert!((1..=8).contains(&cache.entry_count()), "{} entries", cache.entry_count());
+    }
+
+    #[tokio::test]
+    async fn questions_to_an_upstream_share_one_socket_and_a_worker_has_its_own() {
+        let stub = slow_udp_stub(Duration::from_millis(50), |query| vec![answer(query, &[[192, 0, 2, 1]], 0)]).await;
+        let forwarder = Arc::new(Forwarder::new(vec![stub.addr], ForwardConfig::default()));
+        let tasks: Vec<_> =
+            (0..50).map(|i| spawn_forward(&forwarder, query(&format!("n{i}.example."), RecordType::A, i))).collect();
+        for (id, task) in tasks.into_iter().enumerate() {
+            let reply = task.await.unwrap();
+            assert_eq!((reply.metadata.id, addresses(&reply).len()), (id as u16, 1));
+        }
+        assert_eq!((stub.queries(), stub.ports.lock().unwrap().len()), (50, 1), "fifty questions, one source port");
+        forwarder.worker().forward(&query("other.example.", RecordType::A, 1)).await;
+        assert_eq!(stub.ports.lock().unwrap().len(), 2);
+    }
+
+    #[tokio::test]
+    async fn an_unreachable_upstream_fails_its_questions_at_once() {
+        // A port nobody listens on: the kernel answers ICMP port unreachable.
+        let closed = UdpSocket::bind("127.0.0.1:0").await.unwrap().local_addr().unwrap();
+        let good = udp_stub(|query| vec![answer(query, &[[192, 0, 2, 1]], 300)]).await;
+        let forwarder = Forwarder::new(vec![closed, good.addr], config(1000, 2000));
+        let started = Instant::now();
+        let reply = forwarder.forward(&query("www.example.com.", RecordType::A, 7)).await;
+        assert_eq!(addresses(&reply), [Ipv4Addr::new(192, 0, 2, 1)]);
+        assert!(started.elapsed() < Duration::from_millis(900), "waited {:?} on the closed port", started.elapsed());
     }
 
     #[tokio::test]

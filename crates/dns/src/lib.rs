@@ -2,10 +2,12 @@
 //!
 //! [`zone`] keeps a snapshot of what the cluster zone holds, updated per changed object;
 //! [`answer`] answers a question from a snapshot (pure); [`forward`] asks upstream resolvers for
-//! everything else, with a cache; [`server`] serves UDP and TCP with hickory-server.
+//! everything else, with a cache, through the reused sockets of `upstream`; [`server`] serves UDP
+//! and TCP with hickory-server.
 
 pub mod answer;
 pub mod forward;
 pub mod server;
+mod upstream;
 pub mod wire;
 pub mod zone;

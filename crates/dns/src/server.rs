@@ -1,8 +1,7 @@
 //! Serving: hickory-server's UDP and TCP front ends (wire format, EDNS0, truncation with the TC
 //! bit, FORMERR for malformed requests) calling [`Handler`], which answers from the current
-//! [`ZoneData`] snapshot or forwards upstream.
+//! [`ZoneData`] snapshot or forwards upstream. One [`Server`] per worker runtime ([`serve_on`]).
 
-use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -16,7 +15,7 @@ use metrics::{counter, histogram};
 
 use crate::answer::{Outcome, Zones};
 use crate::forward::Forwarder;
-use crate::wire;
+use crate::wire::{self, MAX_UDP_PAYLOAD};
 use crate::zone::ZoneData;
 
 /// `roadkeeper_dns_requests_total{proto, type}`: requests by transport and question type.
@@ -44,39 +43,40 @@ impl Handler {
         Self { zones, data, forwarder }
     }
 
-    /// The response to `request`, sent on `response`.
+    /// The response to `request`, sent on `response`, cut to the size its transport carries.
     async fn respond<R: ResponseHandler>(&self, request: &Request, mut response: R) -> (ResponseInfo, &'static str) {
         let (edns, mut metadata) = wire::response_head(request);
         let questions = wire::echoed_questions(request);
-        let mut builder = MessageResponseBuilder::new(&questions, None);
-        if let Some(edns) = &edns {
-            builder.edns(edns);
-        }
+        let limit = wire::size_limit(request, edns.as_ref());
         let (query, outcome) = match wire::plan(&self.zones, &self.data.load(), request) {
             Ok(planned) => planned,
-            Err(code) => return (send(builder.error_msg(&request.metadata, code), &mut response).await, "zone"),
+            Err(code) => {
+                let mut builder = MessageResponseBuilder::new(&questions, None);
+                if let Some(edns) = &edns {
+                    builder.edns(edns);
+                }
+                return (send(builder.error_msg(&request.metadata, code), &mut response).await, "zone");
+            }
         };
         match outcome {
             Outcome::Answer(answer) => {
-                (send(wire::authoritative(builder, metadata, &answer), &mut response).await, "zone")
+                let message = wire::authoritative(&questions, edns.as_ref(), metadata, &answer, limit);
+                (send(message, &mut response).await, "zone")
             }
             Outcome::Forward => {
                 let upstream = self.forwarder.forward(&forwarded(request, query)).await;
                 metadata.response_code = upstream.metadata.response_code;
-                let message = builder.build(
-                    metadata,
-                    &upstream.answers,
-                    &upstream.authorities,
-                    [],
-                    upstream.additionals.iter().filter(|r| r.record_type() != hickory_proto::rr::RecordType::OPT),
-                );
+                let sections = [&upstream.answers[..], &upstream.authorities, &upstream.additionals];
+                let message = wire::fitted(&questions, edns.as_ref(), metadata, sections, limit);
                 (send(message, &mut response).await, "upstream")
             }
         }
     }
 }
 
-/// The request as sent upstream: the same question, recursion and DNSSEC-OK bits.
+/// The request as sent upstream: the same question, recursion, checking-disabled and DNSSEC-OK
+/// bits, and EDNS when the client sent it, with its payload size within 512..=[`MAX_UDP_PAYLOAD`]
+/// (what the upstream sockets' buffers hold).
 fn forwarded(request: &Request, query: Query) -> Message {
     let mut message = Message::new(request.metadata.id, MessageType::Query, OpCode::Query);
     message.metadata.recursion_desired = request.metadata.recursion_desired;
@@ -84,7 +84,7 @@ fn forwarded(request: &Request, query: Query) -> Message {
     message.queries.push(query);
     if let Some(asked) = &request.edns {
         let mut edns = Edns::new();
-        edns.set_max_payload(asked.max_payload().max(512));
+        edns.set_max_payload(asked.max_payload().clamp(512, MAX_UDP_PAYLOAD));
         edns.set_dnssec_ok(asked.flags().dnssec_ok);
         message.edns = Some(edns);
     }
@@ -139,18 +139,19 @@ fn rcode_label(code: ResponseCode) -> &'static str {
     }
 }
 
-/// Binds UDP and TCP on every address of `listen` and serves `handler` there (tasks on the current
-/// tokio runtime). A port 0 is bound once, so UDP and TCP share the port the kernel picked.
-pub async fn serve(listen: &[SocketAddr], handler: Handler) -> std::io::Result<(Server<Handler>, Vec<SocketAddr>)> {
+/// A server of `handler` on `udp` sockets and `tcp` listeners, bound (and listening) already:
+/// tasks on the current tokio runtime.
+pub fn serve_on(
+    udp: Vec<std::net::UdpSocket>,
+    tcp: Vec<std::net::TcpListener>,
+    handler: Handler,
+) -> std::io::Result<Server<Handler>> {
     let mut server = Server::new(handler);
-    let mut bound = Vec::new();
-    for &addr in listen {
-        let udp = tokio::net::UdpSocket::bind(addr).await?;
-        let local = udp.local_addr()?;
-        let tcp = tokio::net::TcpListener::bind(local).await?;
-        server.register_socket(udp);
-        server.register_listener(tcp, TCP_IDLE_TIMEOUT, 64 * 1024);
-        bound.push(local);
+    for socket in udp {
+        server.register_socket(tokio::net::UdpSocket::from_std(socket)?);
     }
-    Ok((server, bound))
+    for listener in tcp {
+        server.register_listener(tokio::net::TcpListener::from_std(listener)?, TCP_IDLE_TIMEOUT, 64 * 1024);
+    }
+    Ok(server)
 }

@@ -4,10 +4,12 @@
 //! ([`plan`]), and the authoritative response ([`authoritative`]).
 
 use std::net::{Ipv4Addr, SocketAddr};
+use std::slice::Iter;
 use std::sync::Arc;
 
 use hickory_proto::op::{Edns, Header, HeaderCounts, Message, MessageType, Metadata, OpCode, Query, ResponseCode};
-use hickory_proto::rr::{DNSClass, Name, Record};
+use hickory_proto::rr::rdata::{CNAME, NS, PTR};
+use hickory_proto::rr::{DNSClass, Name, RData, Record};
 use hickory_proto::serialize::binary::{BinDecodable, BinDecoder, BinEncodable, BinEncoder, NameEncoding};
 use hickory_server::net::xfer::Protocol;
 use hickory_server::server::Request;
@@ -69,22 +71,96 @@ pub(crate) fn plan(zones: &Zones, data: &ZoneData, request: &Request) -> Result<
     Ok((query, outcome))
 }
 
-/// The response carrying a zone's `answer`: authoritative, with its response code.
+/// The largest message `request`'s transport carries: over UDP, the response EDNS's payload size
+/// (`edns`, from [`response_head`]) or 512 bytes without EDNS; over TCP, 65535 bytes.
+pub(crate) fn size_limit(request: &Request, edns: Option<&Edns>) -> u16 {
+    match request.protocol() {
+        Protocol::Udp => edns.map_or(512, Edns::max_payload),
+        _ => u16::MAX,
+    }
+}
+
+/// A response of [`fitted`]: the sections are slices of the records given.
+pub(crate) type Fitted<'q, 'a> =
+    MessageResponse<'q, 'a, Iter<'a, Record>, Iter<'a, Record>, std::array::IntoIter<&'a Record, 0>, Iter<'a, Record>>;
+
+/// The response to `questions` with the records of `answers`, `authorities` and `additionals` that
+/// fit in `limit` bytes together with the OPT record of `edns`: whole records, the first ones of
+/// each section, and the TC bit set when an answer or authority record is left out (additionals
+/// left out need no retry over TCP, RFC 2181 §9).
+///
+/// hickory's encoder, left to cut a message at its size limit itself, leaves the bytes of the
+/// record that did not fit after the last whole one: clients reject such a message. So a response
+/// that might not fit (by the records' uncompressed sizes) is measured here first, by encoding it
+/// without the OPT record into `limit` less its size (the records then encode to the same bytes,
+/// compression included, with room for it).
+pub(crate) fn fitted<'q, 'a>(
+    questions: &'q Queries,
+    edns: Option<&'q Edns>,
+    mut metadata: Metadata,
+    [answers, authorities, additionals]: [&'a [Record]; 3],
+    limit: u16,
+) -> Fitted<'q, 'a> {
+    let mut builder = MessageResponseBuilder::new(questions, None);
+    if let Some(edns) = edns {
+        builder.edns(edns);
+    }
+    // Most responses fit even uncompressed: no need to measure them.
+    let sections = [answers, authorities, additionals];
+    let records = sections.iter().flat_map(|section| section.iter()).map(bound).sum::<Option<usize>>();
+    let asked: usize = questions.queries().iter().map(|q| q.original().name().len() + 5).sum();
+    // The OPT record: root name, type, class, TTL, length, then each option's code and length.
+    let opt = edns.map(|edns| 11 + edns.options().options.iter().map(|(_, o)| 4 + usize::from(o.len())).sum::<usize>());
+    if records.is_some_and(|records| 12 + asked + records + opt.unwrap_or(0) <= usize::from(limit)) {
+        return builder.build(metadata, answers, authorities, [], additionals);
+    }
+    let room = u16::try_from(opt.unwrap_or(0)).ok().and_then(|opt| limit.checked_sub(opt));
+    let mut scratch = Vec::with_capacity(usize::from(limit.min(4096)));
+    let mut encoder = BinEncoder::new(&mut scratch);
+    encoder.set_max_size(room.unwrap_or(0));
+    let measured = MessageResponseBuilder::new(questions, None)
+        .build(metadata, answers, authorities, [], additionals)
+        .destructive_emit(&mut encoder);
+    // A message that cannot be encoded at all goes whole: hickory answers it with SERVFAIL.
+    let counts = measured.map(|info| info.counts()).ok();
+    let cut = |section: &'a [Record], count: fn(HeaderCounts) -> u16| {
+        &section[..counts.map_or(section.len(), |c| usize::from(count(c)).min(section.len()))]
+    };
+    let kept = [cut(answers, |c| c.answers), cut(authorities, |c| c.authorities), cut(additionals, |c| c.additionals)];
+    metadata.truncation |= kept[0].len() < answers.len() || kept[1].len() < authorities.len();
+    builder.build(metadata, kept[0], kept[1], [], kept[2])
+}
+
+/// The most bytes `record` takes in wire format (uncompressed); `None` for a type not measured
+/// here.
+fn bound(record: &Record) -> Option<usize> {
+    // A name's labels and their length bytes, and the root label.
+    let name = |name: &Name| name.len() + 1;
+    let data = match &record.data {
+        RData::A(_) => 4,
+        RData::AAAA(_) => 16,
+        RData::CNAME(CNAME(target)) | RData::NS(NS(target)) | RData::PTR(PTR(target)) => name(target),
+        RData::SRV(srv) => 6 + name(&srv.target),
+        RData::SOA(soa) => name(&soa.mname) + name(&soa.rname) + 20,
+        RData::TXT(txt) => txt.txt_data.iter().map(|s| s.len() + 1).sum(),
+        _ => return None,
+    };
+    // Type, class, TTL and data length.
+    Some(name(&record.name) + 10 + data)
+}
+
+/// The response carrying a zone's `answer`: authoritative, with its response code, cut to `limit`
+/// bytes ([`fitted`]).
 pub(crate) fn authoritative<'q, 'a>(
-    builder: MessageResponseBuilder<'q>,
+    questions: &'q Queries,
+    edns: Option<&'q Edns>,
     mut metadata: Metadata,
     answer: &'a Answer,
-) -> MessageResponse<
-    'q,
-    'a,
-    impl Iterator<Item = &'a Record> + Send + 'a,
-    impl Iterator<Item = &'a Record> + Send + 'a,
-    impl Iterator<Item = &'a Record> + Send + 'a,
-    impl Iterator<Item = &'a Record> + Send + 'a,
-> {
+    limit: u16,
+) -> Fitted<'q, 'a> {
     metadata.authoritative = true;
     metadata.response_code = answer.rcode;
-    builder.build(metadata, &answer.answers, &answer.authority, [], &answer.additionals)
+    fitted(questions, edns, metadata, [&answer.answers, &answer.authority, &answer.additionals], limit)
 }
 
 /// The source address requests are taken to come from.
@@ -107,23 +183,25 @@ pub fn respond(zones: &Zones, data: &ZoneData, bytes: &[u8]) -> Option<Vec<u8>> 
     }
     let (edns, mut metadata) = response_head(&request);
     let questions = echoed_questions(&request);
-    let mut builder = MessageResponseBuilder::new(&questions, None);
-    if let Some(edns) = &edns {
-        builder.edns(edns);
-    }
+    let limit = size_limit(&request, edns.as_ref());
     Some(match plan(zones, data, &request) {
-        Err(code) => encode(builder.error_msg(&request.metadata, code)),
-        Ok((_, Outcome::Answer(answer))) => encode(authoritative(builder, metadata, &answer)),
+        Err(code) => {
+            let mut builder = MessageResponseBuilder::new(&questions, None);
+            if let Some(edns) = &edns {
+                builder.edns(edns);
+            }
+            encode(builder.error_msg(&request.metadata, code))
+        }
+        Ok((_, Outcome::Answer(answer))) => encode(authoritative(&questions, edns.as_ref(), metadata, &answer, limit)),
         Ok((_, Outcome::Forward)) => {
             metadata.response_code = ResponseCode::ServFail;
-            encode(builder.build_no_records(metadata))
+            encode(fitted(&questions, edns.as_ref(), metadata, [&[], &[], &[]], limit))
         }
     })
 }
 
-/// `message` in wire format, at most 512 bytes without EDNS or the response EDNS's payload size (the
-/// TC bit set where records were left out); a header-only SERVFAIL when it cannot be encoded. What
-/// hickory-server's UDP `ResponseHandle` does.
+/// `message` (already cut to its size, [`fitted`]) in wire format; a header-only SERVFAIL when it
+/// cannot be encoded. What hickory-server's UDP `ResponseHandle` does.
 fn encode<'a>(
     message: MessageResponse<
         '_,
@@ -148,8 +226,8 @@ fn encode<'a>(
     bytes
 }
 
-/// [`respond`], checked as the fuzz target checks it: a response parses back, is one, carries the
-/// request's ID and question, and fits in 512 bytes when the request has no EDNS
+/// [`respond`], checked as the fuzz target checks it: a response parses back whole (no byte after
+/// the records its header counts), is one, carries the request's ID and question, and fits in 512 bytes when the request has no EDNS
 /// ([`MAX_UDP_PAYLOAD`] in any case). Panics otherwise; returns the parsed response.
 #[doc(hidden)]
 pub fn respond_checked(zones: &Zones, data: &ZoneData, bytes: &[u8]) -> Option<Message> {
@@ -158,8 +236,10 @@ pub fn respond_checked(zones: &Zones, data: &ZoneData, bytes: &[u8]) -> Option<M
     let edns = request.as_ref().and_then(|request| request.edns.as_ref());
     let limit = if edns.is_some() { usize::from(MAX_UDP_PAYLOAD) } else { 512 };
     assert!(response.len() <= limit, "{} bytes answer {bytes:02x?} (EDNS: {edns:?})", response.len());
-    let parsed = Message::from_vec(&response)
+    let mut decoder = BinDecoder::new(&response);
+    let parsed = Message::read(&mut decoder)
         .unwrap_or_else(|err| panic!("the response does not parse ({err}): {response:02x?} to {bytes:02x?}"));
+    assert!(decoder.is_empty(), "{} bytes after the last record: {response:02x?} to {bytes:02x?}", decoder.len());
     assert_eq!(parsed.metadata.message_type, MessageType::Response);
     assert_eq!(parsed.metadata.id.to_be_bytes(), bytes[..2], "the response's ID");
     if !parsed.queries.is_empty() {
@@ -171,8 +251,9 @@ pub fn respond_checked(zones: &Zones, data: &ZoneData, bytes: &[u8]) -> Option<M
 
 /// The fuzz target's zones and data: `cluster.local` (Pods answered as asked) and the reverse
 /// zones, holding in namespace `default` the ClusterIP Service `web` (dual-stack, ports http and
-/// dns), the headless Service `db` (50 ready endpoints `db-0`..`db-49`, 10.244.1.1..50, port pg),
-/// the ExternalName Service `ext` (example.com) and the Pod `p1`.
+/// dns, endpoint 10.244.0.20), the headless Service `db` (50 ready endpoints `db-0`..`db-49`, 10.244.1.1..50, port pg),
+/// the ExternalName Services `ext` (example.com) and `alias` (web, inside the zone) and the Pod
+/// `p1`; the server's own address is 127.0.0.1.
 #[doc(hidden)]
 pub fn fixture() -> (Zones, ZoneData) {
     fn object(value: Value) -> Object {
@@ -206,6 +287,7 @@ pub fn fixture() -> (Zones, ZoneData) {
             "addressType": "IPv4", "ports": [{"name": "pg", "port": 5432, "protocol": "TCP"}],
             "endpoints": endpoints})),
         service("ext", json!({"type": "ExternalName", "externalName": "example.com"})),
+        service("alias", json!({"type": "ExternalName", "externalName": "web.default.svc.cluster.local"})),
         object(json!({"kind": "Pod", "metadata": {"name": "p1", "namespace": "default"},
             "status": {"podIP": "10.244.0.9", "podIPs": [{"ip": "10.244.0.9"}]}})),
     ]);
@@ -217,6 +299,7 @@ pub fn fixture() -> (Zones, ZoneData) {
         ttl: 5,
         pods: PodMode::Insecure,
         ignore_empty_service: false,
+        servers: vec![Ipv4Addr::LOCALHOST.into()],
     };
     let data = ZoneData::build(&store, &ZoneOptions { endpoint_pod_names: false, pods: PodMode::Insecure });
     (zones, data)
@@ -330,6 +413,65 @@ mod tests {
         assert_eq!(response.metadata.response_code, ResponseCode::ServFail);
         assert!(!response.metadata.authoritative && response.metadata.recursion_available);
         assert_eq!(response.edns.unwrap().max_payload(), 1232);
+    }
+
+    #[test]
+    fn a_cut_keeps_whole_records_and_sets_tc_only_for_answers_left_out() {
+        let name = Name::from_ascii("a.example.").unwrap();
+        let record = |i: u8, v6: bool| {
+            let data = if v6 {
+                hickory_proto::rr::RData::AAAA(hickory_proto::rr::rdata::AAAA(
+                    [0xfd00, 0, 0, 0, 0, 0, 0, u16::from(i)].into(),
+                ))
+            } else {
+                hickory_proto::rr::RData::A(hickory_proto::rr::rdata::A([192, 0, 2, i].into()))
+            };
+            Record::from_rdata(name.clone(), 5, data)
+        };
+        let answers: Vec<Record> = (0..20).map(|i| record(i, false)).collect();
+        let additionals: Vec<Record> = (0..40).map(|i| record(i, true)).collect();
+        let request = Message::from_vec(&query("a.example.", RecordType::A, None)).unwrap();
+        let questions = Queries::read(&mut BinDecoder::new(&request.queries[0].to_bytes().unwrap()), 1).unwrap();
+        let metadata = Metadata::response_from_request(&request.metadata);
+        for (sections, truncated) in
+            [([&answers[..], &[], &additionals], false), ([&additionals[..], &[], &answers], true)]
+        {
+            let bytes = encode(fitted(&questions, None, metadata, sections, 512));
+            assert!(bytes.len() <= 512 && bytes.len() > 512 - 28, "{} bytes", bytes.len());
+            let mut decoder = BinDecoder::new(&bytes);
+            let response = Message::read(&mut decoder).unwrap();
+            assert!(decoder.is_empty(), "{} bytes after the last record", decoder.len());
+            assert_eq!(response.metadata.truncation, truncated);
+            assert!(response.answers.len() + response.additionals.len() < 60);
+        }
+    }
+
+    #[test]
+    fn the_size_bound_of_a_record_holds_it_uncompressed() {
+        let (zones, data) = fixture();
+        let mut measured = 0;
+        for (name, qtype) in [
+            ("web.default.svc.cluster.local.", RecordType::AAAA),
+            ("db.default.svc.cluster.local.", RecordType::SRV),
+            ("alias.default.svc.cluster.local.", RecordType::A),
+            ("10.0.96.10.in-addr.arpa.", RecordType::PTR),
+            ("dns-version.cluster.local.", RecordType::TXT),
+            ("cluster.local.", RecordType::NS),
+            ("nope.default.svc.cluster.local.", RecordType::A),
+        ] {
+            let Outcome::Answer(answer) = zones.answer(&data, &Name::from_ascii(name).unwrap(), qtype) else {
+                panic!("{name} forwarded")
+            };
+            for record in answer.answers.iter().chain(&answer.authority).chain(&answer.additionals) {
+                let mut bytes = Vec::new();
+                let mut encoder = BinEncoder::new(&mut bytes);
+                encoder.set_name_encoding(NameEncoding::Uncompressed);
+                record.emit(&mut encoder).unwrap();
+                assert!(bound(record).unwrap() >= bytes.len(), "{record}: {} bytes", bytes.len());
+                measured += 1;
+            }
+        }
+        assert!(measured > 50, "{measured} records");
     }
 
     #[test]

@@ -45,16 +45,14 @@ pub struct PortRecord {
     pub port: u16,
 }
 
-/// One ready endpoint of a headless Service.
+/// One ready endpoint of a Service.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct EndpointRecord {
     /// Its address.
     pub ip: IpAddr,
     /// Its DNS label: the endpoint's hostname, else (with `endpoint_pod_names`) its Pod's name,
-    /// else the dashed address (`10-244-0-5`).
+    /// else the dashed address (`10-244-0-5`, the specification's system-assigned identifier).
     pub label: String,
-    /// Whether the label comes from a hostname (only those get PTR records).
-    pub has_hostname: bool,
     /// The ports of its EndpointSlice.
     pub ports: Arc<[PortRecord]>,
 }
@@ -62,9 +60,9 @@ pub struct EndpointRecord {
 /// What a Service name answers.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum ServiceKind {
-    /// A ClusterIP Service: its cluster IPs, and whether it has any ready endpoint (for
-    /// `ignore empty_service`).
-    ClusterIp { ips: Vec<IpAddr>, has_endpoints: bool },
+    /// A ClusterIP Service: its cluster IPs, and its ready endpoints (named and with PTR records as
+    /// CoreDNS does, and for `ignore empty_service`).
+    ClusterIp { ips: Vec<IpAddr>, endpoints: Vec<EndpointRecord> },
     /// A headless Service: its ready endpoints.
     Headless(Vec<EndpointRecord>),
     /// An ExternalName Service: the CNAME target, lowercase, without the trailing dot.
@@ -226,15 +224,16 @@ impl ZoneData {
     }
 }
 
-/// The PTR entries a Service owns: its cluster IPs, and its endpoints that have a hostname.
+/// The PTR entries a Service owns: its cluster IPs, and every ready endpoint (by its label, with
+/// or without a hostname, as CoreDNS).
 fn ptr_entries(key: &NamespacedName, record: &ServiceRecord) -> Vec<(IpAddr, PtrOwner)> {
-    match &record.kind {
-        ServiceKind::ClusterIp { ips, .. } => ips.iter().map(|ip| (*ip, (key.clone(), None))).collect(),
-        ServiceKind::Headless(endpoints) => {
-            endpoints.iter().filter(|e| e.has_hostname).map(|e| (e.ip, (key.clone(), Some(e.label.clone())))).collect()
-        }
-        ServiceKind::ExternalName(_) => Vec::new(),
-    }
+    let (ips, endpoints) = match &record.kind {
+        ServiceKind::ClusterIp { ips, endpoints } => (&ips[..], &endpoints[..]),
+        ServiceKind::Headless(endpoints) => (&[][..], &endpoints[..]),
+        ServiceKind::ExternalName(_) => (&[][..], &[][..]),
+    };
+    let services = ips.iter().map(|ip| (*ip, (key.clone(), None)));
+    services.chain(endpoints.iter().map(|e| (e.ip, (key.clone(), Some(e.label.clone()))))).collect()
 }
 
 /// A Service's records, lowercase; `None` for a Service without a usable type.
@@ -257,7 +256,7 @@ fn service_record(svc: &Service, slices: &[Arc<EndpointSlice>], options: &ZoneOp
         let mut ips: Vec<IpAddr> = ips.filter_map(|ip| ip.parse().ok()).collect();
         ips.sort();
         ips.dedup();
-        ServiceKind::ClusterIp { ips, has_endpoints: !endpoints.is_empty() }
+        ServiceKind::ClusterIp { ips, endpoints }
     };
     Some(ServiceRecord { kind, ports })
 }
@@ -285,7 +284,7 @@ fn ready_endpoints(slices: &[Arc<EndpointSlice>], options: &ZoneOptions) -> Vec<
             for ip in endpoint.addresses.iter().filter_map(|a| a.parse::<IpAddr>().ok()) {
                 let hostname = endpoint.hostname.as_deref().filter(|h| !h.is_empty());
                 let label = hostname.or(pod_name).map_or_else(|| dashed(ip), str::to_lowercase);
-                endpoints.push(EndpointRecord { ip, label, has_hostname: hostname.is_some(), ports: ports.clone() });
+                endpoints.push(EndpointRecord { ip, label, ports: ports.clone() });
             }
         }
     }

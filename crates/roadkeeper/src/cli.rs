@@ -5,6 +5,7 @@ use std::path::PathBuf;
 
 use clap::{Args, Parser, Subcommand};
 use roadkeeper_cluster::{NamespacedName, SourceSpec};
+use roadkeeper_dns::forward::ForwardConfig;
 use roadkeeper_ingress::status::Address;
 
 /// roadkeeper: Kubernetes Service networking, written in Rust.
@@ -245,6 +246,15 @@ pub struct DnsArgs {
     /// /etc/resolv.conf).
     #[arg(long, value_name = "ADDR")]
     pub upstream: Vec<String>,
+    /// Most questions waiting on the upstreams at once, identical ones included (CoreDNS forward's
+    /// `max_concurrent`); beyond it a question is answered SERVFAIL at once. 1-65535 (message IDs
+    /// per upstream socket).
+    #[arg(long, value_name = "N", default_value_t = 1000, value_parser = clap::value_parser!(u16).range(1..))]
+    pub max_concurrent: u16,
+    /// Most bytes the cache of upstream answers holds (each entry: its response in wire format,
+    /// its name and 256 bytes of bookkeeping); 0 caches nothing.
+    #[arg(long, value_name = "BYTES", default_value_t = ForwardConfig::default().cache_max_bytes)]
+    pub cache_max_bytes: u64,
     /// TTL of the cluster zone's answers, in seconds (0-3600).
     #[arg(long, default_value_t = 5, value_parser = clap::value_parser!(u32).range(0..=3600))]
     pub ttl: u32,
@@ -341,6 +351,17 @@ pub struct IngressArgs {
     /// fields are replaced with what this proxy saw (the default: no client is trusted).
     #[arg(long, value_name = "CIDRS", value_delimiter = ',')]
     pub trusted_proxy_cidrs: Vec<ipnet::IpNet>,
+}
+
+impl DnsArgs {
+    /// The forwarder's bounds from the flags (its timeouts and TTL caps are the defaults).
+    pub fn forward_config(&self) -> ForwardConfig {
+        ForwardConfig {
+            max_concurrent: self.max_concurrent.into(),
+            cache_max_bytes: self.cache_max_bytes,
+            ..ForwardConfig::default()
+        }
+    }
 }
 
 impl IngressArgs {

@@ -1,7 +1,7 @@
 //! `roadkeeper dns`: wiring the cluster state ([`Feed`]) to the DNS zone snapshot and the
 //! server, with health and metrics endpoints.
 
-use std::net::{IpAddr, SocketAddr};
+use std::net::{IpAddr, Ipv6Addr, SocketAddr};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 
@@ -9,10 +9,10 @@ use anyhow::{Context, bail};
 use arc_swap::ArcSwap;
 use hickory_proto::rr::Name;
 use hyper::{Method, StatusCode};
-use metrics::{Unit, describe_counter, describe_histogram};
+use metrics::{Unit, describe_counter, describe_gauge, describe_histogram};
 use roadkeeper_cluster::{Feed, Interest, Kind};
 use roadkeeper_dns::answer::Zones;
-use roadkeeper_dns::forward::{self, ForwardConfig, Forwarder};
+use roadkeeper_dns::forward::{self, Forwarder};
 use roadkeeper_dns::server::{self, Handler};
 use roadkeeper_dns::zone::{PodMode, ZoneData, ZoneOptions};
 
@@ -23,12 +23,19 @@ use crate::serve;
 const RESOLV_CONF: &str = "/etc/resolv.conf";
 
 /// `roadkeeper dns`: loads the cluster state, serves DNS, follows changes until SIGTERM/SIGINT.
+///
+/// The cluster state, zone updates, health and metrics run on the main thread's runtime; DNS is
+/// served by one worker thread per CPU this process may run on, each with a single-threaded
+/// runtime, its own `SO_REUSEPORT` UDP socket and TCP listener on every `--listen` address (the
+/// kernel spreads clients among them) and its own upstream sockets, as the ingress's workers. The
+/// zone snapshot, the cache and the bound on questions in flight are shared.
 pub fn run(args: DnsArgs) -> anyhow::Result<()> {
     let zones = zones(&args)?;
     let options = ZoneOptions { endpoint_pod_names: args.endpoint_pod_names, pods: zones.pods };
     let upstreams = upstreams(&args.upstream)?;
-    let runtime = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build()?;
-    runtime.block_on(async move {
+    let workers = std::thread::available_parallelism().map_or(2, usize::from);
+    let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
+    let threads = runtime.block_on(async move {
         use tokio::signal::unix::{SignalKind, signal};
         let (mut sigterm, mut sigint) = (signal(SignalKind::terminate())?, signal(SignalKind::interrupt())?);
         let ready = Arc::new(AtomicBool::new(false));
@@ -48,17 +55,22 @@ pub fn run(args: DnsArgs) -> anyhow::Result<()> {
         let interest = Interest { kinds: kinds.into_iter().collect(), node: None };
         let mut feed = tokio::select! {
             feed = Feed::open(&spec, &interest, true) => feed.context("reading the cluster state")?,
-            _ = sigterm.recv() => return Ok(()),
-            _ = sigint.recv() => return Ok(()),
+            _ = sigterm.recv() => return Ok(Vec::new()),
+            _ = sigint.recv() => return Ok(Vec::new()),
         };
         let mut data = ZoneData::build(feed.store(), &options);
         let shared = Arc::new(ArcSwap::from_pointee(data.clone()));
-        let forwarder = Forwarder::new(upstreams.clone(), ForwardConfig::default());
-        let (mut dns, bound) = server::serve(&args.listen, Handler::new(zones, shared.clone(), forwarder))
-            .await
-            .context("binding --listen")?;
+        let forwarder = Forwarder::new(upstreams.clone(), args.forward_config());
+        let (stop, stopping) = tokio::sync::watch::channel(false);
+        let mut threads = Vec::with_capacity(workers);
+        for (index, sockets) in bind_workers(&args.listen, workers)?.into_iter().enumerate() {
+            let handler = Handler::new(zones.clone(), shared.clone(), forwarder.worker());
+            let stopping = stopping.clone();
+            let thread = std::thread::Builder::new().name(format!("dns-{index}"));
+            threads.push(thread.spawn(move || serve_worker(sockets, handler, stopping))?);
+        }
         ready.store(true, Ordering::Relaxed);
-        tracing::info!(listen = ?bound, ?upstreams, source = feed.describe(), "serving DNS");
+        tracing::info!(listen = ?args.listen, workers, ?upstreams, source = feed.describe(), "serving DNS");
         loop {
             tokio::select! {
                 changes = feed.changed() => {
@@ -70,9 +82,47 @@ pub fn run(args: DnsArgs) -> anyhow::Result<()> {
                 _ = sigint.recv() => break,
             }
         }
-        dns.shutdown_gracefully().await.context("stopping the DNS server")?;
-        Ok(())
-    })
+        stop.send_replace(true);
+        anyhow::Ok(threads)
+    })?;
+    for thread in threads {
+        // A worker that failed has ended the process already.
+        let _ = thread.join();
+    }
+    Ok(())
+}
+
+/// One worker's sockets: a UDP socket and a TCP listener per `--listen` address.
+type WorkerSockets = (Vec<std::net::UdpSocket>, Vec<std::net::TcpListener>);
+
+/// The sockets of `count` workers on every `--listen` address (`SO_REUSEPORT`); a port 0 is
+/// chosen once, for UDP and TCP alike.
+fn bind_workers(listen: &[SocketAddr], count: usize) -> anyhow::Result<Vec<WorkerSockets>> {
+    let mut workers: Vec<WorkerSockets> = (0..count).map(|_| Default::default()).collect();
+    for &addr in listen {
+        let udp = serve::reuseport_sockets(addr, socket2::Type::DGRAM, count)
+            .with_context(|| format!("--listen: cannot bind UDP {addr}"))?;
+        let bound = udp[0].local_addr()?.as_socket().unwrap_or(addr);
+        let tcp = serve::reuseport_sockets(bound, socket2::Type::STREAM, count)
+            .with_context(|| format!("--listen: cannot bind TCP {bound}"))?;
+        for ((worker, udp), tcp) in workers.iter_mut().zip(udp).zip(tcp) {
+            tcp.listen(1024)?;
+            worker.0.push(udp.into());
+            worker.1.push(tcp.into());
+        }
+    }
+    Ok(workers)
+}
+
+/// One worker thread: serves DNS on its sockets until `stopping` turns true, then stops
+/// (answers being sent are finished).
+fn serve_worker((udp, tcp): WorkerSockets, handler: Handler, mut stopping: tokio::sync::watch::Receiver<bool>) {
+    serve::run_worker("dns worker", async move {
+        let mut server = server::serve_on(udp, tcp, handler)?;
+        // An error means the sender is gone: the process is ending anyway.
+        let _ = stopping.wait_for(|stop| *stop).await;
+        server.shutdown_gracefully().await.map_err(std::io::Error::other)
+    });
 }
 
 /// The zones of `--zone`, `--fallthrough` and the record options.
@@ -101,7 +151,47 @@ fn zones(args: &DnsArgs) -> anyhow::Result<Zones> {
         "verified" => PodMode::Verified,
         other => bail!("--pods: {other:?} is not one of disabled, insecure, verified"),
     };
-    Ok(Zones { cluster, reverse, fallthrough, ttl: args.ttl, pods, ignore_empty_service: args.ignore_empty_service })
+    Ok(Zones {
+        cluster,
+        reverse,
+        fallthrough,
+        ttl: args.ttl,
+        pods,
+        ignore_empty_service: args.ignore_empty_service,
+        servers: own_addresses(&args.listen),
+    })
+}
+
+/// This server's addresses, for `ns.dns.<zone>`: those of `--listen`, and for a wildcard one
+/// (`0.0.0.0`; `::` also takes IPv6) the host's addresses of that family, but for loopback and
+/// link-local ones unless there are no others (as CoreDNS, which answers with the addresses it is
+/// bound to).
+fn own_addresses(listen: &[SocketAddr]) -> Vec<IpAddr> {
+    let mut own: Vec<IpAddr> = listen.iter().map(SocketAddr::ip).filter(|ip| !ip.is_unspecified()).collect();
+    let any_v6 = listen.iter().any(|addr| addr.ip() == IpAddr::V6(Ipv6Addr::UNSPECIFIED));
+    if any_v6 || listen.iter().any(|addr| addr.ip().is_unspecified()) {
+        let host: Vec<IpAddr> = match nix::ifaddrs::getifaddrs() {
+            Ok(interfaces) => interfaces
+                .filter_map(|interface| interface.address)
+                .filter_map(|a| {
+                    a.as_sockaddr_in()
+                        .map(|s| IpAddr::V4(s.ip()))
+                        .or_else(|| a.as_sockaddr_in6().map(|s| s.ip().into()))
+                })
+                .filter(|ip| ip.is_ipv4() || any_v6)
+                .collect(),
+            Err(err) => {
+                tracing::warn!("listing this host's addresses: {err}; ns.dns answers with none");
+                Vec::new()
+            }
+        };
+        let local = |ip: &IpAddr| ip.is_loopback() || matches!(ip, IpAddr::V6(v6) if v6.is_unicast_link_local());
+        let (local, routable): (Vec<IpAddr>, Vec<IpAddr>) = host.into_iter().partition(local);
+        own.extend(if routable.is_empty() { local } else { routable });
+    }
+    own.sort();
+    own.dedup();
+    own
 }
 
 /// `zone` as a lowercase, fully qualified name.
@@ -159,7 +249,51 @@ fn install_metrics() -> anyhow::Result<metrics_exporter_prometheus::PrometheusHa
     describe_histogram!(server::REQUEST_DURATION_SECONDS, Unit::Seconds, "Time to answer, by source (zone, upstream)");
     describe_counter!(forward::CACHE_HITS_TOTAL, "Forwarded questions answered from the cache");
     describe_counter!(forward::CACHE_MISSES_TOTAL, "Forwarded questions not in the cache");
+    describe_gauge!(forward::CACHE_SIZE_BYTES, Unit::Bytes, "Bytes the cache holds, as of its last insertion");
+    describe_gauge!(forward::CACHE_ENTRIES, "Entries the cache holds, as of its last insertion");
     describe_counter!(forward::FORWARD_REQUESTS_TOTAL, "Questions sent upstream, by upstream and outcome");
+    describe_counter!(
+        forward::MAX_CONCURRENT_REJECTS_TOTAL,
+        "Questions answered SERVFAIL at once because --max-concurrent were waiting on the upstreams"
+    );
     describe_histogram!(forward::FORWARD_DURATION_SECONDS, Unit::Seconds, "Time to get an answer from upstream");
     Ok(handle)
+}
+
+#[cfg(test)]
+mod tests {
+    use std::net::IpAddr;
+
+    use clap::Parser;
+    use roadkeeper_dns::forward::ForwardConfig;
+
+    use super::own_addresses;
+    use crate::cli::{Cli, Command, DnsArgs};
+
+    fn dns_args(flags: &[&str]) -> DnsArgs {
+        match Cli::try_parse_from(["roadkeeper", "dns"].iter().chain(flags)).unwrap().command {
+            Command::Dns(args) => args,
+            other => panic!("{other:?}"),
+        }
+    }
+
+    #[test]
+    fn flags_set_the_forwarder_bounds() {
+        assert_eq!(format!("{:?}", dns_args(&[]).forward_config()), format!("{:?}", ForwardConfig::default()));
+        let config = dns_args(&["--max-concurrent", "50", "--cache-max-bytes", "4096"]).forward_config();
+        assert_eq!((config.max_concurrent, config.cache_max_bytes), (50, 4096));
+        for bad in ["0", "65536"] {
+            let error = Cli::try_parse_from(["roadkeeper", "dns", "--max-concurrent", bad]).unwrap_err().to_string();
+            assert!(error.contains("--max-concurrent"), "{error}");
+        }
+    }
+
+    #[test]
+    fn own_addresses_are_the_listen_addresses_or_the_hosts_for_a_wildcard() {
+        let listen = ["127.0.0.1:53".parse().unwrap(), "[fd00::53]:53".parse().unwrap()];
+        let expected: [IpAddr; 2] = ["127.0.0.1".parse().unwrap(), "fd00::53".parse().unwrap()];
+        assert_eq!(own_addresses(&listen), expected);
+        let host = own_addresses(&["0.0.0.0:53".parse().unwrap()]);
+        assert!(!host.is_empty() && host.iter().all(IpAddr::is_ipv4), "{host:?}");
+    }
 }

@@ -105,22 +105,18 @@ pub fn run(args: IngressArgs) -> anyhow::Result<()> {
 /// `count` listeners on `address` (`IP:PORT`) with `SO_REUSEPORT`, one per worker, or one `None`
 /// per worker when the address is empty (server disabled). Port 0 is chosen once, for all.
 fn bind_workers(flag: &str, address: &str, count: usize) -> anyhow::Result<Vec<Option<std::net::TcpListener>>> {
-    let Some(mut addr) = serve::listen_address(flag, address)? else {
+    let Some(addr) = serve::listen_address(flag, address)? else {
         return Ok((0..count).map(|_| None).collect());
     };
-    let mut listeners = Vec::with_capacity(count);
-    for _ in 0..count {
-        let socket = socket2::Socket::new(socket2::Domain::for_address(addr), socket2::Type::STREAM, None)?;
-        socket.set_reuse_address(true)?;
-        socket.set_reuse_port(true)?;
-        socket.set_nonblocking(true)?;
-        socket.bind(&addr.into()).with_context(|| format!("{flag}: cannot listen on {addr}"))?;
-        socket.listen(4096)?;
-        let listener = std::net::TcpListener::from(socket);
-        addr = listener.local_addr()?;
-        listeners.push(Some(listener));
-    }
-    Ok(listeners)
+    let sockets = serve::reuseport_sockets(addr, socket2::Type::STREAM, count)
+        .with_context(|| format!("{flag}: cannot listen on {addr}"))?;
+    sockets
+        .into_iter()
+        .map(|socket| {
+            socket.listen(4096)?;
+            Ok(Some(std::net::TcpListener::from(socket)))
+        })
+        .collect()
 }
 
 /// One worker thread: serves its listeners on a single-threaded runtime until `stopping` turns
@@ -155,11 +151,7 @@ fn serve_worker(
         tokio::join!(http, https);
         std::io::Result::Ok(())
     };
-    let result = tokio::runtime::Builder::new_current_thread().enable_all().build().and_then(|rt| rt.block_on(serve));
-    if let Err(err) = result {
-        tracing::error!("ingress worker: {err}");
-        std::process::exit(1);
-    }
+    serve::run_worker("ingress worker", serve);
 }
 
 /// Loads the certificates of the table's TLS hosts, and the default one of `default`, from

@@ -86,6 +86,38 @@ pub fn listen_address(flag: &str, address: &str) -> anyhow::Result<Option<Socket
     Ok(Some(addr))
 }
 
+/// `count` sockets of `kind` (`STREAM` or `DGRAM`) bound to `addr` with `SO_REUSEPORT`, one per
+/// worker of a server (the ingress's and the DNS server's), among which the kernel spreads
+/// connections and datagrams; non-blocking, not yet listening. Port 0 is chosen once, for all.
+pub fn reuseport_sockets(
+    mut addr: SocketAddr,
+    kind: socket2::Type,
+    count: usize,
+) -> std::io::Result<Vec<socket2::Socket>> {
+    let mut sockets = Vec::with_capacity(count);
+    for _ in 0..count {
+        let socket = socket2::Socket::new(socket2::Domain::for_address(addr), kind, None)?;
+        socket.set_reuse_address(true)?;
+        socket.set_reuse_port(true)?;
+        socket.set_nonblocking(true)?;
+        socket.bind(&addr.into())?;
+        addr = socket.local_addr()?.as_socket().ok_or_else(|| std::io::Error::other("not an IP socket"))?;
+        sockets.push(socket);
+    }
+    Ok(sockets)
+}
+
+/// Runs `work` on a single-threaded tokio runtime on the calling thread: the worker model of the
+/// ingress and DNS servers. An error, or a runtime that cannot be built, is logged as `what`'s and
+/// ends the process.
+pub fn run_worker(what: &str, work: impl std::future::Future<Output = std::io::Result<()>>) {
+    let result = tokio::runtime::Builder::new_current_thread().enable_all().build().and_then(|rt| rt.block_on(work));
+    if let Err(err) = result {
+        tracing::error!("{what}: {err}");
+        std::process::exit(1);
+    }
+}
+
 /// Serves `/healthz` and `/livez` on `listener` (a task on the current runtime).
 pub fn spawn_health(listener: TcpListener, health: SharedHealth) -> anyhow::Result<()> {
     spawn_server(listener, move |req| health_response(req, &health)).map(drop)

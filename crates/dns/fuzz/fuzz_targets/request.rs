@@ -1,6 +1,7 @@
 //! One DNS request over UDP, as bytes, through the whole request path of the server (parse,
-//! answer from the zone, encode): no panic, and a response that parses back, answers the request's
-//! ID and fits the size allowed (512 bytes without EDNS). See `roadkeeper_dns::wire`.
+//! answer from the zone, encode): no panic, and a response that parses back whole (no byte after
+//! its last record), answers the request's ID and fits the size allowed (512 bytes without EDNS).
+//! See `roadkeeper_dns::wire`.
 
 #![no_main]
 
