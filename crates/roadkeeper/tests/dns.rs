@@ -27,6 +27,8 @@ use roadkeeper_netlab::{Netns, Process};
 
 /// Where the server listens inside its namespace.
 const DNS: &str = "127.0.0.1:53";
+/// A second address of the server's namespace, on its loopback: what a pod's address would be.
+const POD_ADDRESS: &str = "10.244.0.53";
 const OK: ResponseCode = ResponseCode::NoError;
 const NX: ResponseCode = ResponseCode::NXDomain;
 
@@ -45,6 +47,8 @@ impl DnsServer {
     /// Writes `manifests` (file name, YAML) and starts `roadkeeper dns` with `extra` flags.
     fn start(manifests: &[(&str, String)], extra: &[&str]) -> DnsServer {
         let ns = Netns::new("rk-dns").expect("netns");
+        // An address an endpoint may have (not loopback), for tests that listen on it too.
+        ns.ip(["addr", "add", &format!("{POD_ADDRESS}/32"), "dev", "lo"]).expect("address");
         let dir = tempfile::tempdir().expect("tempdir");
         for (file, yaml) in manifests {
             std::fs::write(dir.path().join(file), yaml).expect("write manifest");
@@ -684,7 +688,8 @@ fn external_names_inside_the_zone_are_answered_with_the_target_records() {
 
 #[test]
 fn the_server_name_of_ns_and_soa_resolves_and_insecure_pods_need_their_namespace() {
-    let dns = DnsServer::start(&cluster(), &["--pods", "insecure", "--no-fallthrough"]);
+    let also = format!("{POD_ADDRESS}:53");
+    let dns = DnsServer::start(&cluster(), &["--pods", "insecure", "--no-fallthrough", "--listen", &also]);
     let soa_name = |response: &Message| match response.authorities.first().map(|r| &r.data) {
         Some(RData::SOA(soa)) => soa.mname.to_string(),
         _ => panic!("no SOA: {response}"),
@@ -697,10 +702,12 @@ fn the_server_name_of_ns_and_soa_resolves_and_insecure_pods_need_their_namespace
         soa_name(&dns.ask("4.3.2.1.in-addr.arpa.", RecordType::PTR, false)),
     ];
     for name in &names {
-        let a = dns.ask(name, RecordType::A, false);
-        assert_eq!(lines(&a.answers), [format!("{name} A 127.0.0.1")], "{name}: this server's --listen address");
+        let mut got = lines(&dns.ask(name, RecordType::A, false).answers);
+        got.sort();
+        let want = [format!("{name} A {POD_ADDRESS}"), format!("{name} A 127.0.0.1")];
+        assert_eq!(got, want, "{name}: this server's --listen addresses");
     }
-    assert_eq!(ns.additionals.iter().filter(|r| r.record_type() == RecordType::A).count(), 1, "glue: {ns}");
+    assert_eq!(ns.additionals.iter().filter(|r| r.record_type() == RecordType::A).count(), 2, "glue: {ns}");
 
     // Once a Service has this server as its endpoint, the name gives that Service's cluster IP.
     std::fs::write(
@@ -708,7 +715,7 @@ fn the_server_name_of_ns_and_soa_resolves_and_insecure_pods_need_their_namespace
         format!(
             "{}---\n{}",
             service("kube-dns", "{clusterIP: 10.96.0.53, ports: [{name: dns, port: 53, protocol: UDP}]}"),
-            slice("kube-dns-x", "kube-dns", "IPv4", "[{addresses: [127.0.0.1]}]")
+            slice("kube-dns-x", "kube-dns", "IPv4", &format!("[{{addresses: [{POD_ADDRESS}]}}]"))
         ),
     )
     .expect("write");
