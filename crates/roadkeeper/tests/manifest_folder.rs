@@ -47,8 +47,8 @@ fn status_in(ns: &Netns, addr: &str, path: &str) -> Option<u16> {
 
 /// Sends SIGTERM and asserts the process exits within a few seconds.
 fn assert_stops_on_sigterm(process: &Process, log: impl Fn() -> String) {
-    let status = Command::new("kill").args(["-TERM", &process.id().to_string()]).status().expect("kill");
-    assert!(status.success());
+    let pid = nix::unistd::Pid::from_raw(i32::try_from(process.id()).expect("a pid"));
+    nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGTERM).expect("SIGTERM");
     let deadline = Instant::now() + Duration::from_secs(10);
     while process.try_wait().expect("poll").is_none() {
         assert!(Instant::now() < deadline, "did not stop on SIGTERM; log:\n{}", log());
