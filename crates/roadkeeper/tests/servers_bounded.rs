@@ -164,6 +164,7 @@ fn idle_connections_to_healthz_hold_no_descriptors_and_the_proxy_keeps_syncing()
     assert!(flood.len() > 100, "{} connections", flood.len());
     std::thread::sleep(Duration::from_millis(500));
     let open = fds(pid);
+    eprintln!("{open} descriptors open in the proxy with {} idle connections to its healthz", flood.len());
     assert!(open < 150, "{open} descriptors open with {} idle connections", flood.len());
 
     c.add_pod("later-a", "app: later", NODE);
