@@ -1,30 +1,22 @@
-//! roadkeeper's node proxy: from Services and EndpointSlices to kernel rules.
+//! roadkeeper's node proxy, the thin part: what `roadkeeper_rules` plans, applied to the kernel.
 //!
-//! The pure core: [`table`] computes the node's service table; [`nft`] and [`iptables`] plan each
-//! backend's rules from it; [`conntrack`] decides which UDP/SCTP flows went stale. The thin shell:
-//! the backends' runners (nft, netlink, iptables-restore), [`proxier`] (the trait the sync loop
-//! drives), [`node`] (this node's identity), [`health`] (what `/healthz` reports).
+//! [`nft`] sends the nftables ops as netlink batches and reads the kernel's answers; [`iptables`]
+//! runs `iptables-restore`; [`conntrack`] dumps and deletes stale flows over ctnetlink;
+//! [`proxier`] is the trait the sync loop drives, with the state both backends keep; [`node`]
+//! finds this node's identity; [`health`] is what `/healthz` reports.
 
-pub mod claims;
-pub mod config;
 pub mod conntrack;
-pub mod hash;
 pub mod health;
 pub mod iptables;
 mod netlink_socket;
 pub mod nft;
 pub mod node;
 pub mod proxier;
-pub mod table;
-pub mod text;
 mod tool;
 
 /// Errors of the proxy crate.
 #[derive(Debug, thiserror::Error)]
 pub enum Error {
-    /// Bad configuration (flag or file), naming the field.
-    #[error("config: {0}")]
-    Config(String),
     /// The `nft` tool failed (cleanup); the text is its own error output.
     #[error("nft: {0}")]
     Nft(String),

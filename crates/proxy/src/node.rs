@@ -5,7 +5,7 @@ use std::net::IpAddr;
 
 use roadkeeper_cluster::Store;
 
-use crate::table::{IpFamily, NodeInfo};
+use roadkeeper_rules::table::{IpFamily, NodeInfo};
 
 /// Label carrying the node's zone (topology hints).
 pub const ZONE_LABEL: &str = "topology.kubernetes.io/zone";

@@ -8,9 +8,9 @@ use ipnet::IpNet;
 use roadkeeper_cluster::{NamespacedName, Store};
 
 use crate::Error;
-use crate::claims::{Claimant, FrontendClaims, frontends_of};
-use crate::config::ProxyConfig;
-use crate::table::{NodeInfo, ServicePort, service_ports};
+use roadkeeper_rules::claims::{Claimant, FrontendClaims, frontends_of};
+use roadkeeper_rules::config::ProxyConfig;
+use roadkeeper_rules::table::{NodeInfo, ServicePort, service_ports};
 
 /// What one sync did.
 #[derive(Debug, Clone, Default)]
@@ -30,7 +30,7 @@ pub struct SyncReport {
     /// Stale UDP/SCTP conntrack entries deleted after the sync (filled by the sync loop).
     pub conntrack_deleted: u64,
     /// Frontend claims skipped after the sync because an older Service owns the frontend (see
-    /// [`crate::claims`]).
+    /// [`roadkeeper_rules::claims`]).
     pub frontend_conflicts: usize,
 }
 

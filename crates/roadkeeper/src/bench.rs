@@ -12,8 +12,8 @@ use roadkeeper_cluster::k8s_openapi::api::core::v1::Service;
 use roadkeeper_cluster::k8s_openapi::api::discovery::v1::EndpointSlice;
 use roadkeeper_cluster::{NamespacedName, Object, Store};
 use roadkeeper_netlab::Netns;
-use roadkeeper_proxy::config::{ProxyConfig, ProxyMode};
-use roadkeeper_proxy::table::NodeInfo;
+use roadkeeper_rules::config::{ProxyConfig, ProxyMode};
+use roadkeeper_rules::table::NodeInfo;
 
 use crate::cli::BenchArgs;
 use crate::proxy_cmd::kernel_proxier;

@@ -9,7 +9,7 @@ mod tests {
 
     use clap::Parser;
     use roadkeeper_cluster::k8s_openapi;
-    use roadkeeper_proxy::config::{ProxyConfig, ProxyMode};
+    use roadkeeper_rules::config::{ProxyConfig, ProxyMode};
     use serde_json::Value;
 
     use k8s_openapi::api::apps::v1::{DaemonSet, Deployment};

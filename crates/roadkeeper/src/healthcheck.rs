@@ -11,7 +11,7 @@ use std::time::Instant;
 
 use hyper::StatusCode;
 use roadkeeper_cluster::NamespacedName;
-use roadkeeper_proxy::table::ServicePort;
+use roadkeeper_rules::table::ServicePort;
 use socket2::{Domain, Socket, Type};
 use tokio::task::AbortHandle;
 
@@ -139,7 +139,7 @@ fn bind_all(port: u16) -> anyhow::Result<TcpListener> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use roadkeeper_proxy::table::{Endpoint, IpFamily, Protocol, ServicePortName};
+    use roadkeeper_rules::table::{Endpoint, IpFamily, Protocol, ServicePortName};
 
     fn ep(ip: &str, is_local: bool) -> Endpoint {
         Endpoint { ip: ip.parse().unwrap(), port: 8080, is_local }

@@ -7,16 +7,16 @@ use std::time::{Duration, Instant, SystemTime};
 
 use anyhow::{Context, bail};
 use roadkeeper_cluster::{Changes, Feed, Interest, Kind, Store};
-use roadkeeper_proxy::config::{NodePortAddresses, ProxyConfig, ProxyMode, parse_cidrs, parse_go_duration};
 use roadkeeper_proxy::conntrack;
 use roadkeeper_proxy::health::ProxyHealth;
 use roadkeeper_proxy::iptables::{self, IptablesBinary, IptablesProxier};
 use roadkeeper_proxy::nft::apply::{NftBinary, NftRunner, Recorder};
 use roadkeeper_proxy::nft::proxier::NftProxier;
-use roadkeeper_proxy::nft::transaction;
 use roadkeeper_proxy::node::{host_addresses, hostname, node_eligible, node_info};
 use roadkeeper_proxy::proxier::{Proxier, RulesCheck, SyncReport, service_cidrs};
-use roadkeeper_proxy::table::{IpFamily, NodeInfo};
+use roadkeeper_rules::config::{NodePortAddresses, ProxyConfig, ProxyMode, parse_cidrs, parse_go_duration};
+use roadkeeper_rules::nft::transaction;
+use roadkeeper_rules::table::{IpFamily, NodeInfo};
 
 use crate::cli::ProxyArgs;
 use crate::healthcheck::HealthCheckServers;

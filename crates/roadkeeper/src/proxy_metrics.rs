@@ -8,7 +8,7 @@ use metrics::{Unit, counter, describe_counter, describe_gauge, describe_histogra
 use metrics_exporter_prometheus::{Matcher, PrometheusBuilder, PrometheusHandle};
 use roadkeeper_cluster::{Changes, NamespacedName};
 use roadkeeper_proxy::proxier::SyncReport;
-use roadkeeper_proxy::table::ServicePort;
+use roadkeeper_rules::table::ServicePort;
 
 use crate::serve::{HEALTHZ, LIVEZ};
 
@@ -156,7 +156,7 @@ impl NoLocalEndpoints {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use roadkeeper_proxy::table::{Endpoint, Protocol};
+    use roadkeeper_rules::table::{Endpoint, Protocol};
 
     fn port(internal_local: bool, local_endpoints: usize) -> ServicePort {
         let endpoint = Endpoint { ip: "10.244.1.5".parse().unwrap(), port: 80, is_local: true };

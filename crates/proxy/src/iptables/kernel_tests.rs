@@ -9,9 +9,9 @@ use roadkeeper_netlab::Netns;
 
 use super::IptablesProxier;
 use super::restore::{Flavour, IptablesBinary, cleanup};
-use crate::config::ProxyConfig;
 use crate::proxier::{Proxier, RulesCheck};
-use crate::table::NodeInfo;
+use roadkeeper_rules::config::ProxyConfig;
+use roadkeeper_rules::table::NodeInfo;
 
 /// `default/hello` (one unnamed TCP port, ClusterIP 10.96.0.10) with `n` ready endpoints.
 fn hello(n: u8) -> Vec<Object> {
@@ -156,7 +156,10 @@ fn a_service_the_kernel_refuses_keeps_its_last_good_rules_and_the_others_apply()
         let mut p = proxier(Flavour::Nft);
         p.sync(&Store::from_objects(hello(2).into_iter().chain(web())), &BTreeSet::new()).unwrap();
         // A foreign chain references hello's first endpoint chain: the kernel refuses to delete it.
-        let sep = format!("KUBE-SEP-{}", crate::hash::iptables_hash("default/hello", "tcp", Some("10.244.0.1:8080")));
+        let sep = format!(
+            "KUBE-SEP-{}",
+            roadkeeper_rules::hash::iptables_hash("default/hello", "tcp", Some("10.244.0.1:8080"))
+        );
         for args in [vec!["-t", "nat", "-N", "FOREIGN"], vec!["-t", "nat", "-A", "FOREIGN", "-j", &sep]] {
             assert!(Command::new("iptables-nft").args(args).status().unwrap().success());
         }

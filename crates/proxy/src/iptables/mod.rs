@@ -1,8 +1,7 @@
-//! The iptables backend, in upstream kube-proxy's layout: pure planning of `iptables-restore`
-//! input ([`plan`]), the thin runner of the iptables tools ([`restore`]) and the proxier keeping
-//! state between syncs ([`proxier`]).
+//! The iptables backend's thin part: the runner of the iptables tools ([`restore`]) and the
+//! proxier keeping state between syncs ([`proxier`]); the planning is
+//! `roadkeeper_rules::iptables::plan`.
 
-pub mod plan;
 pub mod proxier;
 pub mod restore;
 

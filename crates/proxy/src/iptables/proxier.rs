@@ -8,14 +8,14 @@ use std::collections::{BTreeMap, BTreeSet};
 
 use roadkeeper_cluster::{NamespacedName, Store};
 
-use super::plan::{
-    FamilyPlan, Jump, NodePortDestinations, PlanContext, RestoreInput, jumps, plan_ports, restore_input,
-};
 use super::restore::IptablesRunner;
 use crate::Error;
-use crate::config::{NodePortAddresses, ProxyConfig, ProxyMode};
 use crate::proxier::{Backend, Stopwatch, SyncReport, SyncState, bisect};
-use crate::table::{IpFamily, NodeInfo, ServicePort};
+use roadkeeper_rules::config::{NodePortAddresses, ProxyConfig, ProxyMode};
+use roadkeeper_rules::iptables::plan::{
+    FamilyPlan, Jump, NodePortDestinations, PlanContext, RestoreInput, jumps, plan_ports, restore_input,
+};
+use roadkeeper_rules::table::{IpFamily, NodeInfo, ServicePort};
 
 /// One Service's rules in both families.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]

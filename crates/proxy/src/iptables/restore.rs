@@ -8,10 +8,10 @@
 use std::collections::BTreeSet;
 use std::path::Path;
 
-use super::plan::{Jump, KUBE_PROXY_CANARY, is_service_chain};
 use crate::Error;
-use crate::table::IpFamily;
 use crate::tool::ToolError;
+use roadkeeper_rules::iptables::plan::{Jump, KUBE_PROXY_CANARY, is_service_chain};
+use roadkeeper_rules::table::IpFamily;
 
 /// Which iptables implementation the host uses.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

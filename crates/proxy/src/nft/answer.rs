@@ -11,7 +11,7 @@ use std::io;
 
 use crate::netlink_socket::{NLMSG_ERROR, NLMSG_HDRLEN};
 
-use super::rule::Op;
+use roadkeeper_rules::nft::rule::Op;
 
 /// `NLM_F_CAPPED`: the echoed request is only its header.
 const NLM_F_CAPPED: u16 = 0x100;
@@ -213,7 +213,7 @@ pub(crate) fn errno_text(errno: i32) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::table::IpFamily;
+    use roadkeeper_rules::table::IpFamily;
 
     fn hex(s: &str) -> Vec<u8> {
         (0..s.len()).step_by(2).map(|i| u8::from_str_radix(&s[i..i + 2], 16).unwrap()).collect()

@@ -6,13 +6,13 @@
 //! `roadkeeper cleanup` hands a script to `nft -f`. The `nft` syntax of the same ops stays the
 //! reference a reader can replay by hand (`roadkeeper rules`).
 
-use super::objects::Container;
-use super::rule::Op;
-use super::transaction::Existing;
-use super::transaction::script;
 use crate::Error;
-use crate::table::IpFamily;
 use crate::tool::ToolError;
+use roadkeeper_rules::nft::objects::Container;
+use roadkeeper_rules::nft::rule::Op;
+use roadkeeper_rules::nft::transaction::Existing;
+use roadkeeper_rules::nft::transaction::script;
+use roadkeeper_rules::table::IpFamily;
 
 /// Something that can run nft transactions: the real binary, or a recorder in tests.
 pub trait NftRunner: Send {

@@ -1,11 +1,8 @@
-//! The nftables backend: pure planning of objects and scripts, plus the thin `nft` runner.
+//! The nftables backend's thin part: the planned ops (`roadkeeper_rules::nft`) sent to the kernel
+//! as netlink batches, the kernel's answers, the runner and the proxier keeping state between
+//! syncs.
 
 pub mod answer;
 pub mod apply;
-pub mod layout;
 pub mod netlink;
-pub mod objects;
 pub mod proxier;
-pub mod rule;
-pub mod service;
-pub mod transaction;

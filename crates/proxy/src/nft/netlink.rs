@@ -27,13 +27,15 @@ use std::net::IpAddr;
 use ipnet::IpNet;
 
 use super::answer::{Answer, KernelError, NetlinkError, batch_outcome, parse_answers, u16_at, u32_at};
-use super::objects::{Container, TABLE, TABLE_COMMENT};
-use super::rule::{Action, AffinitySet, ChainType, ElementKey, HookPoint, Match, Op, Rule, Verdict, VmapKey};
 use crate::netlink_socket::{
     self as nl, NLA_F_NESTED, NLM_F_ACK, NLM_F_DUMP, NLM_F_REQUEST, NLMSG_DONE, NLMSG_ERROR, NLMSG_HDRLEN,
     NetfilterSocket, SocketError,
 };
-use crate::table::{IpFamily, Protocol};
+use roadkeeper_rules::nft::objects::{Container, TABLE, TABLE_COMMENT};
+use roadkeeper_rules::nft::rule::{
+    Action, AffinitySet, ChainType, ElementKey, HookPoint, Match, Op, Rule, Verdict, VmapKey,
+};
+use roadkeeper_rules::table::{IpFamily, Protocol};
 
 // linux/netlink.h
 const NETLINK_CAP_ACK: i32 = 10;
@@ -471,9 +473,9 @@ fn udata(out: &mut Vec<u8>, ty: u8, value: &[u8]) {
 }
 
 /// The comment TLV of a rule, set or element: the text as nft syntax shows it (see
-/// [`crate::text::comment`]) plus its NUL.
+/// [`roadkeeper_rules::text::comment`]) plus its NUL.
 fn comment_udata(ty: u8, comment: &str) -> Vec<u8> {
-    let mut value = crate::text::comment(comment).into_owned().into_bytes();
+    let mut value = roadkeeper_rules::text::comment(comment).into_owned().into_bytes();
     value.push(0);
     let mut out = Vec::new();
     udata(&mut out, ty, &value);
@@ -1058,8 +1060,8 @@ mod tests {
     use ipnet::IpNet;
 
     use super::*;
-    use crate::nft::layout::Layout;
-    use crate::nft::rule::Hook;
+    use roadkeeper_rules::nft::layout::Layout;
+    use roadkeeper_rules::nft::rule::Hook;
 
     // ---- pure encoding: byte-for-byte against what nft 1.0.6 sends -----------------------
 
@@ -1376,7 +1378,7 @@ mod tests {
     }
 
     fn family_kw(family: IpFamily) -> &'static str {
-        crate::nft::objects::family_keyword(family)
+        roadkeeper_rules::nft::objects::family_keyword(family)
     }
 
     const AFF: &str = "affinity-ABC";
@@ -1610,9 +1612,9 @@ mod tests {
     /// programs exactly what it says.
     #[test]
     fn any_names_give_a_script_nft_accepts_and_netlink_programs_the_same() {
-        use crate::nft::service::{PlanContext, plan_service};
-        use crate::nft::transaction::{Existing, full_sync};
-        use crate::table::{Endpoint, ServicePort};
+        use roadkeeper_rules::nft::service::{PlanContext, plan_service};
+        use roadkeeper_rules::nft::transaction::{Existing, full_sync};
+        use roadkeeper_rules::table::{Endpoint, ServicePort};
         for family in [IpFamily::V4, IpFamily::V6] {
             let a = addrs(family);
             let hostile = roadkeeper_cluster::NamespacedName::new("ns\" ; flush ruleset ; #", "web\n}é\\".repeat(40));

@@ -9,14 +9,14 @@ use ipnet::IpNet;
 use roadkeeper_cluster::{NamespacedName, Store};
 
 use crate::Error;
-use crate::config::ProxyConfig;
 use crate::nft::apply::NftRunner;
-use crate::nft::layout::Layout;
-use crate::nft::objects::Objects;
-use crate::nft::service::{PlanContext, plan_service};
-use crate::nft::transaction::{self, PartialOps};
 use crate::proxier::{Backend, SyncReport, SyncState, bisect};
-use crate::table::{IpFamily, NodeInfo, ServicePort};
+use roadkeeper_rules::config::ProxyConfig;
+use roadkeeper_rules::nft::layout::Layout;
+use roadkeeper_rules::nft::objects::Objects;
+use roadkeeper_rules::nft::service::{PlanContext, plan_service};
+use roadkeeper_rules::nft::transaction::{self, PartialOps};
+use roadkeeper_rules::table::{IpFamily, NodeInfo, ServicePort};
 
 /// Plans and programs one node's nftables rules.
 pub struct NftProxier<R: NftRunner> {
@@ -241,10 +241,10 @@ mod tests {
     use super::*;
     use crate::nft::answer::{KernelError, NetlinkError};
     use crate::nft::apply::Recorder;
-    use crate::nft::rule::Op;
-    use crate::nft::transaction::{Existing, script};
     use crate::proxier::Proxier;
     use crate::proxier::testing::{cluster, service};
+    use roadkeeper_rules::nft::rule::Op;
+    use roadkeeper_rules::nft::transaction::{Existing, script};
 
     fn proxier<R: NftRunner>(runner: R) -> NftProxier<R> {
         NftProxier::new(ProxyConfig::default(), NodeInfo::default(), runner)

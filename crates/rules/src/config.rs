@@ -137,10 +137,7 @@ impl ProxyConfig {
         let text = std::fs::read_to_string(path).map_err(|e| Error::Config(format!("{}: {e}", path.display())))?;
         let file: KubeProxyConfiguration =
             serde_saphyr::from_str(&text).map_err(|e| Error::Config(format!("{}: {e}", path.display())))?;
-        file.apply(self).map_err(|e| match e {
-            Error::Config(msg) => Error::Config(format!("{}: {msg}", path.display())),
-            other => other,
-        })
+        file.apply(self).map_err(|Error::Config(msg)| Error::Config(format!("{}: {msg}", path.display())))
     }
 }
 

@@ -2,7 +2,7 @@
 //! shared sets and maps, their rules) and the per-Service rules, map elements and affinity sets.
 //!
 //! The planners build these; they render to nft syntax (for `nft -f`, `roadkeeper rules` and
-//! logs) through `Display`, and to netlink messages through [`super::netlink`], which is how
+//! logs) through `Display`, and to netlink messages through `roadkeeper_proxy::nft::netlink`, which is how
 //! every sync reaches the kernel without `nft` listing the whole ruleset first.
 
 use std::fmt;

@@ -1,0 +1,3 @@
+//! The iptables backend's planning, in upstream kube-proxy's layout: `iptables-restore` input.
+
+pub mod plan;

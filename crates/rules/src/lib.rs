@@ -1,0 +1,26 @@
+//! What roadkeeper's node proxy programs, computed: pure functions from the cluster state, this
+//! node and the config to the rules, with no kernel in sight (applying them is
+//! `roadkeeper_proxy`'s job).
+//!
+//! [`table`] turns a Service and its EndpointSlices into the node's service ports; [`claims`]
+//! gives every frontend one owner; [`nft`] and [`iptables`] plan each backend's rules from the
+//! table, as typed objects and `nft` syntax, or as `iptables-restore` input; [`conntrack`] decides
+//! which UDP/SCTP flows went stale; [`text`] keeps names from leaving their place in rule text;
+//! [`config`] is kube-proxy's configuration; [`hash`] upstream's chain-name hashes.
+
+pub mod claims;
+pub mod config;
+pub mod conntrack;
+pub mod hash;
+pub mod iptables;
+pub mod nft;
+pub mod table;
+pub mod text;
+
+/// Errors of this crate: a configuration (flag or file) that cannot be used, naming the field.
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    /// Bad configuration (flag or file), naming the field.
+    #[error("config: {0}")]
+    Config(String),
+}
