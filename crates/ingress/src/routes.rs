@@ -278,15 +278,93 @@ impl Router for RouteTable {
     /// (and without a trailing dot); `path` (normalised by the proxy) is compared as given,
     /// case-sensitive.
     fn route(&self, host: &str, path: &str) -> Option<Arc<Target>> {
+        match self.find(host, path) {
+            Some((_, route)) => Some(route.backend.target.clone()),
+            None => self.default.clone(),
+        }
+    }
+}
+
+/// How the route table answered one request, for `roadkeeper trace`.
+#[derive(Clone, Debug, PartialEq)]
+pub struct RouteExplanation {
+    /// The host keys tried, in order (`a.example`, `*.example`, `*` for rules without a host),
+    /// each with the number of paths the table has for it.
+    pub tried: Vec<(String, usize)>,
+    /// What served the request; `None`: nothing (404).
+    pub matched: Option<RouteMatch>,
+}
+
+/// The rule (or default backend) that served a request.
+#[derive(Clone, Debug, PartialEq)]
+pub struct RouteMatch {
+    /// The Ingress it belongs to.
+    pub ingress: NamespacedName,
+    /// Where it is written: `spec.rules[0].http.paths[1]`, or `spec.defaultBackend`.
+    pub field: String,
+    /// The host key it was found under, as in [`RouteExplanation::tried`] (none for the default
+    /// backend).
+    pub host: Option<String>,
+    /// The path and its type (`Exact` or `Prefix`; none for the default backend).
+    pub path: Option<(String, &'static str)>,
+    /// The backend Service, its port as the backend names it, and its ready endpoints.
+    pub service: NamespacedName,
+    /// The port as written (`80`, or `"http"`); none for the default backend.
+    pub port: Option<String>,
+    /// The endpoints a request would be sent to.
+    pub endpoints: Vec<SocketAddr>,
+}
+
+impl RouteTable {
+    /// The host keys [`Router::route`] tries for `host`, in order.
+    fn host_keys(host: &str) -> impl Iterator<Item = &str> {
         let exact = (!host.is_empty() && !host.starts_with('.')).then_some(host);
         let wildcard = host.find('.').filter(|&dot| dot > 0).map(|dot| &host[dot..]);
-        [exact, wildcard, Some("")]
-            .into_iter()
-            .flatten()
-            .filter_map(|key| self.routes.get(key))
-            .find_map(|routes| routes.iter().find(|route| route.matches(path)))
-            .map(|route| route.backend.target.clone())
-            .or_else(|| self.default.clone())
+        [exact, wildcard, Some("")].into_iter().flatten()
+    }
+
+    /// The first route matching `path` under the host keys of `host`, with its key.
+    fn find<'a, 'h>(&'a self, host: &'h str, path: &str) -> Option<(&'h str, &'a Route)> {
+        Self::host_keys(host)
+            .filter_map(|key| Some((key, self.routes.get(key)?)))
+            .find_map(|(key, routes)| routes.iter().find(|route| route.matches(path)).map(|route| (key, route)))
+    }
+
+    /// How [`Router::route`] answers `host` and `path` (same arguments), step by step.
+    pub fn explain(&self, host: &str, path: &str) -> RouteExplanation {
+        let shown = |key: &str| match key {
+            "" => "*".to_string(),
+            wildcard if wildcard.starts_with('.') => format!("*{wildcard}"),
+            exact => exact.to_string(),
+        };
+        let tried =
+            Self::host_keys(host).map(|key| (shown(key), self.routes.get(key).map_or(0, |r| r.len()))).collect();
+        let matched = match self.find(host, path) {
+            Some((key, route)) => Some(RouteMatch {
+                ingress: route.backend.target.ingress.clone(),
+                field: route.backend.field.trim_end_matches(".backend").to_string(),
+                host: Some(shown(key)),
+                path: Some(match (route.exact, route.path.as_str()) {
+                    (true, path) => (path.to_string(), "Exact"),
+                    // Prefix paths are kept without their trailing slash: `/` is empty.
+                    (false, "") => ("/".to_string(), "Prefix"),
+                    (false, path) => (path.to_string(), "Prefix"),
+                }),
+                service: route.backend.target.service.clone(),
+                port: Some(route.backend.port.to_string()),
+                endpoints: route.backend.target.endpoints.to_vec(),
+            }),
+            None => self.default.as_ref().map(|target| RouteMatch {
+                ingress: target.ingress.clone(),
+                field: "spec.defaultBackend".into(),
+                host: None,
+                path: None,
+                service: target.service.clone(),
+                port: None,
+                endpoints: target.endpoints.to_vec(),
+            }),
+        };
+        RouteExplanation { tried, matched }
     }
 }
 

@@ -500,3 +500,29 @@ fn a_service_change_refreshes_only_its_backends() {
         ["Ingress ns/web: spec.rules[0].http.paths[2].backend.service.name: Service ns/later does not exist"]
     );
 }
+
+#[test]
+fn explain_names_the_host_keys_tried_and_the_rule_that_served() {
+    let t = table(vec![
+        our_class(),
+        ingress(
+            "a",
+            2020,
+            json!({"rules": [rule("a.example", vec![path("/api", "Exact", "api")]),
+            rule("*.example", vec![path("/", "Prefix", "wild")])]}),
+        ),
+        ingress("fallback", 2021, json!({"defaultBackend": backend("default", json!({"number": 80}))})),
+    ]);
+    let exact = t.explain("a.example", "/api");
+    assert_eq!(exact.tried, [("a.example".to_string(), 1), ("*.example".to_string(), 1), ("*".to_string(), 0)]);
+    let matched = exact.matched.unwrap();
+    assert_eq!((matched.ingress, matched.field.as_str()), (nn("a"), "spec.rules[0].http.paths[0]"));
+    assert_eq!((matched.host.as_deref(), matched.path), (Some("a.example"), Some(("/api".to_string(), "Exact"))));
+    assert_eq!((matched.service, matched.port.as_deref()), (nn("api"), Some("80")));
+
+    let wild = t.explain("a.example", "/other").matched.unwrap();
+    assert_eq!((wild.host.as_deref(), wild.path), (Some("*.example"), Some(("/".to_string(), "Prefix"))));
+    let default = t.explain("b.test", "/").matched.unwrap();
+    assert_eq!((default.field.as_str(), default.service, default.host), ("spec.defaultBackend", nn("default"), None));
+    assert_eq!(table(vec![our_class()]).explain("b.test", "/").matched, None);
+}
