@@ -13,7 +13,8 @@ use std::path::Path;
 use std::sync::Arc;
 
 use futures::StreamExt;
-use k8s_openapi::api::core::v1::{Namespace, Node, Pod, Secret, Service};
+use k8s_openapi::api::apps::v1::Deployment;
+use k8s_openapi::api::core::v1::{ConfigMap, Namespace, Node, Pod, Secret, Service};
 use k8s_openapi::api::discovery::v1::EndpointSlice;
 use k8s_openapi::api::networking::v1::{Ingress, IngressClass, ServiceCIDR};
 use kube::config::{KubeConfigOptions, Kubeconfig};
@@ -79,6 +80,8 @@ impl ApiSource {
                 Kind::Namespace => spawn::<Namespace>(&client, kind, watcher::Config::default(), &tx),
                 Kind::Ingress => spawn::<Ingress>(&client, kind, watcher::Config::default(), &tx),
                 Kind::IngressClass => spawn::<IngressClass>(&client, kind, watcher::Config::default(), &tx),
+                Kind::Deployment => spawn::<Deployment>(&client, kind, watcher::Config::default(), &tx),
+                Kind::ConfigMap => spawn::<ConfigMap>(&client, kind, watcher::Config::default(), &tx),
                 // Only TLS Secrets are read (certificates for Ingresses): the field selector keeps the
                 // others out of memory and off the wire.
                 Kind::Secret => {

@@ -27,6 +27,10 @@ pub struct Changes {
     pub ingress_classes: BTreeSet<String>,
     /// Secrets added, changed or removed.
     pub secrets: BTreeSet<NamespacedName>,
+    /// Deployments added, changed or removed.
+    pub deployments: BTreeSet<NamespacedName>,
+    /// ConfigMaps added, changed or removed.
+    pub config_maps: BTreeSet<NamespacedName>,
     /// Service objects added, changed or removed (kube-proxy's "service changes").
     pub service_updates: usize,
     /// EndpointSlices added, changed or removed, derived ones counted once per Service
@@ -48,6 +52,8 @@ impl Changes {
             && self.ingresses.is_empty()
             && self.ingress_classes.is_empty()
             && self.secrets.is_empty()
+            && self.deployments.is_empty()
+            && self.config_maps.is_empty()
     }
 
     /// Adds everything in `other` to `self`.
@@ -60,6 +66,8 @@ impl Changes {
         self.ingresses.extend(other.ingresses);
         self.ingress_classes.extend(other.ingress_classes);
         self.secrets.extend(other.secrets);
+        self.deployments.extend(other.deployments);
+        self.config_maps.extend(other.config_maps);
         self.service_updates += other.service_updates;
         self.endpoint_updates += other.endpoint_updates;
         self.trigger_times.extend(other.trigger_times);

@@ -2,7 +2,8 @@
 //! Kubernetes API server, through one interface: [`Feed`].
 //!
 //! [`ManifestSource`] loads `*.yaml`, `*.yml` and `*.json` files into a [`Store`] of Services,
-//! EndpointSlices, Pods, Nodes and ServiceCIDRs; [`watch`] reports changed files so that
+//! EndpointSlices, Pods, Nodes, ServiceCIDRs, Namespaces, Ingresses, IngressClasses, Secrets and
+//! (for the lab) Deployments and ConfigMaps; [`watch`] reports changed files so that
 //! [`ManifestSource::reload`] can apply them incrementally. EndpointSlices for Services with a
 //! selector are derived from the Pods, like kube-controller-manager would. [`client`] connects to
 //! the API server a [`Feed`] reads from, for components that also write to it.
@@ -35,4 +36,5 @@ pub use object::{Kind, Object};
 pub use read::MAX_MANIFEST_BYTES;
 pub use source::ManifestSource;
 pub use store::Store;
+pub use validate::selector_matches;
 pub use watch::{Watcher, watch};

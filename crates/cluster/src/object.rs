@@ -3,7 +3,8 @@
 use std::fmt;
 use std::sync::Arc;
 
-use k8s_openapi::api::core::v1::{Namespace, Node, Pod, Secret, Service};
+use k8s_openapi::api::apps::v1::Deployment;
+use k8s_openapi::api::core::v1::{ConfigMap, Namespace, Node, Pod, Secret, Service};
 use k8s_openapi::api::discovery::v1::EndpointSlice;
 use k8s_openapi::api::networking::v1::{Ingress, IngressClass, ServiceCIDR};
 
@@ -31,6 +32,10 @@ pub enum Object {
     IngressClass(Arc<IngressClass>),
     /// `v1 Secret`.
     Secret(Arc<Secret>),
+    /// `apps/v1 Deployment` (read by the lab, which runs its pods).
+    Deployment(Arc<Deployment>),
+    /// `v1 ConfigMap` (read by the lab, which mounts them as files).
+    ConfigMap(Arc<ConfigMap>),
 }
 
 impl Object {
@@ -46,6 +51,8 @@ impl Object {
             Self::Ingress(o) => (Kind::Ingress, &o.metadata),
             Self::IngressClass(o) => (Kind::IngressClass, &o.metadata),
             Self::Secret(o) => (Kind::Secret, &o.metadata),
+            Self::Deployment(o) => (Kind::Deployment, &o.metadata),
+            Self::ConfigMap(o) => (Kind::ConfigMap, &o.metadata),
         };
         let namespace = match &metadata.namespace {
             _ if !kind.namespaced() => "",
@@ -75,7 +82,9 @@ object_from!(
     Namespace(Namespace),
     Ingress(Ingress),
     IngressClass(IngressClass),
-    Secret(Secret)
+    Secret(Secret),
+    Deployment(Deployment),
+    ConfigMap(ConfigMap)
 );
 
 /// The kind of an [`Object`].
@@ -99,6 +108,10 @@ pub enum Kind {
     IngressClass,
     /// `v1 Secret`.
     Secret,
+    /// `apps/v1 Deployment`.
+    Deployment,
+    /// `v1 ConfigMap`.
+    ConfigMap,
 }
 
 impl Kind {
@@ -114,6 +127,8 @@ impl Kind {
             ("networking.k8s.io/v1", "Ingress") => Self::Ingress,
             ("networking.k8s.io/v1", "IngressClass") => Self::IngressClass,
             ("v1", "Secret") => Self::Secret,
+            ("apps/v1", "Deployment") => Self::Deployment,
+            ("v1", "ConfigMap") => Self::ConfigMap,
             _ => return None,
         })
     }
@@ -135,6 +150,8 @@ impl Kind {
             Self::Ingress => "Ingress",
             Self::IngressClass => "IngressClass",
             Self::Secret => "Secret",
+            Self::Deployment => "Deployment",
+            Self::ConfigMap => "ConfigMap",
         }
     }
 }

@@ -141,6 +141,8 @@ fn typed(kind: Kind, value: Value) -> Result<Object, Vec<FieldError>> {
         Kind::Ingress => Object::Ingress(Arc::new(strict(value)?)),
         Kind::IngressClass => Object::IngressClass(Arc::new(strict(value)?)),
         Kind::Secret => Object::Secret(Arc::new(strict(value)?)),
+        Kind::Deployment => Object::Deployment(Arc::new(strict(value)?)),
+        Kind::ConfigMap => Object::ConfigMap(Arc::new(strict(value)?)),
     })
 }
 
@@ -224,8 +226,8 @@ mod tests {
     fn list_items_and_unknown_kinds() {
         let entries = parse(
             "apiVersion: v1\nkind: List\nitems:\n- {apiVersion: v1, kind: Pod, metadata: {name: p, namespace: x}}\n\
-             - {apiVersion: apps/v1, kind: Deployment, metadata: {name: d}}\n---\n\
-             apiVersion: v1\nkind: ConfigMap\nmetadata: {name: c}\n",
+             - {apiVersion: apps/v1beta1, kind: Deployment, metadata: {name: d}}\n---\n\
+             apiVersion: v1\nkind: Endpoints\nmetadata: {name: c}\n",
         );
         assert_eq!(entries.len(), 1);
         assert_eq!(key(&entries[0]).unwrap(), "Pod x/p");

@@ -5,7 +5,8 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 use std::time::SystemTime;
 
-use k8s_openapi::api::core::v1::{Namespace, Node, Pod, Secret, Service};
+use k8s_openapi::api::apps::v1::Deployment;
+use k8s_openapi::api::core::v1::{ConfigMap, Namespace, Node, Pod, Secret, Service};
 use k8s_openapi::api::discovery::v1::EndpointSlice;
 use k8s_openapi::api::networking::v1::{Ingress, IngressClass, ServiceCIDR};
 
@@ -36,6 +37,8 @@ pub struct Store {
     ingresses: BTreeMap<NamespacedName, Arc<Ingress>>,
     ingress_classes: BTreeMap<String, Arc<IngressClass>>,
     secrets: BTreeMap<NamespacedName, Arc<Secret>>,
+    deployments: BTreeMap<NamespacedName, Arc<Deployment>>,
+    config_maps: BTreeMap<NamespacedName, Arc<ConfigMap>>,
     /// Whether EndpointSlices are derived from Pods (a manifest folder has no controller to make
     /// them; an API server has).
     derive_slices: bool,
@@ -56,6 +59,8 @@ impl Default for Store {
             ingresses: BTreeMap::new(),
             ingress_classes: BTreeMap::new(),
             secrets: BTreeMap::new(),
+            deployments: BTreeMap::new(),
+            config_maps: BTreeMap::new(),
             derive_slices: true,
         }
     }
@@ -161,6 +166,32 @@ impl Store {
         self.nodes.get(name)
     }
 
+    /// All Nodes, ordered by name.
+    pub fn nodes(&self) -> impl Iterator<Item = &Arc<Node>> {
+        self.nodes.values()
+    }
+
+    /// All Deployments, ordered by namespace and name.
+    pub fn deployments(&self) -> impl Iterator<Item = (&NamespacedName, &Arc<Deployment>)> {
+        self.deployments.iter()
+    }
+
+    /// The hand-written EndpointSlices (not those derived from Pods), ordered by namespace and
+    /// name.
+    pub fn endpoint_slices(&self) -> impl Iterator<Item = &Arc<EndpointSlice>> {
+        self.slices.values()
+    }
+
+    /// All Secrets, ordered by namespace and name.
+    pub fn secrets(&self) -> impl Iterator<Item = &Arc<Secret>> {
+        self.secrets.values()
+    }
+
+    /// One ConfigMap.
+    pub fn config_map(&self, key: &NamespacedName) -> Option<&Arc<ConfigMap>> {
+        self.config_maps.get(key)
+    }
+
     /// All ServiceCIDRs, ordered by name.
     pub fn service_cidrs(&self) -> impl Iterator<Item = &Arc<ServiceCIDR>> {
         self.service_cidrs.values()
@@ -179,6 +210,8 @@ impl Store {
             Kind::Ingress => Object::Ingress(self.ingresses.get(name)?.clone()),
             Kind::IngressClass => Object::IngressClass(self.ingress_classes.get(&name.name)?.clone()),
             Kind::Secret => Object::Secret(self.secrets.get(name)?.clone()),
+            Kind::Deployment => Object::Deployment(self.deployments.get(name)?.clone()),
+            Kind::ConfigMap => Object::ConfigMap(self.config_maps.get(name)?.clone()),
         })
     }
 
@@ -195,6 +228,8 @@ impl Store {
             Kind::Ingress => self.ingresses.keys().cloned().collect(),
             Kind::IngressClass => self.ingress_classes.keys().map(cluster_scoped).collect(),
             Kind::Secret => self.secrets.keys().cloned().collect(),
+            Kind::Deployment => self.deployments.keys().cloned().collect(),
+            Kind::ConfigMap => self.config_maps.keys().cloned().collect(),
         };
         names.into_iter().map(|name| ObjectKey { kind, name }).collect()
     }
@@ -216,6 +251,12 @@ impl Store {
                 set_keyed(&mut self.ingress_classes, &name.name, Some(c), &mut batch.changes.ingress_classes)
             }
             (_, Some(Object::Secret(s))) => set_keyed(&mut self.secrets, name, Some(s), &mut batch.changes.secrets),
+            (_, Some(Object::Deployment(d))) => {
+                set_keyed(&mut self.deployments, name, Some(d), &mut batch.changes.deployments)
+            }
+            (_, Some(Object::ConfigMap(c))) => {
+                set_keyed(&mut self.config_maps, name, Some(c), &mut batch.changes.config_maps)
+            }
             (Kind::Service, None) => self.set_service(name, None, batch),
             (Kind::EndpointSlice, None) => self.set_slice(name, None, batch),
             (Kind::Pod, None) => self.set_pod(name, None, batch),
@@ -227,6 +268,8 @@ impl Store {
                 set_keyed(&mut self.ingress_classes, &name.name, None, &mut batch.changes.ingress_classes)
             }
             (Kind::Secret, None) => set_keyed(&mut self.secrets, name, None, &mut batch.changes.secrets),
+            (Kind::Deployment, None) => set_keyed(&mut self.deployments, name, None, &mut batch.changes.deployments),
+            (Kind::ConfigMap, None) => set_keyed(&mut self.config_maps, name, None, &mut batch.changes.config_maps),
         }
     }
 

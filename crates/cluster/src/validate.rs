@@ -5,7 +5,8 @@ use std::collections::BTreeSet;
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 
 use ipnet::IpNet;
-use k8s_openapi::api::core::v1::{Node, Pod, Service};
+use k8s_openapi::api::apps::v1::Deployment;
+use k8s_openapi::api::core::v1::{ConfigMap, Node, Pod, PodSpec, Service};
 use k8s_openapi::api::discovery::v1::EndpointSlice;
 use k8s_openapi::api::networking::v1::{Ingress, IngressClass, ServiceCIDR};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
@@ -58,6 +59,14 @@ pub(crate) fn validate(object: &Object) -> Vec<FieldError> {
             ingress_class(&mut v, c);
         }
         Object::Secret(s) => metadata(&mut v, &s.metadata, formats::dns1123_subdomain, true),
+        Object::Deployment(d) => {
+            metadata(&mut v, &d.metadata, formats::dns1123_subdomain, true);
+            deployment(&mut v, d);
+        }
+        Object::ConfigMap(c) => {
+            metadata(&mut v, &c.metadata, formats::dns1123_subdomain, true);
+            config_map(&mut v, c);
+        }
     }
     v.0
 }
@@ -196,24 +205,7 @@ fn endpoint_slice(v: &mut Errors, slice: &EndpointSlice) {
 
 fn pod(v: &mut Errors, pod: &Pod) {
     if let Some(spec) = &pod.spec {
-        for (i, container) in spec.containers.iter().enumerate() {
-            for (j, port) in container.ports.iter().flatten().enumerate() {
-                let at = format!("spec.containers[{i}].ports[{j}]");
-                if let Some(name) = &port.name {
-                    v.format(&format!("{at}.name"), name, formats::port_name);
-                }
-                v.port(&format!("{at}.containerPort"), port.container_port);
-            }
-        }
-        if let Some(hostname) = &spec.hostname {
-            v.format("spec.hostname", hostname, formats::dns1123_label);
-        }
-        if let Some(subdomain) = &spec.subdomain {
-            v.format("spec.subdomain", subdomain, formats::dns1123_label);
-        }
-        if let Some(node) = &spec.node_name {
-            v.format("spec.nodeName", node, formats::dns1123_subdomain);
-        }
+        pod_spec(v, "spec", spec);
     }
     let Some(status) = &pod.status else { return };
     if let Some(ip) = &status.pod_ip {
@@ -221,6 +213,131 @@ fn pod(v: &mut Errors, pod: &Pod) {
     }
     for (i, ip) in status.pod_ips.iter().flatten().enumerate() {
         v.ip(&format!("status.podIPs[{i}].ip"), &ip.ip);
+    }
+}
+
+/// A Pod's spec (at `at`: `spec`, or `spec.template.spec` in a Deployment): container names and
+/// ports, volumes and what mounts them, host name, subdomain and node name.
+fn pod_spec(v: &mut Errors, at: &str, spec: &PodSpec) {
+    let volumes: BTreeSet<&str> = spec.volumes.iter().flatten().map(|volume| volume.name.as_str()).collect();
+    for (i, volume) in spec.volumes.iter().flatten().enumerate() {
+        v.format(&format!("{at}.volumes[{i}].name"), &volume.name, formats::dns1123_label);
+    }
+    let mut names = BTreeSet::new();
+    for (i, container) in spec.containers.iter().enumerate() {
+        let at = format!("{at}.containers[{i}]");
+        v.format(&format!("{at}.name"), &container.name, formats::dns1123_label);
+        if !names.insert(container.name.as_str()) {
+            v.push(&format!("{at}.name"), format!("duplicate container name {:?}", container.name));
+        }
+        for (j, port) in container.ports.iter().flatten().enumerate() {
+            let at = format!("{at}.ports[{j}]");
+            if let Some(name) = &port.name {
+                v.format(&format!("{at}.name"), name, formats::port_name);
+            }
+            v.port(&format!("{at}.containerPort"), port.container_port);
+            if let Some(p) = &port.protocol {
+                v.one_of(&format!("{at}.protocol"), p, PROTOCOLS);
+            }
+        }
+        for (j, mount) in container.volume_mounts.iter().flatten().enumerate() {
+            let at = format!("{at}.volumeMounts[{j}]");
+            if !volumes.contains(mount.name.as_str()) {
+                v.push(&format!("{at}.name"), format!("{:?} names no volume of the pod", mount.name));
+            }
+            if !mount.mount_path.starts_with('/') {
+                v.push(&format!("{at}.mountPath"), format!("{:?} must be an absolute path", mount.mount_path));
+            }
+            if let Some(sub) = mount.sub_path.as_deref().filter(|sub| !sub.is_empty()) {
+                if sub.starts_with('/') {
+                    v.push(&format!("{at}.subPath"), format!("{sub:?} must be a relative path"));
+                } else if sub.split('/').any(|part| part == "..") {
+                    v.push(&format!("{at}.subPath"), format!("{sub:?} must not contain '..'"));
+                }
+            }
+        }
+    }
+    if let Some(hostname) = &spec.hostname {
+        v.format(&format!("{at}.hostname"), hostname, formats::dns1123_label);
+    }
+    if let Some(subdomain) = &spec.subdomain {
+        v.format(&format!("{at}.subdomain"), subdomain, formats::dns1123_label);
+    }
+    if let Some(node) = &spec.node_name {
+        v.format(&format!("{at}.nodeName"), node, formats::dns1123_subdomain);
+    }
+}
+
+/// Replicas, the selector (not empty, matching the template's labels) and the pod template.
+fn deployment(v: &mut Errors, deployment: &Deployment) {
+    let Some(spec) = &deployment.spec else {
+        return v.push("spec", "is required".into());
+    };
+    if let Some(replicas) = spec.replicas.filter(|&r| r < 0) {
+        v.push("spec.replicas", format!("{replicas} must be greater than or equal to 0"));
+    }
+    let selector = &spec.selector;
+    v.labels("spec.selector.matchLabels", selector.match_labels.iter().flatten());
+    for (i, requirement) in selector.match_expressions.iter().flatten().enumerate() {
+        let at = format!("spec.selector.matchExpressions[{i}]");
+        v.format(&format!("{at}.key"), &requirement.key, formats::qualified_name);
+        v.one_of(&format!("{at}.operator"), &requirement.operator, &["In", "NotIn", "Exists", "DoesNotExist"]);
+        let values = requirement.values.as_deref().unwrap_or_default();
+        match requirement.operator.as_str() {
+            "In" | "NotIn" if values.is_empty() => v.push(&format!("{at}.values"), "must be non-empty".into()),
+            "Exists" | "DoesNotExist" if !values.is_empty() => {
+                v.push(&format!("{at}.values"), "must be empty for Exists and DoesNotExist".into())
+            }
+            _ => {}
+        }
+    }
+    let labels = spec.template.metadata.as_ref().and_then(|m| m.labels.clone()).unwrap_or_default();
+    v.labels("spec.template.metadata.labels", labels.iter());
+    let empty = selector.match_labels.as_ref().is_none_or(|l| l.is_empty())
+        && selector.match_expressions.as_ref().is_none_or(|e| e.is_empty());
+    if empty {
+        v.push("spec.selector", "empty selector is invalid for deployment".into());
+    } else if !selector_matches(selector, &labels) {
+        v.push("spec.template.metadata.labels", "`selector` does not match template `labels`".into());
+    }
+    match &spec.template.spec {
+        Some(pod) => pod_spec(v, "spec.template.spec", pod),
+        None => v.push("spec.template.spec", "is required".into()),
+    }
+}
+
+/// Whether a label selector (matchLabels and matchExpressions) selects `labels`.
+pub fn selector_matches(
+    selector: &k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelector,
+    labels: &std::collections::BTreeMap<String, String>,
+) -> bool {
+    let by_labels = selector.match_labels.iter().flatten().all(|(k, value)| labels.get(k) == Some(value));
+    by_labels
+        && selector.match_expressions.iter().flatten().all(|requirement| {
+            let value = labels.get(&requirement.key);
+            let values = requirement.values.as_deref().unwrap_or_default();
+            match requirement.operator.as_str() {
+                "In" => value.is_some_and(|value| values.contains(value)),
+                "NotIn" => value.is_none_or(|value| !values.contains(value)),
+                "Exists" => value.is_some(),
+                "DoesNotExist" => value.is_none(),
+                _ => false,
+            }
+        })
+}
+
+/// Keys of `data` and `binaryData`: file names, as the API server allows them.
+fn config_map(v: &mut Errors, config_map: &ConfigMap) {
+    let keys = config_map.data.iter().flatten().map(|(k, _)| k);
+    let binary_keys = config_map.binary_data.iter().flatten().map(|(k, _)| k);
+    for key in keys.chain(binary_keys) {
+        let valid = (1..=253).contains(&key.len())
+            && key.bytes().all(|b| b.is_ascii_alphanumeric() || b"-._".contains(&b))
+            && key != "."
+            && key != "..";
+        if !valid {
+            v.push(&format!("data[{key:?}]"), "must be a file name of letters, digits, '-', '_' or '.'".into());
+        }
     }
 }
 
@@ -662,6 +779,54 @@ mod tests {
         assert_eq!(
             errors(Object::ServiceCidr(serde_json::from_value(cidr).unwrap())),
             ["spec.cidrs[1]: \"fd00::/300\" is not a valid CIDR",]
+        );
+    }
+
+    #[test]
+    fn deployments_need_a_selector_matching_their_template() {
+        let deployment = |spec: Value| {
+            let v = json!({"apiVersion": "apps/v1", "kind": "Deployment", "metadata": {"name": "d"}, "spec": spec});
+            Object::Deployment(serde_json::from_value(v).unwrap())
+        };
+        let template = |labels: Value, containers: Value| json!({"metadata": {"labels": labels}, "spec": {"containers": containers}});
+        let web = json!([{"name": "web", "ports": [{"containerPort": 80}]}]);
+        let good = deployment(json!({"replicas": 3, "selector": {"matchLabels": {"app": "hello"}},
+            "template": template(json!({"app": "hello"}), web.clone())}));
+        assert!(errors(good).is_empty());
+        let bad = deployment(json!({"replicas": -1, "selector": {"matchLabels": {"app": "hello"}},
+            "template": template(json!({"app": "other"}), json!([{"name": "Web", "ports": [{"containerPort": 0}],
+                "volumeMounts": [{"name": "html", "mountPath": "html"},
+                    {"name": "html", "mountPath": "/a", "subPath": "x/../../etc"},
+                    {"name": "html", "mountPath": "/b", "subPath": "/etc"}]}]))}));
+        assert_eq!(
+            errors(bad),
+            [
+                "spec.replicas: -1 must be greater than or equal to 0",
+                "spec.template.metadata.labels: `selector` does not match template `labels`",
+                "spec.template.spec.containers[0].name: \"Web\" must be a lowercase RFC 1123 label: lowercase letters, digits and '-', starting and ending with a letter or digit",
+                "spec.template.spec.containers[0].ports[0].containerPort: 0 is out of range 1-65535",
+                "spec.template.spec.containers[0].volumeMounts[0].name: \"html\" names no volume of the pod",
+                "spec.template.spec.containers[0].volumeMounts[0].mountPath: \"html\" must be an absolute path",
+                "spec.template.spec.containers[0].volumeMounts[1].name: \"html\" names no volume of the pod",
+                "spec.template.spec.containers[0].volumeMounts[1].subPath: \"x/../../etc\" must not contain '..'",
+                "spec.template.spec.containers[0].volumeMounts[2].name: \"html\" names no volume of the pod",
+                "spec.template.spec.containers[0].volumeMounts[2].subPath: \"/etc\" must be a relative path",
+            ]
+        );
+        let expressions = json!({"matchExpressions": [{"key": "app", "operator": "In", "values": ["a", "b"]},
+            {"key": "tier", "operator": "DoesNotExist"}]});
+        let by_expression =
+            deployment(json!({"selector": expressions, "template": template(json!({"app": "b"}), web)}));
+        assert!(errors(by_expression).is_empty());
+    }
+
+    #[test]
+    fn config_map_keys_are_file_names() {
+        let v = json!({"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "c"},
+            "data": {"index.html": "<p>hi</p>", "../x": "no"}});
+        assert_eq!(
+            errors(Object::ConfigMap(serde_json::from_value(v).unwrap())),
+            ["data[\"../x\"]: must be a file name of letters, digits, '-', '_' or '.'"]
         );
     }
 }

@@ -7,7 +7,8 @@
 //! for nothing more. Class membership is the [`RouteTable`]'s (see
 //! [`ClassConfig`](crate::routes::ClassConfig)):
 //!
-//! - an Ingress we serve gets our addresses;
+//! - an Ingress we serve gets our addresses (fixed, or those of the Service clients reach this
+//!   controller through: [`service_addresses`], as ingress-nginx's `--publish-service`);
 //! - an Ingress we served since the planner started and no longer serve (its class changed, our
 //!   default class stopped being default, ...) is cleared, but only while it carries exactly our
 //!   addresses: once another controller wrote its own, it is left alone;
@@ -22,6 +23,7 @@ use std::fmt;
 use std::net::IpAddr;
 use std::str::FromStr;
 
+use roadkeeper_cluster::k8s_openapi::api::core::v1::Service;
 use roadkeeper_cluster::k8s_openapi::api::networking::v1::{Ingress, IngressLoadBalancerIngress};
 use roadkeeper_cluster::{Changes, NamespacedName, Store};
 
@@ -80,6 +82,29 @@ impl Address {
     }
 }
 
+/// The addresses clients reach Service `service` at, as ingress-nginx's `--publish-service` takes
+/// them: those its load balancer published (`status.loadBalancer.ingress`, IPs and host names),
+/// else its `externalIPs`; none while neither exists (a LoadBalancer still pending). Entries that
+/// are not valid addresses are left out.
+pub fn service_addresses(service: &Service) -> Vec<Address> {
+    let balancer = service.status.as_ref().and_then(|status| status.load_balancer.as_ref());
+    let published: Vec<Address> = balancer
+        .and_then(|lb| lb.ingress.as_ref())
+        .into_iter()
+        .flatten()
+        .filter_map(|entry| match (&entry.ip, &entry.hostname) {
+            (Some(ip), _) => ip.parse().ok().map(Address::Ip),
+            (None, Some(name)) => name.parse().ok(),
+            (None, None) => None,
+        })
+        .collect();
+    if !published.is_empty() {
+        return published;
+    }
+    let external = service.spec.as_ref().and_then(|spec| spec.external_ips.as_ref());
+    external.into_iter().flatten().filter_map(|ip| ip.parse().ok().map(Address::Ip)).collect()
+}
+
 /// A status write: Ingress `ingress` must carry `addresses` in `status.loadBalancer.ingress`, in
 /// this order (none: cleared).
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -111,10 +136,22 @@ pub struct StatusPlanner {
 }
 
 impl StatusPlanner {
-    /// A planner publishing `addresses` (not empty).
+    /// A planner publishing `addresses` (none: our Ingresses carry an empty status).
     pub fn new(addresses: Vec<Address>) -> Self {
         let entries = addresses.iter().map(Address::entry).collect();
         Self { addresses, entries, claimed: BTreeSet::new() }
+    }
+
+    /// Publishes `addresses` from now on; whether they differ from the previous ones (then
+    /// [`plan_all`](Self::plan_all) gives the writes). An Ingress we no longer serve is cleared
+    /// only while it carries the addresses of the moment it is planned.
+    pub fn set_addresses(&mut self, addresses: Vec<Address>) -> bool {
+        if addresses == self.addresses {
+            return false;
+        }
+        self.entries = addresses.iter().map(Address::entry).collect();
+        self.addresses = addresses;
+        true
     }
 
     /// The addresses published.
@@ -150,7 +187,7 @@ impl StatusPlanner {
             self.claimed.insert(key.clone());
             return (!carries_ours).then(|| StatusUpdate { ingress: key.clone(), addresses: self.addresses.clone() });
         }
-        if carries_ours && self.claimed.remove(key) {
+        if carries_ours && self.claimed.remove(key) && !self.entries.is_empty() {
             return Some(StatusUpdate { ingress: key.clone(), addresses: Vec::new() });
         }
         None

@@ -341,3 +341,48 @@ fn incremental_planning_ends_where_a_fresh_start_does() {
         assert_eq!(StatusPlanner::new(ours()).plan_all(&store, &table), [], "step {i}");
     }
 }
+
+#[test]
+fn a_published_service_gives_its_load_balancer_addresses_else_its_external_ips() {
+    let service = |status: Value, external: Value| -> Service {
+        serde_json::from_value(json!({"metadata": {"name": "lb", "namespace": "ns"},
+            "spec": {"type": "LoadBalancer", "externalIPs": external}, "status": {"loadBalancer": status}}))
+        .unwrap()
+    };
+    let pending = service(json!({}), json!(null));
+    assert_eq!(service_addresses(&pending), []);
+    let external = service(json!({}), json!(["192.0.2.7", "not-an-ip"]));
+    assert_eq!(service_addresses(&external), [Address::Ip("192.0.2.7".parse().unwrap())]);
+    // The load balancer's entries win, in order; an entry that is no address is left out.
+    let published = json!({"ingress": [{"ip": "192.0.2.10"}, {"hostname": "lb.example.com"},
+        {"hostname": "Bad_Name"}, {"ipMode": "VIP"}]});
+    assert_eq!(service_addresses(&service(published, json!(["192.0.2.7"]))), ours());
+}
+
+#[test]
+fn new_addresses_move_every_ingress_we_serve_and_none_but_ours() {
+    let cluster = Cluster::new(vec![
+        our_class(false),
+        nginx_class(),
+        ingress("web", Some("roadkeeper")),
+        with_status(ingress("theirs", Some("nginx")), json!([{"ip": "198.51.100.1"}])),
+    ]);
+    let (mut controller, _) = Controller::start(cluster);
+    // Our Service has no load balancer address yet: the Ingress carries none (and is not written).
+    assert!(controller.planner.set_addresses(Vec::new()));
+    let store = controller.cluster.store();
+    assert_eq!(controller.planner.plan_all(&store, &controller.table), []);
+    assert!(!controller.planner.set_addresses(Vec::new()), "the same addresses are no change");
+    // It gets one: every Ingress we serve takes it.
+    assert!(controller.planner.set_addresses(ours()));
+    let updates = controller.planner.plan_all(&store, &controller.table);
+    assert_eq!(updates, [update("web", ours())]);
+    controller.settle(updates);
+    assert_eq!(controller.cluster.status("web"), our_entries());
+    assert_eq!(controller.cluster.status("theirs"), json!([{"ip": "198.51.100.1"}]));
+    // And loses it again.
+    assert!(controller.planner.set_addresses(Vec::new()));
+    let store = controller.cluster.store();
+    let updates = controller.planner.plan_all(&store, &controller.table);
+    assert_eq!(updates, [update("web", Vec::new())]);
+}

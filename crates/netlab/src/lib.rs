@@ -1,9 +1,11 @@
 //! Network test lab for roadkeeper: throwaway network-namespace hosts wired up
-//! like a Kubernetes node, an echo server, and TCP/UDP probes.
+//! like a Kubernetes node ([`Lab`]) or a whole multi-node cluster network ([`cluster`]), an echo
+//! server, a small static web server ([`web`]), and TCP/UDP probes.
 //!
 //! Everything here needs root (CAP_NET_ADMIN / CAP_SYS_ADMIN) and `ip` (iproute2).
 
 pub mod addressing;
+pub mod cluster;
 mod cmd;
 pub mod echo;
 pub mod manifests;
@@ -12,6 +14,7 @@ mod pktinfo;
 pub mod probe;
 pub mod reply;
 pub mod topology;
+pub mod web;
 
 pub use echo::EchoServer;
 pub use netns::{Netns, Process};

@@ -19,10 +19,12 @@ const NETNS_DIR: &str = "/var/run/netns";
 /// Makes namespace names unique within this process.
 static NEXT_ID: AtomicU32 = AtomicU32::new(0);
 
-/// A named network namespace, deleted (after killing its spawned processes) on drop.
+/// A named network namespace, deleted (after killing its spawned processes) on drop, unless it
+/// was [`open`](Netns::open)ed or [`disown`](Netns::disown)ed: then it outlives this handle.
 pub struct Netns {
     name: String,
     children: Mutex<Vec<Process>>,
+    owned: bool,
 }
 
 /// A process started by [`Netns::spawn`]; it is killed when its namespace is dropped.
@@ -33,11 +35,26 @@ impl Netns {
     /// Creates namespace `<prefix>-<pid>-<n>` with its loopback up.
     pub fn new(prefix: &str) -> Result<Self> {
         let id = NEXT_ID.fetch_add(1, Ordering::Relaxed);
-        let name = format!("{prefix}-{}-{id}", std::process::id());
-        cmd::output(Command::new("ip").args(["netns", "add", &name]))?;
-        let netns = Netns { name, children: Mutex::default() };
+        Self::create(&format!("{prefix}-{}-{id}", std::process::id()))
+    }
+
+    /// Creates namespace `name` (exactly) with its loopback up.
+    pub fn create(name: &str) -> Result<Self> {
+        cmd::output(Command::new("ip").args(["netns", "add", name]))?;
+        let netns = Netns { name: name.to_owned(), children: Mutex::default(), owned: true };
         netns.ip(["link", "set", "lo", "up"])?;
         Ok(netns)
+    }
+
+    /// A handle on the existing namespace `name`, which dropping it leaves alone.
+    pub fn open(name: &str) -> Self {
+        Netns { name: name.to_owned(), children: Mutex::default(), owned: false }
+    }
+
+    /// Lets the namespace outlive this handle: dropping it no longer deletes it.
+    pub fn disown(mut self) -> Self {
+        self.owned = false;
+        self
     }
 
     /// The namespace name as known to `ip netns`.
@@ -47,7 +64,7 @@ impl Netns {
 
     /// The namespace handle file, `/var/run/netns/<name>`.
     pub fn path(&self) -> PathBuf {
-        Path::new(NETNS_DIR).join(&self.name)
+        path_of(&self.name)
     }
 
     /// Runs `ip -n <name> args...` (iproute2 configuration of this namespace).
@@ -57,6 +74,23 @@ impl Netns {
         S: AsRef<OsStr>,
     {
         cmd::output(Command::new("ip").arg("-n").arg(&self.name).args(args))
+    }
+
+    /// Runs the `ip` commands (one per line, as `ip -batch` reads them) in this namespace, in one
+    /// `ip` process; the first failing one stops it, with its error.
+    pub fn ip_batch(&self, commands: &[String]) -> Result<()> {
+        let mut command = Command::new("ip");
+        command.arg("-n").arg(&self.name).args(["-batch", "-"]);
+        cmd::output_with_input(&mut command, &(commands.join("\n") + "\n")).map(drop)
+    }
+
+    /// Runs `args` inside the namespace to completion with `input` on its standard input.
+    pub fn exec_with_input<I, S>(&self, args: I, input: &str) -> Result<Output>
+    where
+        I: IntoIterator<Item = S>,
+        S: AsRef<OsStr>,
+    {
+        cmd::output_with_input(&mut self.command(args), input)
     }
 
     /// Runs `args` inside the namespace to completion; failure carries stderr.
@@ -136,15 +170,40 @@ impl Netns {
 
 impl Drop for Netns {
     fn drop(&mut self) {
+        if !self.owned {
+            return;
+        }
         for process in lock(&self.children).drain(..) {
             if let Err(err) = process.kill() {
                 tracing::warn!(netns = %self.name, "{err:#}");
             }
         }
-        if let Err(err) = cmd::output(Command::new("ip").args(["netns", "del", &self.name])) {
+        if let Err(err) = delete(&self.name) {
             tracing::warn!("{err:#}");
         }
     }
+}
+
+/// Deletes namespace `name` (`ip netns del`).
+pub fn delete(name: &str) -> Result<()> {
+    cmd::output(Command::new("ip").args(["netns", "del", name])).map(drop)
+}
+
+/// The names of the namespaces `ip netns` knows that start with `prefix`, sorted.
+pub fn names_with_prefix(prefix: &str) -> Result<Vec<String>> {
+    let entries = match fs::read_dir(NETNS_DIR) {
+        Err(err) if err.kind() == std::io::ErrorKind::NotFound => return Ok(Vec::new()),
+        entries => entries.with_context(|| format!("cannot list {NETNS_DIR}"))?,
+    };
+    let mut names = Vec::new();
+    for entry in entries {
+        let name = entry.with_context(|| format!("cannot list {NETNS_DIR}"))?.file_name();
+        if let Some(name) = name.to_str().filter(|name| name.starts_with(prefix)) {
+            names.push(name.to_owned());
+        }
+    }
+    names.sort();
+    Ok(names)
 }
 
 impl Process {
@@ -181,6 +240,11 @@ impl Process {
         child.wait().context("cannot reap killed process")?;
         Ok(())
     }
+}
+
+/// The handle file of namespace `name`, `/var/run/netns/<name>`.
+pub fn path_of(name: &str) -> PathBuf {
+    Path::new(NETNS_DIR).join(name)
 }
 
 /// Moves the calling thread into the network namespace at `path`.

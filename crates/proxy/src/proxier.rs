@@ -8,9 +8,10 @@ use ipnet::IpNet;
 use roadkeeper_cluster::{NamespacedName, Store};
 
 use crate::Error;
-use roadkeeper_rules::claims::{Claimant, FrontendClaims, frontends_of};
+use roadkeeper_rules::claims::FrontendClaims;
 use roadkeeper_rules::config::ProxyConfig;
-use roadkeeper_rules::table::{NodeInfo, ServicePort, service_ports};
+use roadkeeper_rules::plan::plan_ports;
+use roadkeeper_rules::table::{NodeInfo, ServicePort};
 
 /// What one sync did.
 #[derive(Debug, Clone, Default)]
@@ -100,52 +101,24 @@ impl SyncState {
         }
     }
 
-    /// The service ports this node proxies for Service `key`, each frontend used once; none when
-    /// the Service is absent, headless, ExternalName or handled by another proxy.
-    fn service_ports(&self, key: &NamespacedName, store: &Store, cfg: &ProxyConfig) -> Vec<ServicePort> {
-        let Some(svc) = store.service(key) else { return Vec::new() };
-        let slices = store.slices_for(key);
-        // Every `Skip` reason means nothing to proxy.
-        service_ports(key, svc, &slices, &self.node, cfg).unwrap_or_default()
-    }
-
-    /// The service ports of the Services `keys` (the changed ones; every one for a full sync,
-    /// which starts from no claims), updating the frontend claims, plus those of every other
-    /// Service that gained or lost a frontend because of them. Frontends an older Service owns
-    /// are left out, and each such conflict is logged. Costs O(the Services planned).
+    /// The service ports of the Services `keys` and of those whose frontends changed owner
+    /// because of them ([`plan_ports`]), updating the frontend claims; each conflict is logged.
     pub(crate) fn plan_ports<'a>(
         &mut self,
         keys: impl IntoIterator<Item = &'a NamespacedName>,
         store: &Store,
         cfg: &ProxyConfig,
     ) -> BTreeMap<NamespacedName, Vec<ServicePort>> {
-        let mut planned = BTreeMap::new();
-        let mut affected = BTreeSet::new();
-        for key in keys {
-            let mut ports = self.service_ports(key, store, cfg);
-            let frontends = frontends_of(&mut ports);
-            let created = store.service(key).and_then(|svc| svc.metadata.creation_timestamp.clone());
-            affected.extend(self.claims.update(Claimant { created, service: key.clone() }, frontends));
-            planned.insert(key.clone(), ports);
+        let planned = plan_ports(&mut self.claims, keys, store, &self.node, cfg);
+        for conflict in &planned.conflicts {
+            tracing::warn!(
+                frontend = %conflict.frontend,
+                owner = %conflict.owner,
+                skipped = %conflict.skipped,
+                "frontend conflict: {conflict}"
+            );
         }
-        for key in affected {
-            if let std::collections::btree_map::Entry::Vacant(entry) = planned.entry(key) {
-                let mut ports = self.service_ports(entry.key(), store, cfg);
-                frontends_of(&mut ports);
-                entry.insert(ports);
-            }
-        }
-        for (key, ports) in &mut planned {
-            for conflict in self.claims.keep_owned(key, ports) {
-                tracing::warn!(
-                    frontend = %conflict.frontend,
-                    owner = %conflict.owner,
-                    skipped = %conflict.skipped,
-                    "frontend conflict: {conflict}"
-                );
-            }
-        }
-        planned
+        planned.ports
     }
 
     /// Records the service table entries of one Service (none: it leaves the table).
@@ -254,19 +227,6 @@ impl<B: Backend> Proxier for B {
     fn table(&self) -> &BTreeMap<NamespacedName, Vec<ServicePort>> {
         &self.state().table
     }
-}
-
-/// The service CIDRs declared by ServiceCIDR objects.
-pub fn service_cidrs(store: &Store) -> Vec<IpNet> {
-    let mut cidrs: Vec<IpNet> = store
-        .service_cidrs()
-        .filter_map(|c| c.spec.as_ref()?.cidrs.clone())
-        .flatten()
-        .filter_map(|c| c.parse().ok())
-        .collect();
-    cidrs.sort();
-    cidrs.dedup();
-    cidrs
 }
 
 /// Finds the items the kernel refuses, each with its refusal: alone, or together with items

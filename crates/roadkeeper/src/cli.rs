@@ -37,9 +37,23 @@ pub enum Command {
     /// namespaces).
     #[command(subcommand)]
     Bench(Bench),
-    /// Build the hello example in network namespaces (a node, three echo pods, a client), run
-    /// the proxy there and show which pod answers the Service (needs root).
+    /// The lab: a whole cluster out of network namespaces on this machine (nodes, pods, a client
+    /// and an internet host), run by every roadkeeper component from the manifests of a folder
+    /// (needs root). `lab up` builds it and walks a request through it; `lab get`, `scale`,
+    /// `label` and `exec` work as their kubectl namesakes; `lab down` removes everything.
     Lab(LabArgs),
+    /// Follow a request down the road, one station at a time, computed by the code that builds
+    /// the rules: the DNS answer for a name, the Service and port, the EndpointSlices and the
+    /// endpoints eligible on the node the packet enters, the node's nftables or iptables rules
+    /// it passes (in order, with their verdicts), the DNAT target, the pod and node it lands on,
+    /// whether its source is masqueraded and why, and for the Ingress controller's Service the
+    /// Ingress rule that matched and the leg to the backend.
+    ///
+    /// In the lab (the default: no --from-node) it also sends the real request from --from and
+    /// shows the answer, the pod that gave it and the connection's conntrack entry. With
+    /// --from-node it reads a cluster (--kubeconfig or --manifests, read-only), sends nothing,
+    /// and plans every node with the proxy flags given here (as `roadkeeper proxy` would run).
+    Trace(TraceArgs),
     /// Run the cluster DNS server: the Kubernetes DNS specification for the cluster zone,
     /// everything else forwarded upstream (options named as CoreDNS's kubernetes plugin).
     Dns(DnsArgs),
@@ -82,13 +96,40 @@ pub struct ProxyArgs {
     /// Where the cluster state comes from.
     #[command(flatten)]
     pub source: SourceArgs,
+    /// What decides the rules.
+    #[command(flatten)]
+    pub rules: RuleArgs,
+    /// This node's name (default: the host name).
+    #[arg(long, value_name = "NAME")]
+    pub hostname_override: Option<String>,
+    /// iptables mode: minimum time between syncs, as a Go duration (default 1s).
+    #[arg(long, value_name = "DURATION")]
+    pub iptables_min_sync_period: Option<String>,
+    /// iptables mode: period of the rule health check and of retries (default 30s).
+    #[arg(long, value_name = "DURATION")]
+    pub iptables_sync_period: Option<String>,
+    /// Address and port of the health server (`/healthz`, `/livez`), default `0.0.0.0:10256`;
+    /// empty disables it. Watch mode only.
+    #[arg(long, value_name = "IP:PORT")]
+    pub healthz_bind_address: Option<String>,
+    /// Address and port of the Prometheus metrics server (`/metrics`), default
+    /// `127.0.0.1:10249`; empty disables it. Watch mode only.
+    #[arg(long, value_name = "IP:PORT")]
+    pub metrics_bind_address: Option<String>,
+    /// Program the kernel once and exit: 0 when the rules are in place (serves no health or
+    /// metrics endpoint).
+    #[arg(long)]
+    pub once: bool,
+}
+
+/// The flags of `proxy` that decide a node's rules (also those of `trace`), named as
+/// kube-proxy's.
+#[derive(Debug, Args, Clone, Default)]
+pub struct RuleArgs {
     /// A kube-proxy KubeProxyConfiguration file (kubeproxy.config.k8s.io/v1alpha1); flags
     /// override it.
     #[arg(long, value_name = "FILE")]
     pub config: Option<PathBuf>,
-    /// This node's name (default: the host name).
-    #[arg(long, value_name = "NAME")]
-    pub hostname_override: Option<String>,
     /// Pod CIDR(s) of the cluster, comma-separated (one per family): traffic from outside them is
     /// masqueraded when it goes to a ClusterIP.
     #[arg(long, value_name = "CIDR[,CIDR6]")]
@@ -106,27 +147,9 @@ pub struct ProxyArgs {
     /// iptables mode: the packet-mark bit flagging traffic for masquerading (0-31, default 14).
     #[arg(long, value_name = "BIT")]
     pub iptables_masquerade_bit: Option<u8>,
-    /// iptables mode: minimum time between syncs, as a Go duration (default 1s).
-    #[arg(long, value_name = "DURATION")]
-    pub iptables_min_sync_period: Option<String>,
-    /// iptables mode: period of the rule health check and of retries (default 30s).
-    #[arg(long, value_name = "DURATION")]
-    pub iptables_sync_period: Option<String>,
     /// iptables mode: NodePorts also answer on 127.0.0.1 (default true).
     #[arg(long, value_name = "BOOL", num_args = 0..=1, default_missing_value = "true")]
     pub iptables_localhost_nodeports: Option<bool>,
-    /// Address and port of the health server (`/healthz`, `/livez`), default `0.0.0.0:10256`;
-    /// empty disables it. Watch mode only.
-    #[arg(long, value_name = "IP:PORT")]
-    pub healthz_bind_address: Option<String>,
-    /// Address and port of the Prometheus metrics server (`/metrics`), default
-    /// `127.0.0.1:10249`; empty disables it. Watch mode only.
-    #[arg(long, value_name = "IP:PORT")]
-    pub metrics_bind_address: Option<String>,
-    /// Program the kernel once and exit: 0 when the rules are in place (serves no health or
-    /// metrics endpoint).
-    #[arg(long)]
-    pub once: bool,
 }
 
 /// Flags of `echo`.
@@ -205,21 +228,168 @@ pub struct BenchArgs {
     pub proxy_mode: Vec<String>,
 }
 
+/// Flags of `trace`.
+#[derive(Debug, Args)]
+pub struct TraceArgs {
+    /// The request: `http://ADDRESS-OR-NAME[:PORT]/PATH` (or https://).
+    pub url: String,
+    /// In the lab: where the request starts, `client` (default), `internet`, a node (`node-1`)
+    /// or a pod (`NAME` in namespace default, or `NAMESPACE/NAME`).
+    #[arg(long, value_name = "HOST", conflicts_with = "from_node")]
+    pub from: Option<String>,
+    /// The lab directory (as `lab --lab-dir`; default $ROADKEEPER_LAB_DIR, else
+    /// /run/roadkeeper/lab).
+    #[arg(long, value_name = "DIR", conflicts_with = "from_node")]
+    pub lab_dir: Option<PathBuf>,
+    /// Outside the lab: the node the request starts on (its host network), traced read-only
+    /// from the cluster of --kubeconfig (or --manifests); nothing is sent.
+    #[arg(long, value_name = "NODE")]
+    pub from_node: Option<String>,
+    /// `text`, or `json` for tools.
+    #[arg(long, short = 'o', value_name = "FORMAT", default_value = "text", value_parser = ["text", "json"])]
+    pub output: String,
+    /// The Service in front of the Ingress controller, `NAMESPACE/NAME`: a request reaching it
+    /// is routed by the Ingress rules of --ingress-class.
+    #[arg(long, value_name = "NAMESPACE/NAME", default_value = "kube-system/roadkeeper-ingress")]
+    pub ingress_service: String,
+    /// The Ingress controller's IngressClass name.
+    #[arg(long, value_name = "NAME", default_value = "roadkeeper")]
+    pub ingress_class: String,
+    /// The cluster domain.
+    #[arg(long, value_name = "DOMAIN", default_value = "cluster.local")]
+    pub cluster_domain: String,
+    /// Where the cluster state comes from (outside the lab).
+    #[command(flatten)]
+    pub source: SourceArgs,
+    /// The flags the nodes' proxies run with (outside the lab; the lab's own are used in it).
+    #[command(flatten)]
+    pub rules: RuleArgs,
+}
+
 /// Flags of `lab`.
 #[derive(Debug, Args)]
 pub struct LabArgs {
-    /// A Service manifest selecting `app: hello` (default: examples/hello/service.yaml).
-    #[arg(long, value_name = "FILE")]
-    pub service: Option<PathBuf>,
-    /// Where the client sends requests, repeatable.
-    #[arg(long, default_values = ["10.96.0.10:80", "[fd00:96::10]:80"])]
-    pub target: Vec<SocketAddr>,
-    /// Requests per target.
-    #[arg(long, default_value_t = 12)]
-    pub requests: usize,
-    /// Keep the lab up until Enter is pressed, to look around.
-    #[arg(long)]
-    pub keep: bool,
+    /// The lab directory, holding the lab's state, generated cluster state and logs (default:
+    /// $ROADKEEPER_LAB_DIR, else /run/roadkeeper/lab). Labs in different directories are
+    /// independent.
+    #[arg(long, value_name = "DIR", global = true)]
+    pub lab_dir: Option<PathBuf>,
+    /// What to do.
+    #[command(subcommand)]
+    pub command: LabCommand,
+}
+
+/// Subcommands of `lab`.
+#[derive(Debug, Subcommand)]
+pub enum LabCommand {
+    /// Build the lab from the manifests of DIR and return once every part answers: N nodes
+    /// joined by a router, a pod network per node, a client and an internet host, the
+    /// Deployments' and Pods' pods, `roadkeeper proxy` in every node, `roadkeeper dns` and
+    /// `roadkeeper ingress` in pods behind their Services. DIR stays watched.
+    Up {
+        /// The manifest folder (Deployments, ConfigMaps, Services, Ingresses, IngressClasses,
+        /// Pods, EndpointSlices, Secrets).
+        #[arg(default_value = "examples/hello")]
+        dir: PathBuf,
+        /// Number of nodes (1-50).
+        #[arg(long, default_value_t = 2)]
+        nodes: u8,
+        /// The proxy's kernel backend in every node: nftables or iptables.
+        #[arg(long, value_name = "MODE", default_value = "nftables")]
+        proxy_mode: String,
+    },
+    /// Remove every namespace, process, file and mount of the lab (also after a crash).
+    Down,
+    /// Show the lab's hosts, pods, processes and the problems found in its manifests.
+    Status,
+    /// List pods, services, endpointslices, ingress or nodes with the columns of `kubectl get`.
+    Get {
+        /// pods, services, endpointslices, ingress or nodes (or kubectl's short names).
+        resource: String,
+        /// `wide` adds kubectl's wide columns.
+        #[arg(short, long, value_name = "FORMAT")]
+        output: Option<String>,
+        /// Only objects whose labels match (`app=hello`, `app!=x`, `app in (a,b)`, `key`, `!key`).
+        #[arg(short = 'l', long, value_name = "SELECTOR")]
+        selector: Option<String>,
+        /// The namespace listed.
+        #[arg(short, long, default_value = "default")]
+        namespace: String,
+        /// List every namespace.
+        #[arg(short = 'A', long)]
+        all_namespaces: bool,
+        /// Add a LABELS column (as kubectl's `--show-labels`).
+        #[arg(long)]
+        show_labels: bool,
+    },
+    /// Set a Deployment's replicas in the manifest that defines it (as `kubectl scale` changes
+    /// the object) and wait until the lab and every node's proxy follow.
+    Scale {
+        /// `deployment/NAME`.
+        target: String,
+        /// The new number of replicas.
+        #[arg(long)]
+        replicas: i32,
+        /// The Deployment's namespace.
+        #[arg(short, long, default_value = "default")]
+        namespace: String,
+    },
+    /// Change a pod's labels (KEY=VALUE sets, KEY- removes), as `kubectl label pod` does.
+    Label {
+        /// `pod` (or `pods`, `po`).
+        resource: String,
+        /// The pod.
+        name: String,
+        /// Changes: KEY=VALUE or KEY-.
+        #[arg(required = true)]
+        labels: Vec<String>,
+        /// Allow changing labels that have a value.
+        #[arg(long)]
+        overwrite: bool,
+        /// The pod's namespace.
+        #[arg(short, long, default_value = "default")]
+        namespace: String,
+    },
+    /// Run a command in a host (node-N, client, internet, router) or a pod's container (its
+    /// network, mounts and host name).
+    Exec {
+        /// A host or a pod.
+        name: String,
+        /// The pod's namespace.
+        #[arg(short, long)]
+        namespace: Option<String>,
+        /// The pod's container (default: its first).
+        #[arg(short, long)]
+        container: Option<String>,
+        /// The command and its arguments, after `--`.
+        #[arg(last = true, required = true)]
+        command: Vec<String>,
+    },
+    /// The lab controller (started by `lab up`).
+    #[command(hide = true)]
+    Controller,
+    /// Runs one container from its spec file (started by the lab controller).
+    #[command(hide = true)]
+    Container {
+        /// The container's spec (JSON).
+        spec: PathBuf,
+    },
+    /// The lab's web server (TCP) and echo server (UDP), as a container or host runs them.
+    #[command(hide = true)]
+    Serve {
+        /// The name answered.
+        #[arg(long)]
+        name: String,
+        /// The folder served (without: a line naming server and client).
+        #[arg(long)]
+        root: Option<PathBuf>,
+        /// TCP port served over HTTP, repeatable.
+        #[arg(long)]
+        tcp: Vec<u16>,
+        /// UDP port echoed, repeatable.
+        #[arg(long)]
+        udp: Vec<u16>,
+    },
 }
 
 /// Flags of `dns`.
@@ -301,8 +471,14 @@ pub struct IngressArgs {
     /// IPs (as `ip`) or DNS names (as `hostname`), e.g. those of the load balancer in front of
     /// this controller. Default: the IP of `--http` if it names one (not 0.0.0.0 or ::), else
     /// that of `--https`, else no status is published.
-    #[arg(long, value_name = "ADDRESSES", value_delimiter = ',')]
+    #[arg(long, value_name = "ADDRESSES", value_delimiter = ',', conflicts_with = "publish_service")]
     pub publish_status_address: Vec<Address>,
+    /// The Service clients reach this controller through: its load balancer's addresses
+    /// (`status.loadBalancer.ingress`), else its `externalIPs`, are written to every Ingress
+    /// served, and follow it when they change (none while it has neither), as ingress-nginx's
+    /// `--publish-service`.
+    #[arg(long, value_name = "NAMESPACE/NAME", value_parser = parse_namespaced_name)]
+    pub publish_service: Option<NamespacedName>,
     /// Address of the Prometheus metrics server (`/metrics`); empty disables it.
     #[arg(long, value_name = "IP:PORT", default_value = "0.0.0.0:10254")]
     pub metrics_bind_address: String,

@@ -1,5 +1,6 @@
-//! Tests of the manifests in `deploy/` (`roadkeeper.yaml`, the node proxy; `ingress.yaml`, the
-//! Ingress controller): real Kubernetes objects that run this binary with flags it accepts.
+//! Tests of the manifests in `deploy/` (`roadkeeper.yaml`, the node proxy; `dns.yaml`, the
+//! cluster DNS; `ingress.yaml`, the Ingress controller): real Kubernetes objects that run this
+//! binary with flags it accepts. `tests/node` applies them to a real node.
 
 #[cfg(test)]
 mod tests {
@@ -13,7 +14,7 @@ mod tests {
     use serde_json::Value;
 
     use k8s_openapi::api::apps::v1::{DaemonSet, Deployment};
-    use k8s_openapi::api::core::v1::{ConfigMap, Container, PodSpec, Probe, Service, ServiceAccount};
+    use k8s_openapi::api::core::v1::{ConfigMap, Container, PodSpec, Probe, Service, ServiceAccount, ServicePort};
     use k8s_openapi::api::networking::v1::IngressClass;
     use k8s_openapi::api::rbac::v1::{ClusterRole, ClusterRoleBinding};
     use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
@@ -22,7 +23,7 @@ mod tests {
 
     use roadkeeper_ingress::routes::ClassConfig;
 
-    use crate::cli::{Cli, Command, IngressArgs, ProxyArgs};
+    use crate::cli::{Cli, Command, DnsArgs, IngressArgs, ProxyArgs};
 
     /// The node name the downward API gives `NODE_NAME` in these tests.
     const NODE: &str = "node-a";
@@ -31,6 +32,14 @@ mod tests {
     const PROXY: &str = "roadkeeper.yaml";
     /// The Ingress controller's file.
     const INGRESS: &str = "ingress.yaml";
+    /// The cluster DNS's file.
+    const DNS: &str = "dns.yaml";
+
+    /// The ConfigMap the node proxy takes the API server's address from.
+    const API_SERVER_CONFIG_MAP: &str = "kubernetes-services-endpoint";
+
+    /// What `roadkeeper dns --pods=insecure` reads from the API, each with exactly `list` and `watch`.
+    const DNS_READS: [(&str, &str); 3] = [("", "services"), ("", "namespaces"), ("discovery.k8s.io", "endpointslices")];
 
     /// What roadkeeper reads from the API, each with exactly `list` and `watch`.
     const READS: [(&str, &str); 4] = [
@@ -301,7 +310,7 @@ mod tests {
     /// mounted from the ConfigMap, then the flags (the order of `proxy_cmd::build_config`).
     fn effective_config(deploy: &Deploy, ds: &DaemonSet, args: &ProxyArgs) -> ProxyConfig {
         let mut cfg = ProxyConfig::default();
-        if let Some(path) = &args.config {
+        if let Some(path) = &args.rules.config {
             let text = mounted_file(deploy, ds, path);
             let dir = tempfile::tempdir().expect("temp dir");
             let file = dir.path().join("config.yaml");
@@ -311,11 +320,11 @@ mod tests {
         if let Some(address) = &args.healthz_bind_address {
             cfg.healthz_bind_address = address.clone();
         }
-        if let Some(mode) = &args.proxy_mode {
+        if let Some(mode) = &args.rules.proxy_mode {
             cfg.mode = mode.parse().unwrap_or_else(|e| panic!("--proxy-mode: {e}"));
         }
         if cfg.mode == ProxyMode::Iptables
-            && let Some(on) = args.iptables_localhost_nodeports
+            && let Some(on) = args.rules.iptables_localhost_nodeports
         {
             cfg.localhost_nodeports = on;
         }
@@ -324,7 +333,14 @@ mod tests {
 
     #[test]
     fn every_document_is_a_known_kind_without_unknown_fields() {
-        assert_eq!(yaml_files(), [INGRESS, PROXY], "a new file in deploy/ needs its checks here");
+        assert_eq!(yaml_files(), [DNS, INGRESS, PROXY], "a new file in deploy/ needs its checks here");
+        let deploy = load(DNS);
+        only("ServiceAccount", &deploy.service_accounts);
+        only("ClusterRole", &deploy.cluster_roles);
+        only("ClusterRoleBinding", &deploy.bindings);
+        only("Deployment", &deploy.deployments);
+        only("Service", &deploy.services);
+        assert!(deploy.config_maps.is_empty() && deploy.daemon_sets.is_empty() && deploy.ingress_classes.is_empty());
         let deploy = load(PROXY);
         only("ServiceAccount", &deploy.service_accounts);
         only("ClusterRole", &deploy.cluster_roles);
@@ -422,7 +438,7 @@ mod tests {
         let deploy = load(PROXY);
         let ds = only("DaemonSet", &deploy.daemon_sets);
         let args = proxy_args(container(ds));
-        match &args.config {
+        match &args.rules.config {
             // Reads the file through the mount and loads it as the proxy does.
             Some(_) => {
                 effective_config(&deploy, ds, &args);
@@ -480,16 +496,24 @@ mod tests {
             cfg.mode
         );
 
-        // The API server is reached directly: its Service's ClusterIP is what this pod programs.
+        // The API server is reached directly (its Service's ClusterIP is what this pod programs),
+        // at the address the cluster's ConfigMap gives: both variables come from it, and no
+        // literal value in the manifest overrides them.
         let env = env(container);
-        assert!(env.get("KUBERNETES_SERVICE_HOST").is_some_and(|host| !host.is_empty()), "KUBERNETES_SERVICE_HOST");
-        let port = env.get("KUBERNETES_SERVICE_PORT").map(|port| port.parse::<u16>());
-        assert!(matches!(port, Some(Ok(_))), "KUBERNETES_SERVICE_PORT: {port:?}");
+        assert!(
+            !env.contains_key("KUBERNETES_SERVICE_HOST") && !env.contains_key("KUBERNETES_SERVICE_PORT"),
+            "{env:?}"
+        );
+        let from: Vec<_> =
+            container.env_from.iter().flatten().filter_map(|from| from.config_map_ref.as_ref()).collect();
+        assert!(
+            from.iter().any(|c| c.name == API_SERVER_CONFIG_MAP && c.optional != Some(true)),
+            "envFrom: the ConfigMap {API_SERVER_CONFIG_MAP}, not optional: {from:?}"
+        );
     }
 
-    /// The Deployment of `deploy/ingress.yaml` and its command line, parsed by roadkeeper's own
-    /// flag parser.
-    fn ingress_args(deploy: &Deploy) -> (&Deployment, IngressArgs) {
+    /// The one Deployment of `deploy` and its command line, parsed by roadkeeper's own flag parser.
+    fn deployment_command(deploy: &Deploy) -> (&Deployment, Command) {
         let deployment = only("Deployment", &deploy.deployments);
         let argv = command_line(only_container(deployment_pod_spec(deployment)));
         assert!(
@@ -502,9 +526,25 @@ mod tests {
         );
         let cli = Cli::try_parse_from(&argv)
             .unwrap_or_else(|e| panic!("roadkeeper rejects the Deployment's command line {argv:?}:\n{e}"));
-        match cli.command {
-            Command::Ingress(args) => (deployment, args),
-            other => panic!("the Deployment must run `roadkeeper ingress`, not {other:?}"),
+        (deployment, cli.command)
+    }
+
+    /// The Deployment of `deploy/ingress.yaml` and its `roadkeeper ingress` arguments.
+    fn ingress_args(deploy: &Deploy) -> (&Deployment, IngressArgs) {
+        match deployment_command(deploy) {
+            (deployment, Command::Ingress(args)) => (deployment, args),
+            (_, other) => panic!("the Deployment must run `roadkeeper ingress`, not {other:?}"),
+        }
+    }
+
+    /// The container port a Service port sends to: its number, or the container port of its name.
+    fn target_port(port: &ServicePort, container: &Container) -> i32 {
+        match port.target_port.as_ref().expect("targetPort") {
+            IntOrString::Int(number) => *number,
+            IntOrString::String(name) => {
+                let named = container.ports.iter().flatten().find(|p| p.name.as_ref() == Some(name));
+                named.unwrap_or_else(|| panic!("no container port named {name}")).container_port
+            }
         }
     }
 
@@ -520,7 +560,10 @@ mod tests {
     fn ingress_command_line_is_accepted_and_publishes_a_status_for_the_deployed_class() {
         let deploy = load(INGRESS);
         let (_, args) = ingress_args(&deploy);
-        assert!(!args.publish_status_address.is_empty(), "--publish-status-address: the Service's address");
+        let service = only("Service", &deploy.services);
+        let name = service.metadata.namespace.clone().zip(service.metadata.name.clone());
+        let published = args.publish_service.as_ref().map(|s| (s.namespace.clone(), s.name.clone()));
+        assert_eq!(published, name, "--publish-service: the file's Service, whose addresses clients reach");
         let class = only("IngressClass", &deploy.ingress_classes);
         assert_eq!(class.metadata.name.as_deref(), Some(args.class.as_str()), "IngressClass name vs --class");
         let controller = class.spec.as_ref().and_then(|spec| spec.controller.as_deref());
@@ -534,10 +577,12 @@ mod tests {
     }
 
     #[test]
-    fn ingress_binding_ties_the_service_account_of_the_deployment_to_the_role() {
-        let deploy = load(INGRESS);
-        let deployment = only("Deployment", &deploy.deployments);
-        assert_bound(&deploy, "Deployment", deployment.metadata.namespace.as_ref(), deployment_pod_spec(deployment));
+    fn binding_ties_the_service_account_of_each_deployment_to_its_role() {
+        for file in [INGRESS, DNS] {
+            let deploy = load(file);
+            let deployment = only("Deployment", &deploy.deployments);
+            assert_bound(&deploy, file, deployment.metadata.namespace.as_ref(), deployment_pod_spec(deployment));
+        }
     }
 
     #[test]
@@ -588,20 +633,9 @@ mod tests {
         let labels = pod.metadata.as_ref().and_then(|m| m.labels.clone()).unwrap_or_default();
         let selector = spec.selector.clone().unwrap_or_default();
         assert!(!selector.is_empty() && selector.iter().all(|(k, v)| labels.get(k) == Some(v)), "{selector:?}");
-        let target = |port: i32| {
-            let port = spec.ports.iter().flatten().find(|p| p.port == port).unwrap_or_else(|| panic!("port {port}"));
-            match port.target_port.as_ref().expect("targetPort") {
-                IntOrString::Int(number) => *number,
-                IntOrString::String(name) => {
-                    container
-                        .ports
-                        .iter()
-                        .flatten()
-                        .find(|p| p.name.as_ref() == Some(name))
-                        .unwrap_or_else(|| panic!("no container port named {name}"))
-                        .container_port
-                }
-            }
+        let target = |number: i32| {
+            let port = spec.ports.iter().flatten().find(|p| p.port == number);
+            target_port(port.unwrap_or_else(|| panic!("port {number}")), container)
         };
         assert_eq!((target(80), target(443)), (http, https), "Service ports 80 and 443 vs --http and --https");
 
@@ -612,5 +646,70 @@ mod tests {
             let port = tcp.map(|tcp| &tcp.port).unwrap_or_else(|| panic!("{name}: tcpSocket expected"));
             assert_eq!(port, &IntOrString::Int(http), "{name} vs --http");
         }
+    }
+
+    /// The Deployment of `deploy/dns.yaml` and its `roadkeeper dns` arguments.
+    fn dns_args(deploy: &Deploy) -> (&Deployment, DnsArgs) {
+        match deployment_command(deploy) {
+            (deployment, Command::Dns(args)) => (deployment, args),
+            (_, other) => panic!("the Deployment must run `roadkeeper dns`, not {other:?}"),
+        }
+    }
+
+    #[test]
+    fn dns_takes_the_place_of_kube_dns_as_kubeadm_installs_it() {
+        let deploy = load(DNS);
+        let (deployment, args) = dns_args(&deploy);
+        assert_eq!(args.pods, "insecure", "pod records as kubeadm's Corefile (`pods insecure`)");
+        assert_eq!(args.zone.first().map(String::as_str), Some("cluster.local"));
+        let service = only("Service", &deploy.services);
+        assert_eq!(
+            (service.metadata.namespace.as_deref(), service.metadata.name.as_deref()),
+            (Some("kube-system"), Some("kube-dns"))
+        );
+        assert_eq!(deployment.metadata.namespace.as_deref(), Some("kube-system"));
+        let spec = service.spec.as_ref().expect("Service spec");
+        assert_eq!(spec.cluster_ip.as_deref(), Some("10.96.0.10"), "kubeadm's clusterDNS for 10.96.0.0/12");
+        let pod = deployment.spec.as_ref().map(|spec| &spec.template).expect("pod template");
+        let labels = pod.metadata.as_ref().and_then(|m| m.labels.clone()).unwrap_or_default();
+        assert_eq!(labels.get("k8s-app").map(String::as_str), Some("kube-dns"), "CoreDNS's label, which tools select");
+        let selector = spec.selector.clone().unwrap_or_default();
+        assert!(!selector.is_empty() && selector.iter().all(|(k, v)| labels.get(k) == Some(v)), "{selector:?}");
+
+        // Port 53 over UDP and TCP, to the port --listen binds on every address.
+        let [listen] = args.listen.as_slice() else { panic!("one --listen: {:?}", args.listen) };
+        assert!(listen.ip().is_unspecified(), "--listen {listen}: the pod IP is what the Service reaches");
+        let container = only_container(deployment_pod_spec(deployment));
+        for protocol in ["UDP", "TCP"] {
+            let port = spec.ports.iter().flatten().find(|p| p.port == 53 && p.protocol.as_deref() == Some(protocol));
+            let port = port.unwrap_or_else(|| panic!("Service port 53/{protocol}"));
+            assert_eq!(target_port(port, container), i32::from(listen.port()), "53/{protocol} vs --listen");
+        }
+        // Below 1024 without a capability: the pod's own sysctl.
+        if listen.port() < 1024 {
+            let sysctls = deployment_pod_spec(deployment).security_context.as_ref().and_then(|s| s.sysctls.clone());
+            let start = sysctls.iter().flatten().find(|s| s.name == "net.ipv4.ip_unprivileged_port_start");
+            let start: u16 = start.map(|s| s.value.parse().expect("a port")).unwrap_or(1024);
+            assert!(start <= listen.port(), "port {} needs net.ipv4.ip_unprivileged_port_start", listen.port());
+        }
+
+        let health: SocketAddr = args.health_bind_address.parse().expect("--health-bind-address");
+        assert!(health.ip().is_unspecified(), "the kubelet probes the pod IP: {health}");
+        let probes = [
+            ("livenessProbe", &container.liveness_probe, "/health"),
+            ("readinessProbe", &container.readiness_probe, "/ready"),
+        ];
+        for (name, probe, path) in probes {
+            let http = probe.as_ref().and_then(|p| p.http_get.as_ref()).unwrap_or_else(|| panic!("{name}: httpGet"));
+            assert_eq!(http.path.as_deref(), Some(path), "{name}.httpGet.path");
+            assert_eq!(http.port, IntOrString::Int(health.port().into()), "{name}.httpGet.port vs {health}");
+        }
+    }
+
+    #[test]
+    fn dns_cluster_role_grants_only_list_and_watch_on_what_is_read() {
+        let deploy = load(DNS);
+        let wanted = DNS_READS.iter().map(|&(group, resource)| (group, resource, &["list", "watch"][..]));
+        assert_eq!(grants(only("ClusterRole", &deploy.cluster_roles)), grant_map(wanted));
     }
 }

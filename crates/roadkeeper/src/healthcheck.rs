@@ -21,7 +21,7 @@ use crate::serve::{self, SharedHealth};
 pub type HealthCheckMap = BTreeMap<u16, (NamespacedName, usize)>;
 
 /// The health-check node ports of `table` with their Service and its local endpoint count:
-/// distinct endpoint IPs over all the Service's ports, per IP family, the larger family's count
+/// distinct ready endpoint IPs over all the Service's ports, per IP family, the larger family's count
 /// (upstream's per-family proxiers each report their own count to the one server; a dual-stack
 /// pod counts once). Should two Services claim one port (the API server forbids it), the first in
 /// name order wins.
@@ -33,7 +33,10 @@ pub fn health_check_services(table: &BTreeMap<NamespacedName, Vec<ServicePort>>)
         if hc_ports.is_empty() {
             continue;
         }
-        let local: BTreeSet<IpAddr> = ports.iter().flat_map(|sp| sp.local_endpoints.iter().map(|e| e.ip)).collect();
+        // Ready ones only: endpoints kept as the terminating fallback still get traffic, but a
+        // load balancer must stop sending new connections to this node.
+        let ready = ports.iter().filter(|sp| !sp.local_endpoints_terminating);
+        let local: BTreeSet<IpAddr> = ready.flat_map(|sp| sp.local_endpoints.iter().map(|e| e.ip)).collect();
         let count = local.iter().filter(|ip| ip.is_ipv4()).count().max(local.iter().filter(|ip| ip.is_ipv6()).count());
         for port in hc_ports {
             map.entry(port).or_insert_with(|| (name.clone(), count));
@@ -167,7 +170,17 @@ mod tests {
             health_check_node_port: hc,
             cluster_endpoints: local.clone(),
             local_endpoints: local,
+            local_endpoints_terminating: false,
         }
+    }
+
+    #[test]
+    fn terminating_local_endpoints_count_as_none() {
+        let web = NamespacedName::new("default", "web");
+        let mut terminating = port(&web, "http", Protocol::Tcp, Some(32000), vec![ep("10.244.0.11", true)]);
+        terminating.local_endpoints_terminating = true;
+        let table = BTreeMap::from([(web.clone(), vec![terminating])]);
+        assert_eq!(health_check_services(&table), HealthCheckMap::from([(32000, (web, 0))]));
     }
 
     #[test]

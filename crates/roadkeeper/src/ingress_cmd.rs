@@ -57,7 +57,7 @@ pub fn run(args: IngressArgs) -> anyhow::Result<()> {
         warnings.iter().for_each(|w| tracing::warn!("{w}"));
         let certificates = Arc::new(Certificates::default());
         load_certificates(&certificates, &table, feed.store(), args.default_ssl_certificate.as_ref());
-        let mut status = StatusPublisher::start(&args, &spec).await?;
+        let mut status = StatusPublisher::start(&args, &spec, feed.store()).await?;
         if let Some(status) = &mut status {
             status.publish_all(feed.store(), &table);
         }

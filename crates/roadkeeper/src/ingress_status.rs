@@ -12,7 +12,7 @@ use roadkeeper_cluster::kube::api::{Api, Patch, PatchParams};
 use roadkeeper_cluster::kube::{self, Client};
 use roadkeeper_cluster::{Changes, NamespacedName, SourceSpec, Store};
 use roadkeeper_ingress::routes::RouteTable;
-use roadkeeper_ingress::status::{Address, StatusPlanner, StatusUpdate};
+use roadkeeper_ingress::status::{Address, StatusPlanner, StatusUpdate, service_addresses};
 use serde_json::json;
 use tokio::sync::mpsc;
 use tokio::time::Instant;
@@ -27,22 +27,31 @@ const RETRY_MAX: Duration = Duration::from_secs(30);
 /// Keeps the `status.loadBalancer` of the Ingresses we serve equal to our addresses.
 pub struct StatusPublisher {
     planner: StatusPlanner,
+    /// `--publish-service`: the Service whose addresses are ours, followed as it changes.
+    service: Option<NamespacedName>,
     /// The writer task's queue; `None` when the cluster state comes from manifests (log only).
     writes: Option<mpsc::UnboundedSender<StatusUpdate>>,
 }
 
 impl StatusPublisher {
-    /// A publisher of the addresses of `args` to the cluster of `spec`, or `None` (logged once,
-    /// naming the flag) when there are none. With an API server, connects a client as the
-    /// [`Feed`](roadkeeper_cluster::Feed) of `spec` does and starts the writer task on the
-    /// current tokio runtime.
-    pub async fn start(args: &IngressArgs, spec: &SourceSpec) -> anyhow::Result<Option<Self>> {
-        let Some(addresses) = addresses(args) else {
-            tracing::info!(
-                "no Ingress status is published: --http and --https name no specific IP address; \
-                 set --publish-status-address to the addresses clients reach this controller at"
-            );
-            return Ok(None);
+    /// A publisher of the addresses of `args` (those of `--publish-service` as `store` holds it)
+    /// to the cluster of `spec`, or `None` (logged once, naming the flag) when there are none.
+    /// With an API server, connects a client as the [`Feed`](roadkeeper_cluster::Feed) of `spec`
+    /// does and starts the writer task on the current tokio runtime.
+    pub async fn start(args: &IngressArgs, spec: &SourceSpec, store: &Store) -> anyhow::Result<Option<Self>> {
+        let service = args.publish_service.clone();
+        let addresses = match &service {
+            Some(service) => published_by(store, service),
+            None => match addresses(args) {
+                Some(addresses) => addresses,
+                None => {
+                    tracing::info!(
+                        "no Ingress status is published: --http and --https name no specific IP address; \
+                         set --publish-service or --publish-status-address to where clients reach this controller"
+                    );
+                    return Ok(None);
+                }
+            },
         };
         let writes = match spec {
             SourceSpec::Manifests(_) => None,
@@ -53,8 +62,13 @@ impl StatusPublisher {
                 Some(writes)
             }
         };
-        tracing::info!(addresses = %list(&addresses), "publishing the status of the Ingresses served");
-        Ok(Some(Self { planner: StatusPlanner::new(addresses), writes }))
+        match &service {
+            Some(service) => {
+                tracing::info!(service = %service, addresses = %list(&addresses), "publishing the Service's addresses as the status of the Ingresses served")
+            }
+            None => tracing::info!(addresses = %list(&addresses), "publishing the status of the Ingresses served"),
+        }
+        Ok(Some(Self { planner: StatusPlanner::new(addresses), service, writes }))
     }
 
     /// Publishes the status of every Ingress of `store` that needs it, given the Ingresses
@@ -65,8 +79,18 @@ impl StatusPublisher {
     }
 
     /// Publishes the status of the Ingresses `changes` touched (all after an IngressClass
-    /// change), once `table` has applied them.
+    /// change, or after the addresses of the `--publish-service` Service changed), once `table`
+    /// has applied them.
     pub fn publish(&mut self, store: &Store, table: &RouteTable, changes: &Changes) {
+        if let Some(service) = self.service.as_ref().filter(|service| changes.services.contains(*service)) {
+            let addresses = published_by(store, service);
+            let text = list(&addresses);
+            if self.planner.set_addresses(addresses) {
+                tracing::info!(service = %service, addresses = %text, "the published Service's addresses changed");
+                let updates = self.planner.plan_all(store, table);
+                return self.send(updates);
+            }
+        }
         let updates = self.planner.plan(store, table, changes);
         self.send(updates);
     }
@@ -87,6 +111,11 @@ impl StatusPublisher {
             }
         }
     }
+}
+
+/// The addresses Service `service` of `store` publishes (none while it does not exist).
+fn published_by(store: &Store, service: &NamespacedName) -> Vec<Address> {
+    store.service(service).map(|service| service_addresses(service)).unwrap_or_default()
 }
 
 /// `--publish-status-address`, else the IP `--http` listens on if it is a specific one, else

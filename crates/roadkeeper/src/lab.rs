@@ -1,104 +1,62 @@
-//! `roadkeeper lab`: the hello example on real namespaces. Builds a node with three echo pods
-//! and a client, runs `roadkeeper proxy --once` in the node, sends requests from the client to
-//! the Service's ClusterIP and shows which pod answered and the rules that sent it there.
+//! `roadkeeper lab ...`: the command line of the lab (crates/lab) wired to its commands.
 
-use std::collections::BTreeMap;
-use std::net::{IpAddr, SocketAddr};
-use std::path::PathBuf;
-use std::time::Duration;
+use std::time::SystemTime;
 
 use anyhow::{Context, bail};
-use roadkeeper_netlab::{Lab, ProbeResult, echo, manifests, probe};
+use roadkeeper_lab::commands::{self, Up};
+use roadkeeper_lab::selector::Selector;
+use roadkeeper_lab::state::LabDir;
+use roadkeeper_lab::table::{Options, Resource};
 
-use crate::cli::LabArgs;
+use crate::cli::{LabArgs, LabCommand};
 
-/// The example Service, also at examples/hello/service.yaml.
-const HELLO_SERVICE: &str = include_str!("../../../examples/hello/service.yaml");
-/// The lab node's name.
-const NODE: &str = "node-a";
-
-/// Runs the example and tears everything down afterwards.
+/// Runs a `lab` subcommand.
 pub fn run(args: LabArgs) -> anyhow::Result<()> {
-    let lab = Lab::new("rk-lab").context("creating the lab namespaces (needs root)")?;
-    let client = lab.add_pod("client")?;
-    let dir = tempfile::tempdir()?;
-    std::fs::write(dir.path().join("node.yaml"), manifests::node(NODE, "zone-a"))?;
-    let service = match &args.service {
-        Some(path) => std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?,
-        None => HELLO_SERVICE.to_string(),
-    };
-    std::fs::write(dir.path().join("service.yaml"), service)?;
-    let mut pods = Vec::new();
-    for name in ["hello-a", "hello-b", "hello-c"] {
-        let pod = lab.add_pod(name)?;
-        let listen = [
-            SocketAddr::new(IpAddr::V4(pod.ipv4), manifests::ECHO_PORT),
-            SocketAddr::new(IpAddr::V6(pod.ipv6), manifests::ECHO_PORT),
-        ];
-        let server = pod.ns.run(|| echo::serve(&listen, name))?;
-        std::fs::write(
-            dir.path().join(format!("pod-{name}.yaml")),
-            manifests::pod(&pod, "app: hello", NODE, manifests::PodState::Ready),
-        )?;
-        println!("pod {name:8} {} {}", pod.ipv4, pod.ipv6);
-        pods.push((server, pod));
-    }
-    println!("client       {} {}", client.ipv4, client.ipv6);
-
-    let exe: PathBuf = std::env::current_exe()?;
-    let manifests_dir = dir.path().display().to_string();
-    let proxy = [
-        exe.display().to_string().as_str(),
-        "proxy",
-        "--once",
-        "--manifests",
-        &manifests_dir,
-        "--hostname-override",
-        NODE,
-        "--cluster-cidr",
-        "10.244.0.0/16,fd00:244::/48",
-    ]
-    .map(String::from);
-    println!("\n$ ip netns exec {} {}", lab.node().name(), proxy.join(" "));
-    let out = lab.node().exec(&proxy)?;
-    if !out.status.success() {
-        bail!("roadkeeper proxy failed:\n{}", String::from_utf8_lossy(&out.stderr));
-    }
-
-    for target in &args.target {
-        println!("\n{} requests from the client to {target}:", args.requests);
-        let mut counts: BTreeMap<String, usize> = BTreeMap::new();
-        for _ in 0..args.requests {
-            let answer = match client.ns.run(|| probe::tcp(*target, Duration::from_secs(1))) {
-                ProbeResult::Reply(reply) => {
-                    format!(
-                        "{} answered (reached at {}, saw the client as {})",
-                        reply.name,
-                        reply.local,
-                        reply.peer.ip()
-                    )
-                }
-                other => format!("{other:?}"),
+    let lab = LabDir::resolve(args.lab_dir.as_deref());
+    match args.command {
+        LabCommand::Up { dir, nodes, proxy_mode } => commands::up(&lab, &Up { manifests: dir, nodes, proxy_mode })?,
+        LabCommand::Down => {
+            let removed = commands::down(&lab)?;
+            println!(
+                "Removed {} process(es), {} network namespace(s){}",
+                removed.processes,
+                removed.namespaces,
+                if removed.directory { format!(" and {}", lab.path().display()) } else { String::new() }
+            );
+        }
+        LabCommand::Status => print!("{}", commands::status(&lab)?),
+        LabCommand::Get { resource, output, selector, namespace, all_namespaces, show_labels } => {
+            let kind = Resource::parse(&resource).with_context(|| {
+                format!("the lab lists pods, services, endpointslices, ingress or nodes, not {resource:?}")
+            })?;
+            let wide = match output.as_deref() {
+                None => false,
+                Some("wide") => true,
+                Some(other) => bail!("-o {other}: the lab prints tables (-o wide)"),
             };
-            *counts.entry(answer).or_default() += 1;
+            let selector = Selector::parse(selector.as_deref().unwrap_or_default())?;
+            let namespace = (!all_namespaces).then_some(namespace);
+            let options = Options { namespace, wide, selector, show_labels, now: SystemTime::now() };
+            match commands::get(&lab, kind, &options)? {
+                Ok(table) => print!("{table}"),
+                Err(nothing) => eprintln!("{nothing}"),
+            }
         }
-        for (answer, n) in counts {
-            println!("  {n:3} x {answer}");
+        LabCommand::Scale { target, replicas, namespace } => {
+            println!("{}", commands::scale(&lab, &target, &namespace, replicas)?)
         }
-    }
-
-    println!("\n$ nft list ruleset | grep default/hello   # in the node");
-    let rules = lab.node().exec(["nft", "list", "ruleset"])?;
-    for line in String::from_utf8_lossy(&rules.stdout).lines().filter(|l| l.contains("default/hello")) {
-        println!("{}", line.trim());
-    }
-    if args.keep {
-        println!(
-            "\nThe lab stays up until you press Enter: try `ip netns exec {} nft list ruleset`.",
-            lab.node().name()
-        );
-        let mut line = String::new();
-        std::io::stdin().read_line(&mut line)?;
+        LabCommand::Label { resource, name, labels, overwrite, namespace } => {
+            if !["pod", "pods", "po"].contains(&resource.as_str()) {
+                bail!("the lab labels pods, not {resource:?}");
+            }
+            println!("{}", commands::label(&lab, &namespace, &name, &labels, overwrite)?)
+        }
+        LabCommand::Exec { name, namespace, container, command } => {
+            match commands::exec(&lab, &name, namespace.as_deref(), container.as_deref(), &command)? {}
+        }
+        LabCommand::Controller => roadkeeper_lab::controller::run(lab)?,
+        LabCommand::Container { spec } => match roadkeeper_lab::container::run(&spec)? {},
+        LabCommand::Serve { name, root, tcp, udp } => roadkeeper_lab::container::serve(&name, root, &tcp, &udp)?,
     }
     Ok(())
 }

@@ -13,6 +13,7 @@ mod lab;
 mod proxy_cmd;
 mod proxy_metrics;
 mod serve;
+mod trace_cmd;
 
 use clap::Parser;
 
@@ -46,6 +47,7 @@ fn main() -> std::process::ExitCode {
         Command::Bench(cli::Bench::Dns(args)) => bench_dns::run(args),
         Command::Bench(cli::Bench::Ingress(args)) => bench_ingress::run(args),
         Command::Lab(args) => lab::run(args),
+        Command::Trace(args) => trace_cmd::run(args),
         Command::Dns(args) => dns_cmd::run(args),
         Command::Ingress(args) => ingress_cmd::run(args),
         Command::Echo(args) => {

@@ -13,12 +13,13 @@ use roadkeeper_proxy::iptables::{self, IptablesBinary, IptablesProxier};
 use roadkeeper_proxy::nft::apply::{NftBinary, NftRunner, Recorder};
 use roadkeeper_proxy::nft::proxier::NftProxier;
 use roadkeeper_proxy::node::{host_addresses, hostname, node_eligible, node_info};
-use roadkeeper_proxy::proxier::{Proxier, RulesCheck, SyncReport, service_cidrs};
+use roadkeeper_proxy::proxier::{Proxier, RulesCheck, SyncReport};
 use roadkeeper_rules::config::{NodePortAddresses, ProxyConfig, ProxyMode, parse_cidrs, parse_go_duration};
 use roadkeeper_rules::nft::transaction;
+use roadkeeper_rules::plan::service_cidrs;
 use roadkeeper_rules::table::{IpFamily, NodeInfo};
 
-use crate::cli::ProxyArgs;
+use crate::cli::{ProxyArgs, RuleArgs};
 use crate::healthcheck::HealthCheckServers;
 use crate::proxy_metrics::{self, NoLocalEndpoints};
 use crate::serve::{self, SharedHealth};
@@ -29,12 +30,33 @@ const FULL_SYNC_PERIOD: Duration = Duration::from_secs(3600);
 
 /// Merges the config file and the flags (flags win), as kube-proxy does.
 fn build_config(args: &ProxyArgs) -> anyhow::Result<ProxyConfig> {
+    let mut cfg = rule_config(&args.rules, args.hostname_override.as_deref())?;
+    if let Some(address) = &args.healthz_bind_address {
+        cfg.healthz_bind_address = address.clone();
+    }
+    if let Some(address) = &args.metrics_bind_address {
+        cfg.metrics_bind_address = address.clone();
+    }
+    if cfg.mode == ProxyMode::Iptables {
+        if let Some(period) = &args.iptables_min_sync_period {
+            cfg.min_sync_period = parse_go_duration("--iptables-min-sync-period", period)?;
+        }
+        if let Some(period) = &args.iptables_sync_period {
+            cfg.sync_period = parse_go_duration("--iptables-sync-period", period)?;
+        }
+    }
+    Ok(cfg)
+}
+
+/// The configuration the rule flags (and their config file) give node `hostname` (default: the
+/// config file's, else the host name).
+pub(crate) fn rule_config(args: &RuleArgs, hostname_override: Option<&str>) -> anyhow::Result<ProxyConfig> {
     let mut cfg = ProxyConfig::default();
     if let Some(file) = &args.config {
         cfg.apply_file(file)?;
     }
-    if let Some(name) = &args.hostname_override {
-        cfg.hostname = name.clone();
+    if let Some(name) = hostname_override {
+        cfg.hostname = name.to_owned();
     }
     if cfg.hostname.is_empty() {
         cfg.hostname = hostname();
@@ -48,12 +70,6 @@ fn build_config(args: &ProxyArgs) -> anyhow::Result<ProxyConfig> {
     if let Some(addresses) = &args.nodeport_addresses {
         cfg.nodeport_addresses = NodePortAddresses::parse(addresses)?;
     }
-    if let Some(address) = &args.healthz_bind_address {
-        cfg.healthz_bind_address = address.clone();
-    }
-    if let Some(address) = &args.metrics_bind_address {
-        cfg.metrics_bind_address = address.clone();
-    }
     if let Some(mode) = &args.proxy_mode {
         cfg.mode = mode.parse()?;
     }
@@ -61,12 +77,6 @@ fn build_config(args: &ProxyArgs) -> anyhow::Result<ProxyConfig> {
         if let Some(bit) = args.iptables_masquerade_bit {
             anyhow::ensure!(bit <= 31, "--iptables-masquerade-bit: {bit} is out of range 0-31");
             cfg.masquerade_bit = bit;
-        }
-        if let Some(period) = &args.iptables_min_sync_period {
-            cfg.min_sync_period = parse_go_duration("--iptables-min-sync-period", period)?;
-        }
-        if let Some(period) = &args.iptables_sync_period {
-            cfg.sync_period = parse_go_duration("--iptables-sync-period", period)?;
         }
         if let Some(on) = args.iptables_localhost_nodeports {
             cfg.localhost_nodeports = on;
@@ -94,7 +104,7 @@ fn log_sync(report: &SyncReport, changes: &Changes) {
 
 /// A runtime for the feed's watchers and the servers; the sync loop runs on the calling thread
 /// (in `block_on`), so a long sync never stalls them.
-fn runtime() -> anyhow::Result<tokio::runtime::Runtime> {
+pub(crate) fn runtime() -> anyhow::Result<tokio::runtime::Runtime> {
     Ok(tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build()?)
 }
 
@@ -294,6 +304,9 @@ async fn run_watching(args: &ProxyArgs, cfg: &ProxyConfig) -> anyhow::Result<()>
             changes = feed.changed() => {
                 if changes.nodes.contains(&cfg.hostname) {
                     health_of(&health).set_node_eligible(node_eligible(&cfg.hostname, feed.store()));
+                }
+                if !changes.is_empty() {
+                    proxy_metrics::record_queued();
                 }
                 pending.merge(changes);
                 proxy_metrics::record_pending(&pending);

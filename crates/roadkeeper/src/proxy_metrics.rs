@@ -16,6 +16,7 @@ const SYNC_DURATION: &str = "kubeproxy_sync_proxy_rules_duration_seconds";
 const SYNC_FULL_DURATION: &str = "kubeproxy_sync_full_proxy_rules_duration_seconds";
 const SYNC_PARTIAL_DURATION: &str = "kubeproxy_sync_partial_proxy_rules_duration_seconds";
 const SYNC_LAST_TIMESTAMP: &str = "kubeproxy_sync_proxy_rules_last_timestamp_seconds";
+const SYNC_LAST_QUEUED: &str = "kubeproxy_sync_proxy_rules_last_queued_timestamp_seconds";
 const NETWORK_PROGRAMMING: &str = "kubeproxy_network_programming_duration_seconds";
 const SERVICE_CHANGES: &str = "kubeproxy_sync_proxy_rules_service_changes_total";
 const ENDPOINT_CHANGES: &str = "kubeproxy_sync_proxy_rules_endpoint_changes_total";
@@ -47,6 +48,7 @@ pub fn install() -> anyhow::Result<PrometheusHandle> {
     describe_histogram!(SYNC_FULL_DURATION, Unit::Seconds, "SyncProxyRules latency in seconds for full resyncs");
     describe_histogram!(SYNC_PARTIAL_DURATION, Unit::Seconds, "SyncProxyRules latency in seconds for partial resyncs");
     describe_gauge!(SYNC_LAST_TIMESTAMP, Unit::Seconds, "The last time proxy rules were successfully synced");
+    describe_gauge!(SYNC_LAST_QUEUED, Unit::Seconds, "The last time a sync of proxy rules was queued");
     describe_histogram!(
         NETWORK_PROGRAMMING,
         Unit::Seconds,
@@ -80,6 +82,13 @@ pub fn install() -> anyhow::Result<PrometheusHandle> {
 }
 
 /// Records the changes waiting for the next sync.
+/// Records that changes arrived: a sync is queued for them.
+pub fn record_queued() {
+    let now = SystemTime::now().duration_since(UNIX_EPOCH).unwrap_or_default();
+    gauge!(SYNC_LAST_QUEUED).set(now.as_secs_f64());
+}
+
+/// Records the changes not yet synced.
 pub fn record_pending(pending: &Changes) {
     gauge!(SERVICE_CHANGES_PENDING).set(pending.service_updates as f64);
     gauge!(ENDPOINT_CHANGES_PENDING).set(pending.endpoint_updates as f64);

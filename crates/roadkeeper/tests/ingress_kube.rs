@@ -92,9 +92,12 @@ fn resource_version(api: &ControlPlane, name: &str) -> String {
     api.kubectl(&["get", "ingress", name, "-o", "jsonpath={.metadata.resourceVersion}"])
 }
 
-/// Starts `roadkeeper ingress` in `ns` as the user of `kubeconfig`, logging to `log`, and waits
-/// until it serves.
-fn start(ns: &Netns, kubeconfig: &Path, log: &Path) -> Process {
+/// `--publish-status-address` with two fixed addresses, an IP and a DNS name.
+const PUBLISH_OURS: [&str; 2] = ["--publish-status-address", "192.0.2.10,lb.example.com"];
+
+/// Starts `roadkeeper ingress` in `ns` as the user of `kubeconfig`, publishing as `publish`
+/// says, logging to `log`, and waits until it serves.
+fn start(ns: &Netns, kubeconfig: &Path, log: &Path, publish: [&str; 2]) -> Process {
     let _ = std::fs::remove_file(log);
     let args = [
         binary().display().to_string(),
@@ -105,8 +108,8 @@ fn start(ns: &Netns, kubeconfig: &Path, log: &Path) -> Process {
         HTTP.into(),
         "--https".into(),
         String::new(),
-        "--publish-status-address".into(),
-        "192.0.2.10,lb.example.com".into(),
+        publish[0].into(),
+        publish[1].into(),
         "--metrics-bind-address".into(),
         String::new(),
         "-v".into(),
@@ -152,7 +155,7 @@ fn publishes_the_status_of_its_ingresses_with_only_the_deployed_rbac() {
     let scratch = tempfile::tempdir().expect("tempdir");
     let log_path = scratch.path().join("ingress.log");
     let log = || std::fs::read_to_string(&log_path).unwrap_or_default();
-    let process = start(&ns, &kubeconfig, &log_path);
+    let process = start(&ns, &kubeconfig, &log_path, PUBLISH_OURS);
 
     let ours = json!([{"ip": "192.0.2.10"}, {"hostname": "lb.example.com"}]);
     let published = eventually(API_SETTLE, || status(&api, "web") == ours);
@@ -166,7 +169,7 @@ fn publishes_the_status_of_its_ingresses_with_only_the_deployed_rbac() {
     std::thread::sleep(Duration::from_secs(2));
     assert_eq!(resource_version(&api, "web"), version, "the status keeps being written; log:\n{}", log());
     process.terminate(Duration::from_secs(5)).expect("stop roadkeeper ingress");
-    let _process = start(&ns, &kubeconfig, &log_path);
+    let _process = start(&ns, &kubeconfig, &log_path, PUBLISH_OURS);
     std::thread::sleep(Duration::from_secs(2));
     assert_eq!(resource_version(&api, "web"), version, "a restart rewrote the status; log:\n{}", log());
 
@@ -176,5 +179,45 @@ fn publishes_the_status_of_its_ingresses_with_only_the_deployed_rbac() {
         eventually(API_SETTLE, || matches!(status(&api, "web"), Value::Null) || status(&api, "web") == json!([]));
     assert!(cleared, "status of web after leaving our class: {}; log:\n{}", status(&api, "web"), log());
     assert_eq!(status(&api, "theirs"), Value::Null);
+    assert!(!log().contains("forbidden"), "the deployed ClusterRole is not enough:\n{}", log());
+}
+
+#[test]
+fn publishes_the_addresses_of_its_service_as_they_change() {
+    let ns = Netns::new("rk-ingpub").expect("netns");
+    let api = ControlPlane::start(Some(ns.name()));
+    let identity = ["ServiceAccount", "ClusterRole", "ClusterRoleBinding", "IngressClass"];
+    api.kubectl_stdin(&["apply", "-f", "-"], &deployed(&identity));
+    let token = api.kubectl(&["-n", "kube-system", "create", "token", "roadkeeper-ingress"]);
+    let kubeconfig = api.kubeconfig_with_token(token.trim());
+    let front = "apiVersion: v1\nkind: Service\nmetadata: {name: front, namespace: kube-system}\n\
+                 spec: {type: LoadBalancer, selector: {app: front}, ports: [{port: 80}]}\n";
+    api.kubectl_stdin(&["apply", "-f", "-"], front);
+    api.kubectl_stdin(&["apply", "-f", "-"], &(web_service() + "---\n" + &ingress("web", "roadkeeper")));
+    let scratch = tempfile::tempdir().expect("tempdir");
+    let log_path = scratch.path().join("ingress.log");
+    let log = || std::fs::read_to_string(&log_path).unwrap_or_default();
+    let _process = start(&ns, &kubeconfig, &log_path, ["--publish-service", "kube-system/front"]);
+
+    // Pending: no address to publish.
+    std::thread::sleep(Duration::from_secs(1));
+    assert_eq!(status(&api, "web"), Value::Null, "log:\n{}", log());
+    // The load balancer gives the Service an address, then another: the Ingress follows.
+    for entries in [json!([{"ip": "192.0.2.20"}]), json!([{"ip": "192.0.2.21"}, {"hostname": "lb.example.com"}])] {
+        let patch = json!({"status": {"loadBalancer": {"ingress": entries}}}).to_string();
+        api.kubectl(&[
+            "-n",
+            "kube-system",
+            "patch",
+            "service",
+            "front",
+            "--subresource=status",
+            "--type=merge",
+            "-p",
+            &patch,
+        ]);
+        let followed = eventually(API_SETTLE, || status(&api, "web") == entries);
+        assert!(followed, "status of web: {}, wanted {entries}; log:\n{}", status(&api, "web"), log());
+    }
     assert!(!log().contains("forbidden"), "the deployed ClusterRole is not enough:\n{}", log());
 }

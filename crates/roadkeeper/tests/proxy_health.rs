@@ -64,6 +64,7 @@ fn health_and_metrics_are_served_after_the_first_sync(backend: Backend) {
         "kubeproxy_sync_partial_proxy_rules_duration_seconds_count",
         "roadkeeper_sync_kernel_seconds_count",
         "kubeproxy_sync_proxy_rules_last_timestamp_seconds",
+        "kubeproxy_sync_proxy_rules_last_queued_timestamp_seconds",
         "kubeproxy_sync_proxy_rules_service_changes_total",
         "kubeproxy_sync_proxy_rules_endpoint_changes_total",
     ] {
@@ -127,7 +128,7 @@ fn a_bad_bind_address_fails_at_start_naming_the_flag_and_touches_nothing(backend
 fn health_check_node_port_reports_local_endpoints_and_follows_them(backend: Backend) {
     const HC_PORT: u16 = 32000;
     let mut c = Cluster::new("rk-hcnp", backend);
-    c.add_pod("web-local", "app: web", NODE);
+    let local = c.add_pod("web-local", "app: web", NODE);
     c.add_pod("web-remote", "app: web", "node-b");
     let spec = format!("type: LoadBalancer, externalTrafficPolicy: Local, healthCheckNodePort: {HC_PORT}");
     c.write("web.yaml", &service_manifest("web", 72, &spec));
@@ -160,25 +161,28 @@ fn health_check_node_port_reports_local_endpoints_and_follows_them(backend: Back
             })
         }
     };
-    for family in FAMILIES {
-        let mut last = None;
-        let up = eventually(SETTLE, || {
-            last = query(&c, family);
-            expect(1, 200)(&last)
-        });
-        assert!(up, "{family:?}: got {last:?}; proxy log:\n{}", c.proxy_log());
-    }
+    // Waits, in both families, for the health check to report `count` local endpoints with
+    // status `code`; `when` names the step.
+    let settles = |c: &Cluster, count: u64, code: u16, when: &str| {
+        for family in FAMILIES {
+            let mut last = None;
+            let settled = eventually(SETTLE, || {
+                last = query(c, family);
+                expect(count, code)(&last)
+            });
+            assert!(settled, "{family:?} ({when}): got {last:?}; proxy log:\n{}", c.proxy_log());
+        }
+    };
+    settles(&c, 1, 200, "one local endpoint");
+
+    // The local pod is terminating (still serving, so still the Local traffic's fallback): the
+    // health check reports no local endpoint, as kube-proxy's, so a load balancer drains the node.
+    c.update_pod(local, "app: web", NODE, PodState::Terminating);
+    settles(&c, 0, 503, "only a terminating local endpoint");
 
     // The local pod goes away: no local endpoint left.
     c.remove("pod-web-local.yaml");
-    for family in FAMILIES {
-        let mut last = None;
-        let down = eventually(SETTLE, || {
-            last = query(&c, family);
-            expect(0, 503)(&last)
-        });
-        assert!(down, "{family:?}: got {last:?}; proxy log:\n{}", c.proxy_log());
-    }
+    settles(&c, 0, 503, "no local endpoint");
 
     // The Service goes away: so does its health-check server.
     c.remove("web.yaml");

@@ -4,9 +4,11 @@
 //!
 //! [`table`] turns a Service and its EndpointSlices into the node's service ports; [`claims`]
 //! gives every frontend one owner; [`nft`] and [`iptables`] plan each backend's rules from the
-//! table, as typed objects and `nft` syntax, or as `iptables-restore` input; [`conntrack`] decides
-//! which UDP/SCTP flows went stale; [`text`] keeps names from leaving their place in rule text;
-//! [`config`] is kube-proxy's configuration; [`hash`] upstream's chain-name hashes.
+//! table, as typed objects and `nft` syntax, or as `iptables-restore` input; [`plan`] is the one
+//! path from the cluster state to them (a node's whole plan: what a full sync programs);
+//! [`conntrack`] decides which UDP/SCTP flows went stale; [`text`] keeps names from leaving their
+//! place in rule text; [`config`] is kube-proxy's configuration; [`hash`] upstream's chain-name
+//! hashes.
 
 pub mod claims;
 pub mod config;
@@ -14,8 +16,10 @@ pub mod conntrack;
 pub mod hash;
 pub mod iptables;
 pub mod nft;
+pub mod plan;
 pub mod table;
 pub mod text;
+pub mod trace;
 
 /// Errors of this crate: a configuration (flag or file) that cannot be used, naming the field.
 #[derive(Debug, thiserror::Error)]

@@ -19,7 +19,7 @@ pub const SERVICE_PROXY_NAME_LABEL: &str = "service.kubernetes.io/service-proxy-
 pub const DEFAULT_AFFINITY_TIMEOUT: u32 = 10800;
 
 /// IPv4 or IPv6: one proxier (one nftables table) per family.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, serde::Serialize)]
 pub enum IpFamily {
     /// IPv4.
     V4,
@@ -44,7 +44,8 @@ impl IpFamily {
 }
 
 /// Transport protocol of a service port.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, serde::Serialize)]
+#[serde(rename_all = "lowercase")]
 pub enum Protocol {
     /// TCP.
     Tcp,
@@ -179,6 +180,10 @@ pub struct ServicePort {
     pub cluster_endpoints: Vec<Endpoint>,
     /// Endpoints on this node for Local-policy traffic (terminating fallback applied).
     pub local_endpoints: Vec<Endpoint>,
+    /// `local_endpoints` is the terminating fallback: none of this node's endpoints is ready.
+    /// Traffic still goes to them, but the health check reports no local endpoint, as
+    /// kube-proxy's (a load balancer then stops sending new connections here).
+    pub local_endpoints_terminating: bool,
 }
 
 impl ServicePort {
@@ -233,6 +238,7 @@ impl ServicePort {
             health_check_node_port: None,
             cluster_endpoints: endpoints,
             local_endpoints: Vec::new(),
+            local_endpoints_terminating: false,
         }
     }
 }
@@ -343,11 +349,12 @@ pub fn service_ports(
                 health_check_node_port: None,
                 cluster_endpoints: Vec::new(),
                 local_endpoints: Vec::new(),
+                local_endpoints_terminating: false,
             };
             sp.external_policy_local = external_policy_local && sp.has_external_frontends();
             sp.health_check_node_port =
                 spec.health_check_node_port.filter(|_| sp.external_policy_local).and_then(|p| u16::try_from(p).ok());
-            (sp.cluster_endpoints, sp.local_endpoints) = categorize(&endpoints, node);
+            (sp.cluster_endpoints, sp.local_endpoints, sp.local_endpoints_terminating) = categorize(&endpoints, node);
             out.push(sp);
         }
     }
@@ -420,8 +427,9 @@ fn collect_endpoints(
 }
 
 /// Splits endpoints into the Cluster set (topology hints applied) and the Local set, each with
-/// the terminating fallback of KEP-1669 applied independently.
-fn categorize(endpoints: &[RawEndpoint], node: &NodeInfo) -> (Vec<Endpoint>, Vec<Endpoint>) {
+/// the terminating fallback of KEP-1669 applied independently; and whether the Local set is that
+/// fallback.
+fn categorize(endpoints: &[RawEndpoint], node: &NodeInfo) -> (Vec<Endpoint>, Vec<Endpoint>, bool) {
     let ready: Vec<&RawEndpoint> = endpoints.iter().filter(|e| e.ready).collect();
     let cluster = if ready.is_empty() {
         serving_terminating(endpoints.iter())
@@ -429,12 +437,13 @@ fn categorize(endpoints: &[RawEndpoint], node: &NodeInfo) -> (Vec<Endpoint>, Vec
         topology_filter(&ready, node).into_iter().map(|e| e.endpoint.clone()).collect()
     };
     let local_ready: Vec<Endpoint> = ready.iter().filter(|e| e.endpoint.is_local).map(|e| e.endpoint.clone()).collect();
-    let local = if local_ready.is_empty() {
-        serving_terminating(endpoints.iter().filter(|e| e.endpoint.is_local))
+    if local_ready.is_empty() {
+        let local = serving_terminating(endpoints.iter().filter(|e| e.endpoint.is_local));
+        let fallback = !local.is_empty();
+        (cluster, local, fallback)
     } else {
-        local_ready
-    };
-    (cluster, local)
+        (cluster, local_ready, false)
+    }
 }
 
 /// The serving-and-terminating endpoints (the fallback when none is ready).
@@ -546,6 +555,7 @@ mod tests {
         let ports = service_ports(&key(), &svc(HELLO), &[s], &node(), &ProxyConfig::default()).unwrap();
         assert_eq!(ips(&ports[0].cluster_endpoints), ["10.244.0.11:8080"]);
         assert_eq!(ips(&ports[0].local_endpoints), ["10.244.0.11:8080"]);
+        assert!(ports[0].local_endpoints_terminating, "the local set is the fallback");
     }
 
     #[test]
@@ -557,6 +567,10 @@ mod tests {
         let ports = service_ports(&key(), &svc(HELLO), &[s], &node(), &ProxyConfig::default()).unwrap();
         assert_eq!(ips(&ports[0].cluster_endpoints), ["10.244.0.12:8080"]);
         assert_eq!(ips(&ports[0].local_endpoints), ["10.244.0.11:8080"]);
+        assert!(ports[0].local_endpoints_terminating);
+        let ready = endpoints_slice("- {addresses: [10.244.0.11], nodeName: node-a}\n");
+        let ports = service_ports(&key(), &svc(HELLO), &[ready], &node(), &ProxyConfig::default()).unwrap();
+        assert!(!ports[0].local_endpoints_terminating, "a ready local endpoint");
     }
 
     #[test]

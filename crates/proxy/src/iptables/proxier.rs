@@ -11,35 +11,10 @@ use roadkeeper_cluster::{NamespacedName, Store};
 use super::restore::IptablesRunner;
 use crate::Error;
 use crate::proxier::{Backend, Stopwatch, SyncReport, SyncState, bisect};
-use roadkeeper_rules::config::{NodePortAddresses, ProxyConfig, ProxyMode};
-use roadkeeper_rules::iptables::plan::{
-    FamilyPlan, Jump, NodePortDestinations, PlanContext, RestoreInput, jumps, plan_ports, restore_input,
-};
+use roadkeeper_rules::config::{ProxyConfig, ProxyMode};
+use roadkeeper_rules::iptables::plan::{FamilyPlan, Jump, PlanContext, RestoreInput, jumps, restore_input};
+use roadkeeper_rules::iptables::sync::{self, ServicePlan, context};
 use roadkeeper_rules::table::{IpFamily, NodeInfo, ServicePort};
-
-/// One Service's rules in both families.
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct ServicePlan {
-    /// IPv4 (iptables).
-    pub v4: FamilyPlan,
-    /// IPv6 (ip6tables).
-    pub v6: FamilyPlan,
-}
-
-impl ServicePlan {
-    /// The plan of one family.
-    pub fn family(&self, family: IpFamily) -> &FamilyPlan {
-        match family {
-            IpFamily::V4 => &self.v4,
-            IpFamily::V6 => &self.v6,
-        }
-    }
-
-    /// True when the Service has no rules at all.
-    pub fn is_empty(&self) -> bool {
-        self.v4.is_empty() && self.v6.is_empty()
-    }
-}
 
 /// Plans and programs one node's iptables rules.
 pub struct IptablesProxier<R: IptablesRunner> {
@@ -68,28 +43,7 @@ impl<R: IptablesRunner> IptablesProxier<R> {
 
     /// The planning context of one family.
     pub fn context(&self, family: IpFamily) -> PlanContext {
-        let all_local = matches!(self.cfg.nodeport_addresses, NodePortAddresses::Unset)
-            || self.cfg.nodeport_addresses.covers_all(family);
-        PlanContext {
-            family,
-            cluster_cidr: self.cfg.cluster_cidrs.iter().find(|c| IpFamily::of(&c.addr()) == family).copied(),
-            masquerade_all: self.cfg.masquerade_all,
-            masquerade_mark: self.cfg.masquerade_mark(),
-            node_ips: self.state.node.primary_ips.iter().filter(|ip| IpFamily::of(ip) == family).copied().collect(),
-            nodeports: if all_local {
-                NodePortDestinations::AllLocal
-            } else {
-                NodePortDestinations::Ips(self.state.node.nodeport_ips(family, &self.cfg))
-            },
-            localhost_nodeports: self.cfg.localhost_nodeports,
-            service_cidrs: self
-                .state
-                .service_cidrs
-                .iter()
-                .filter(|c| IpFamily::of(&c.addr()) == family)
-                .copied()
-                .collect(),
-        }
+        context(&self.cfg, &self.state.node, &self.state.service_cidrs, family)
     }
 
     /// Plans the Services `keys` and those whose frontends changed owner because of them;
@@ -100,7 +54,7 @@ impl<R: IptablesRunner> IptablesProxier<R> {
         ports
             .into_iter()
             .map(|(key, ports)| {
-                let plan = ServicePlan { v4: plan_ports(&ports, &v4), v6: plan_ports(&ports, &v6) };
+                let plan = ServicePlan::new(&ports, &v4, &v6);
                 (key, (ports, plan))
             })
             .collect()
@@ -118,19 +72,8 @@ fn full_inputs(
 ) -> Vec<(IpFamily, String)> {
     let only: Option<BTreeSet<&NamespacedName>> = only.map(|keys| keys.iter().collect());
     let included = |key: &NamespacedName| only.as_ref().is_none_or(|keys| keys.contains(key));
-    contexts
-        .iter()
-        .map(|ctx| {
-            let services: Vec<&FamilyPlan> =
-                plans.iter().filter(|(k, _)| included(k)).map(|(_, (_, p))| p.family(ctx.family)).collect();
-            let active: BTreeSet<&String> = services.iter().flat_map(|p| p.chains.keys()).collect();
-            let deleted =
-                existing.get(&ctx.family).into_iter().flatten().filter(|c| !active.contains(c)).cloned().collect();
-            let jumps = jumps.get(&ctx.family).cloned().unwrap_or_default();
-            let input = RestoreInput { written: services.clone(), services, deleted, canary: true, jumps };
-            (ctx.family, restore_input(ctx, &input))
-        })
-        .collect()
+    let services: Vec<&ServicePlan> = plans.iter().filter(|(k, _)| included(k)).map(|(_, (_, p))| p).collect();
+    sync::full_inputs(contexts, &services, existing, jumps)
 }
 
 /// One family's restore input of a partial sync applying the `candidates` in `subset` on top of
@@ -377,6 +320,8 @@ mod tests {
     use crate::iptables::restore::Recorder;
     use crate::proxier::Proxier;
     use crate::proxier::testing::cluster;
+    use roadkeeper_rules::config::NodePortAddresses;
+    use roadkeeper_rules::iptables::plan::NodePortDestinations;
 
     fn proxier() -> IptablesProxier<Recorder> {
         let cfg = ProxyConfig { cluster_cidrs: vec!["10.244.0.0/16".parse().unwrap()], ..ProxyConfig::default() };
@@ -433,6 +378,15 @@ mod tests {
         let partial = v4_inputs(&mut p).pop().unwrap();
         assert_eq!(partial.lines().filter(|l| l.starts_with("-X ")).count(), 4, "{partial}");
         assert!(!partial.contains("default/svc-20"));
+    }
+
+    #[test]
+    fn a_full_sync_restores_the_node_plan() {
+        let store = cluster(3, 0);
+        let mut p = proxier();
+        p.sync(&store, &BTreeSet::new()).unwrap();
+        let plan = roadkeeper_rules::plan::NodePlan::new(&store, &p.cfg, &NodeInfo::default(), &[]);
+        assert_eq!(p.runner().inputs, plan.iptables().restore_inputs());
     }
 
     #[test]

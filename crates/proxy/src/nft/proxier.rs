@@ -3,20 +3,17 @@
 //! down to the offending Services, which keep their last good rules.
 
 use std::collections::{BTreeMap, BTreeSet};
-use std::net::IpAddr;
 
-use ipnet::IpNet;
 use roadkeeper_cluster::{NamespacedName, Store};
 
 use crate::Error;
 use crate::nft::apply::NftRunner;
 use crate::proxier::{Backend, SyncReport, SyncState, bisect};
 use roadkeeper_rules::config::ProxyConfig;
-use roadkeeper_rules::nft::layout::Layout;
+use roadkeeper_rules::nft::node::{layouts, objects};
 use roadkeeper_rules::nft::objects::Objects;
-use roadkeeper_rules::nft::service::{PlanContext, plan_service};
 use roadkeeper_rules::nft::transaction::{self, PartialOps};
-use roadkeeper_rules::table::{IpFamily, NodeInfo, ServicePort};
+use roadkeeper_rules::table::{NodeInfo, ServicePort};
 
 /// Plans and programs one node's nftables rules.
 pub struct NftProxier<R: NftRunner> {
@@ -38,59 +35,6 @@ impl<R: NftRunner> NftProxier<R> {
         &mut self.runner
     }
 
-    /// The fixed layout of each family's table.
-    pub fn layouts(&self) -> Vec<Layout> {
-        [IpFamily::V4, IpFamily::V6]
-            .into_iter()
-            .map(|family| Layout {
-                family,
-                cluster_cidrs: self.family_cidrs(family),
-                masquerade_mark: self.cfg.masquerade_mark(),
-                nodeport_ips: self.state.node.nodeport_ips(family, &self.cfg),
-                nodeport_all_local: self.cfg.nodeport_addresses.covers_all(family),
-                service_cidrs: self
-                    .state
-                    .service_cidrs
-                    .iter()
-                    .filter(|c| IpFamily::of(&c.addr()) == family)
-                    .copied()
-                    .collect(),
-            })
-            .collect()
-    }
-
-    fn family_cidrs(&self, family: IpFamily) -> Vec<IpNet> {
-        self.cfg.cluster_cidrs.iter().filter(|c| IpFamily::of(&c.addr()) == family).copied().collect()
-    }
-
-    fn context(&self, family: IpFamily) -> PlanContext {
-        PlanContext {
-            cluster_cidrs: self.family_cidrs(family),
-            masquerade_all: self.cfg.masquerade_all,
-            node_ips: self
-                .state
-                .node
-                .primary_ips
-                .iter()
-                .filter(|ip| IpFamily::of(ip) == family)
-                .copied()
-                .collect::<Vec<IpAddr>>(),
-        }
-    }
-
-    /// The nft objects of one Service's ports (none: nothing to proxy).
-    fn objects(&self, ports: &[ServicePort]) -> Objects {
-        let mut objects = Objects::default();
-        for family in [IpFamily::V4, IpFamily::V6] {
-            let of_family: Vec<ServicePort> = ports.iter().filter(|p| p.family == family).cloned().collect();
-            if !of_family.is_empty() {
-                let ctx = self.context(family);
-                objects.extend(plan_service(&of_family, &ctx));
-            }
-        }
-        objects
-    }
-
     /// Plans the Services `keys` and those whose frontends changed owner because of them: their
     /// table entries and nft objects.
     fn plan<'a>(
@@ -102,7 +46,7 @@ impl<R: NftRunner> NftProxier<R> {
         ports
             .into_iter()
             .map(|(key, ports)| {
-                let objects = self.objects(&ports);
+                let objects = objects(&self.cfg, &self.state.node, &ports);
                 (key, (ports, objects))
             })
             .collect()
@@ -125,7 +69,7 @@ impl<R: NftRunner> Backend for NftProxier<R> {
         let keys: Vec<NamespacedName> = store.services().map(|(k, _)| k.clone()).collect();
         let mut planned = self.plan(&keys, store);
         let existing = self.state.kernel.time(|| self.runner.existing())?;
-        let layouts = self.layouts();
+        let layouts = layouts(&self.cfg, &self.state.node, &self.state.service_cidrs);
         let ops_for = |planned: &BTreeMap<NamespacedName, (Vec<ServicePort>, Objects)>,
                        only: Option<&[NamespacedName]>| {
             let only: Option<BTreeSet<&NamespacedName>> = only.map(|keys| keys.iter().collect());
@@ -252,6 +196,17 @@ mod tests {
 
     fn changed(name: &str) -> BTreeSet<NamespacedName> {
         BTreeSet::from([NamespacedName::new("default", name)])
+    }
+
+    #[test]
+    fn a_full_sync_sends_the_node_plan() {
+        let store = cluster(3, 0);
+        let mut p = proxier(Recorder::default());
+        p.set_service_cidrs(vec!["10.96.0.0/12".parse().unwrap()]);
+        p.sync(&store, &BTreeSet::new()).unwrap();
+        let cidrs = ["10.96.0.0/12".parse().unwrap()];
+        let plan = roadkeeper_rules::plan::NodePlan::new(&store, &ProxyConfig::default(), &NodeInfo::default(), &cidrs);
+        assert_eq!(p.runner().scripts, [script(&plan.nftables().ops())]);
     }
 
     #[test]

@@ -18,6 +18,7 @@ use roadkeeper_netlab::{EchoServer, Lab, Netns, Pod, ProbeResult, Process, echo,
 
 pub mod apiserver;
 pub mod http;
+pub mod replay;
 
 /// The node's name in the manifests.
 pub const NODE: &str = "node-a";
@@ -175,6 +176,8 @@ pub struct Cluster {
     pub manifests: tempfile::TempDir,
     /// Files next to the manifests (proxy log, config files), outside the watched folder.
     pub scratch: tempfile::TempDir,
+    /// The tracer's replay of this cluster's probes (see [`replay`]).
+    replay: replay::Handle,
 }
 
 impl Cluster {
@@ -196,7 +199,9 @@ impl Cluster {
             lab,
             manifests,
             scratch,
+            replay: replay::new(&format!("{prefix} ({})", backend.mode())),
         };
+        cluster.register_namespaces();
         cluster.write("node.yaml", &manifests::node(NODE, "zone-a"));
         cluster
     }
@@ -222,9 +227,20 @@ impl Cluster {
             lab,
             manifests: tempfile::tempdir().expect("tempdir"),
             scratch: tempfile::tempdir().expect("tempdir"),
+            replay: replay::new(&format!("{prefix} ({})", backend.mode())),
         };
+        cluster.register_namespaces();
         cluster.write("node.yaml", &manifests::node(NODE, "zone-a"));
         cluster
+    }
+
+    /// Makes probes from the client, the node and the external host replayable.
+    fn register_namespaces(&self) {
+        let pod = replay::Origin::Pod(self.client.ipv4.into(), self.client.ipv6.into());
+        replay::register(&self.replay, &self.client.ns, pod);
+        replay::register(&self.replay, self.lab.node(), replay::Origin::Node);
+        let external = replay::Origin::External(EXTERNAL_HOST_IPV4.into(), EXTERNAL_HOST_IPV6.into());
+        replay::register(&self.replay, self.lab.external(), external);
     }
 
     /// The control plane of a cluster made by [`Cluster::with_api`].
@@ -240,6 +256,7 @@ impl Cluster {
             [SocketAddr::new(IpAddr::V4(pod.ipv4), ECHO_PORT), SocketAddr::new(IpAddr::V6(pod.ipv6), ECHO_PORT)];
         let server = pod.ns.run(|| echo::serve(&listen, name)).expect("echo server");
         self.write(&format!("pod-{name}.yaml"), &manifests::pod(&pod, labels, node, PodState::Ready));
+        replay::register(&self.replay, &pod.ns, replay::Origin::Pod(pod.ipv4.into(), pod.ipv6.into()));
         self.pods.push(EchoPod { _server: server, pod });
         self.pods.len() - 1
     }
@@ -254,6 +271,7 @@ impl Cluster {
     /// file. With an API server, applies it instead (its `status` too, through the subresource, as
     /// a kubelet or a load-balancer controller would write it).
     pub fn write(&self, file: &str, yaml: &str) {
+        replay::Replay::manifests_changed(&self.replay);
         if let Some(api) = &self.api {
             api.kubectl_stdin(&["apply", "-f", "-"], yaml);
             if yaml.contains("\nstatus:") {
@@ -270,6 +288,7 @@ impl Cluster {
 
     /// Deletes a manifest file, or with an API server the objects it applied.
     pub fn remove(&self, file: &str) {
+        replay::Replay::manifests_changed(&self.replay);
         if let Some(api) = &self.api {
             let yaml = self.applied.borrow_mut().remove(file).expect("a file written before");
             api.kubectl_stdin(&["delete", "--wait=false", "-f", "-"], &yaml);
@@ -287,6 +306,9 @@ impl Cluster {
 
     /// Runs the roadkeeper binary with `args` in the node and returns its output.
     pub fn roadkeeper(&self, args: &[&str]) -> Output {
+        if args.first() == Some(&"cleanup") {
+            replay::Replay::invalidate(&self.replay, "our rules were removed by `roadkeeper cleanup`");
+        }
         std::process::Command::new("ip")
             .args(["netns", "exec", self.lab.node().name()])
             .arg(binary())
@@ -326,7 +348,13 @@ impl Cluster {
     pub fn try_proxy_once(&self, extra: &[&str]) -> Output {
         let mut args = self.proxy_args(extra);
         args.push("--once".into());
-        self.roadkeeper(&args.iter().map(String::as_str).collect::<Vec<_>>())
+        let out = self.roadkeeper(&args.iter().map(String::as_str).collect::<Vec<_>>());
+        if out.status.success() {
+            replay::Replay::programmed(&self.replay, self, &args, false);
+        } else {
+            replay::Replay::invalidate(&self.replay, "the last proxy run failed");
+        }
+        out
     }
 
     /// Runs `roadkeeper proxy --once` in the node and asserts it succeeded.
@@ -338,8 +366,9 @@ impl Cluster {
     /// Starts `roadkeeper proxy` in watch mode in the node (stopped on drop), logging to
     /// [`proxy_log`](Self::proxy_log), and waits for its first sync.
     pub fn start_proxy(&mut self, extra: &[&str]) {
+        let proxy_args = self.proxy_args(extra);
         let mut args = vec![binary().display().to_string()];
-        args.extend(self.proxy_args(extra));
+        args.extend(proxy_args.iter().cloned());
         args.push("-v".into());
         let log = self.scratch.path().join("proxy.log");
         let process = self.lab.node().spawn_logged(&args, &log).expect("spawn roadkeeper");
@@ -347,6 +376,7 @@ impl Cluster {
         let deadline = Instant::now() + Duration::from_secs(10);
         while Instant::now() < deadline {
             if self.programmed() {
+                replay::Replay::programmed(&self.replay, self, &proxy_args, true);
                 return;
             }
             std::thread::sleep(Duration::from_millis(50));
@@ -421,6 +451,7 @@ impl Cluster {
     /// Plays someone else wiping our rules: deletes the nftables table, or flushes the iptables
     /// tables and the canary chain.
     pub fn wipe_rules(&self) {
+        replay::Replay::invalidate(&self.replay, "our rules were wiped");
         let commands: &[&[&str]] = match self.backend {
             Backend::Nftables => &[&["nft", "delete", "table", "ip", "roadkeeper"]],
             Backend::Iptables => &[
@@ -512,12 +543,14 @@ pub fn at(ip: IpAddr) -> SocketAddr {
     SocketAddr::new(ip, SERVICE_PORT)
 }
 
-/// Sends one probe from `ns`.
+/// Sends one probe from `ns`; the tracer replays it (see [`replay`]).
 pub fn probe(ns: &Netns, proto: Proto, target: SocketAddr) -> ProbeResult {
-    ns.run(|| match proto {
+    let result = ns.run(|| match proto {
         Proto::Tcp => probe::tcp(target, TIMEOUT),
         Proto::Udp => probe::udp(target, TIMEOUT),
-    })
+    });
+    replay::check(ns, proto, target, &result);
+    result
 }
 
 /// Probes every `(proto, target)` of `cases` from `ns` at the same time (so timeouts overlap) and

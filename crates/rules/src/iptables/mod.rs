@@ -1,3 +1,4 @@
 //! The iptables backend's planning, in upstream kube-proxy's layout: `iptables-restore` input.
 
 pub mod plan;
+pub mod sync;

@@ -2,6 +2,7 @@
 //! the transactions (full and partial syncs) as typed ops whose `Display` is `nft` syntax.
 
 pub mod layout;
+pub mod node;
 pub mod objects;
 pub mod rule;
 pub mod service;

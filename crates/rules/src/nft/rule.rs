@@ -274,7 +274,8 @@ pub enum ChainType {
 }
 
 /// A netfilter hook of the ip/ip6 families.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, serde::Serialize)]
+#[serde(rename_all = "lowercase")]
 pub enum HookPoint {
     /// `hook prerouting`.
     Prerouting,

@@ -1,0 +1,308 @@
+//! Roads through a two-node cluster of manifests (no root, no kernel): the tracer over the plan
+//! each node's proxy would program, in both backends.
+
+use std::net::{IpAddr, SocketAddr};
+
+use roadkeeper_cluster::{ManifestSource, NamespacedName};
+use roadkeeper_ingress::routes::ClassConfig;
+use roadkeeper_rules::config::{ProxyConfig, ProxyMode};
+use roadkeeper_rules::table::NodeInfo;
+
+use crate::{Node, Observed, Origin, Request, Road, World, road, text};
+
+const MANIFESTS: &str = r#"
+apiVersion: v1
+kind: Node
+metadata: {name: node-1}
+status: {addresses: [{type: InternalIP, address: 192.168.77.11}]}
+---
+apiVersion: v1
+kind: Node
+metadata: {name: node-2}
+status: {addresses: [{type: InternalIP, address: 192.168.77.12}]}
+---
+apiVersion: v1
+kind: Pod
+metadata: {name: hello-a, namespace: default, labels: {app: hello}}
+spec: {nodeName: node-1, containers: [{name: web, image: nginx}]}
+status: {podIP: 10.244.1.2, podIPs: [{ip: 10.244.1.2}], phase: Running}
+---
+apiVersion: v1
+kind: Pod
+metadata: {name: hello-b, namespace: default, labels: {app: hello}}
+spec: {nodeName: node-2, containers: [{name: web, image: nginx}]}
+status: {podIP: 10.244.2.2, podIPs: [{ip: 10.244.2.2}], phase: Running}
+---
+apiVersion: v1
+kind: Pod
+metadata: {name: ingress-x, namespace: kube-system, labels: {app: ingress}}
+spec: {nodeName: node-1, containers: [{name: ingress, image: roadkeeper}]}
+status: {podIP: 10.244.1.4, podIPs: [{ip: 10.244.1.4}], phase: Running}
+---
+apiVersion: v1
+kind: Service
+metadata: {name: hello, namespace: default}
+spec: {clusterIP: 10.96.0.100, selector: {app: hello}, ports: [{port: 80, targetPort: 8080}]}
+---
+apiVersion: discovery.k8s.io/v1
+kind: EndpointSlice
+metadata: {name: hello-1, namespace: default, labels: {kubernetes.io/service-name: hello}}
+addressType: IPv4
+ports: [{port: 8080, protocol: TCP}]
+endpoints:
+- {addresses: [10.244.1.2], nodeName: node-1, conditions: {ready: true}, targetRef: {kind: Pod, namespace: default, name: hello-a}}
+- {addresses: [10.244.2.2], nodeName: node-2, conditions: {ready: true}, targetRef: {kind: Pod, namespace: default, name: hello-b}}
+---
+apiVersion: v1
+kind: Service
+metadata: {name: nobody, namespace: default}
+spec: {clusterIP: 10.96.0.102, selector: {app: nobody}, ports: [{port: 80}]}
+---
+apiVersion: v1
+kind: Service
+metadata: {name: local, namespace: default}
+spec:
+  type: LoadBalancer
+  clusterIP: 10.96.0.103
+  externalTrafficPolicy: Local
+  selector: {app: hello}
+  ports: [{port: 80, targetPort: 8080, nodePort: 30080}]
+status: {loadBalancer: {ingress: [{ip: 192.168.77.201}]}}
+---
+apiVersion: discovery.k8s.io/v1
+kind: EndpointSlice
+metadata: {name: local-1, namespace: default, labels: {kubernetes.io/service-name: local}}
+addressType: IPv4
+ports: [{port: 8080, protocol: TCP}]
+endpoints:
+- {addresses: [10.244.2.2], nodeName: node-2, conditions: {ready: true}, targetRef: {kind: Pod, namespace: default, name: hello-b}}
+---
+apiVersion: v1
+kind: Service
+metadata: {name: roadkeeper-ingress, namespace: kube-system}
+spec:
+  type: LoadBalancer
+  clusterIP: 10.96.0.101
+  selector: {app: ingress}
+  ports: [{name: http, port: 80, targetPort: 8080, nodePort: 30000}]
+status: {loadBalancer: {ingress: [{ip: 192.168.77.200}]}}
+---
+apiVersion: discovery.k8s.io/v1
+kind: EndpointSlice
+metadata: {name: roadkeeper-ingress-1, namespace: kube-system, labels: {kubernetes.io/service-name: roadkeeper-ingress}}
+addressType: IPv4
+ports: [{name: http, port: 8080, protocol: TCP}]
+endpoints:
+- {addresses: [10.244.1.4], nodeName: node-1, conditions: {ready: true}, targetRef: {kind: Pod, namespace: kube-system, name: ingress-x}}
+---
+apiVersion: networking.k8s.io/v1
+kind: IngressClass
+metadata: {name: roadkeeper}
+spec: {controller: roadkeeper.dev/ingress}
+---
+apiVersion: networking.k8s.io/v1
+kind: Ingress
+metadata: {name: hello, namespace: default}
+spec:
+  ingressClassName: roadkeeper
+  rules:
+  - http:
+      paths:
+      - {path: /hello, pathType: Prefix, backend: {service: {name: hello, port: {number: 80}}}}
+"#;
+
+/// The cluster's nodes, their proxies in `mode`.
+fn nodes(mode: ProxyMode) -> Vec<Node> {
+    (1..=2)
+        .map(|n| {
+            let ip: IpAddr = format!("192.168.77.1{n}").parse().unwrap();
+            let gateway: IpAddr = format!("10.244.{n}.1").parse().unwrap();
+            let info = NodeInfo {
+                name: format!("node-{n}"),
+                primary_ips: vec![ip],
+                local_addresses: vec![ip, gateway],
+                zone: None,
+            };
+            let cfg = ProxyConfig {
+                hostname: info.name.clone(),
+                mode,
+                cluster_cidrs: vec!["10.244.0.0/16".parse().unwrap()],
+                ..ProxyConfig::default()
+            };
+            Node { info, cfg }
+        })
+        .collect()
+}
+
+/// How a landing ends: fate, DNAT target, pod, masqueraded.
+type Fate = (&'static str, Option<SocketAddr>, Option<String>, bool);
+
+/// The road of `url` from `origin` in both backends (which must agree on every landing).
+fn walk(origin: Origin, url: &str, observed: Observed) -> Road {
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(dir.path().join("cluster.yaml"), MANIFESTS).unwrap();
+    let (source, errors) = ManifestSource::load(dir.path()).unwrap();
+    assert!(errors.is_empty(), "{errors:?}");
+    let request = Request::parse(url).unwrap();
+    let roads: Vec<Road> = [ProxyMode::Nftables, ProxyMode::Iptables]
+        .map(|mode| {
+            let world = World {
+                store: source.store(),
+                nodes: nodes(mode),
+                cluster_domain: "cluster.local".into(),
+                ingress_service: NamespacedName::new("kube-system", "roadkeeper-ingress"),
+                ingress_class: ClassConfig::default(),
+            };
+            road(&world, &origin, &request, &observed).unwrap()
+        })
+        .into();
+    let fates = |road: &Road| -> Vec<Vec<Fate>> {
+        road.legs
+            .iter()
+            .map(|leg| {
+                let mut l: Vec<_> =
+                    leg.landings.iter().map(|l| (l.fate, l.dnat, l.pod.clone(), l.masquerade.is_some())).collect();
+                l.sort();
+                l
+            })
+            .collect()
+    };
+    assert_eq!(fates(&roads[0]), fates(&roads[1]), "nftables and iptables disagree");
+    let text = text::render(&roads[0]);
+    assert!(text.contains("node proxy  nftables rules of "), "{text}");
+    roads.into_iter().next().unwrap()
+}
+
+fn pod(namespace: &str, name: &str) -> Origin {
+    Origin::Pod(NamespacedName::new(namespace, name))
+}
+
+fn client() -> Origin {
+    Origin::Outside { name: "client".into(), address: "198.51.100.10".parse().unwrap() }
+}
+
+#[test]
+fn a_pod_resolves_a_service_name_through_its_search_path_and_lands_on_either_pod() {
+    let road = walk(pod("default", "hello-a"), "http://hello/", Observed::default());
+    let dns = road.dns.as_ref().unwrap();
+    assert_eq!(dns.address, "10.96.0.100".parse::<IpAddr>().unwrap());
+    assert_eq!(dns.asked[0].0, "hello.default.svc.cluster.local");
+    let leg = &road.legs[0];
+    assert_eq!(leg.node, "node-1");
+    let service = leg.service.as_ref().unwrap();
+    assert_eq!((service.service.as_str(), service.frontend.as_str()), ("default/hello", "ClusterIP 10.96.0.100:80"));
+    assert!(service.endpoints.iter().all(|e| e.eligible));
+    let mut pods: Vec<_> =
+        leg.landings.iter().map(|l| (l.pod.clone().unwrap(), (l.probability * 100.0).round())).collect();
+    pods.sort_by(|a, b| a.0.cmp(&b.0));
+    assert_eq!(pods, [("default/hello-a".to_string(), 50.0), ("default/hello-b".to_string(), 50.0)]);
+    // A pod's own traffic to a ClusterIP keeps its source, but for the hairpin back to itself.
+    for landing in &leg.landings {
+        let hairpin = landing.pod.as_deref() == Some("default/hello-a");
+        assert_eq!(landing.masquerade.is_some(), hairpin, "{landing:?}");
+    }
+    assert!(road.ingress.is_none());
+}
+
+#[test]
+fn names_outside_the_zone_or_from_outside_hosts_are_not_resolved() {
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(dir.path().join("cluster.yaml"), MANIFESTS).unwrap();
+    let (source, _) = ManifestSource::load(dir.path()).unwrap();
+    let world = World {
+        store: source.store(),
+        nodes: nodes(ProxyMode::Nftables),
+        cluster_domain: "cluster.local".into(),
+        ingress_service: NamespacedName::new("kube-system", "roadkeeper-ingress"),
+        ingress_class: ClassConfig::default(),
+    };
+    let err =
+        road(&world, &pod("default", "hello-a"), &Request::parse("http://missing/").unwrap(), &Observed::default())
+            .unwrap_err();
+    assert!(err.to_string().contains("missing.default.svc.cluster.local: NXDOMAIN"), "{err}");
+    let err = road(&world, &client(), &Request::parse("http://hello/").unwrap(), &Observed::default()).unwrap_err();
+    assert!(err.to_string().starts_with("client resolves names with its own resolver"), "{err}");
+    let err = road(&world, &pod("default", "gone"), &Request::parse("http://hello/").unwrap(), &Observed::default())
+        .unwrap_err();
+    assert_eq!(err.to_string(), "--from pod default/gone: not in the cluster");
+}
+
+#[test]
+fn the_client_reaches_the_ingress_by_its_load_balancer_address_then_the_backend() {
+    let observed =
+        Observed { entry_node: Some("node-2".into()), dnat: None, backend: Some("10.244.2.2".parse().unwrap()) };
+    let road = walk(client(), "http://192.168.77.200/hello", observed);
+    let first = &road.legs[0];
+    assert_eq!(first.node, "node-2");
+    assert_eq!(first.service.as_ref().unwrap().frontend, "LoadBalancer 192.168.77.200:80");
+    let landing = &first.landings[first.followed.unwrap()];
+    assert_eq!(landing.pod.as_deref(), Some("kube-system/ingress-x"));
+    assert_eq!(landing.pod_node.as_deref(), Some("node-1"));
+    // Crossing to another node for a Cluster policy: masqueraded.
+    assert!(landing.masquerade.is_some());
+    let ingress = road.ingress.as_ref().unwrap();
+    assert_eq!(ingress.rule.as_deref(), Some("default/hello spec.rules[0].http.paths[0]"));
+    assert_eq!(ingress.backend.as_deref(), Some("Service default/hello port 80"));
+    let second = &road.legs[1];
+    assert_eq!((second.node.as_str(), second.destination), ("node-1", "10.244.2.2:8080".parse().unwrap()));
+    assert!(second.service.is_none());
+    assert_eq!(second.landings.len(), 1);
+    assert_eq!(second.landings[0].pod.as_deref(), Some("default/hello-b"));
+    assert!(second.landings[0].masquerade.is_none());
+    let text = text::render(&road);
+    assert!(
+        text.contains("matched default/hello spec.rules[0].http.paths[0] -> Service default/hello port 80"),
+        "{text}"
+    );
+
+    let road = walk(client(), "http://192.168.77.200/other", Observed::default());
+    assert!(road.ingress.as_ref().unwrap().failure.as_ref().unwrap().contains("404"));
+    assert_eq!(road.legs.len(), 1);
+}
+
+#[test]
+fn node_ports_lead_to_the_service_from_the_node_they_are_open_on() {
+    let road = walk(client(), "http://192.168.77.12:30000/hello", Observed::default());
+    let leg = &road.legs[0];
+    assert_eq!(leg.node, "node-2");
+    assert_eq!(leg.service.as_ref().unwrap().frontend, "NodePort 192.168.77.12:30000");
+    assert_eq!(leg.landings[0].dnat, Some("10.244.1.4:8080".parse().unwrap()));
+}
+
+#[test]
+fn external_traffic_policy_local_serves_only_on_nodes_with_a_local_endpoint() {
+    let on = |node: &str| Observed { entry_node: Some(node.into()), ..Observed::default() };
+    let road = walk(client(), "http://192.168.77.201/", on("node-2"));
+    let leg = &road.legs[0];
+    assert_eq!(leg.service.as_ref().unwrap().policy, "externalTrafficPolicy: Local");
+    assert_eq!(leg.landings.len(), 1);
+    assert_eq!(leg.landings[0].pod.as_deref(), Some("default/hello-b"));
+    assert!(leg.landings[0].masquerade.is_none(), "Local policy keeps the client's address");
+
+    let road = walk(client(), "http://192.168.77.201/", on("node-1"));
+    let leg = &road.legs[0];
+    let endpoints = &leg.service.as_ref().unwrap().endpoints;
+    assert!(endpoints.iter().all(|e| !e.eligible));
+    assert_eq!(endpoints[0].ineligible.as_deref(), Some("on another node, and the externalTrafficPolicy is Local"));
+    assert_eq!(leg.landings.iter().map(|l| l.fate).collect::<Vec<_>>(), ["dropped"]);
+}
+
+#[test]
+fn a_service_without_endpoints_is_rejected() {
+    let road = walk(pod("default", "hello-b"), "http://nobody.default.svc.cluster.local/", Observed::default());
+    let leg = &road.legs[0];
+    assert!(leg.service.as_ref().unwrap().endpoints.is_empty());
+    assert_eq!(leg.landings.iter().map(|l| l.fate).collect::<Vec<_>>(), ["rejected"]);
+    assert!(leg.followed.is_none());
+    let text = text::render(&road);
+    assert!(text.contains("no endpoints in its EndpointSlices") && text.contains("rejected"), "{text}");
+}
+
+#[test]
+fn a_pod_address_is_reached_directly_without_dnat() {
+    let road = walk(pod("default", "hello-a"), "http://10.244.2.2:8080/", Observed::default());
+    let leg = &road.legs[0];
+    assert!(leg.service.is_none());
+    assert_eq!(leg.landings.len(), 1);
+    assert_eq!((leg.landings[0].dnat, leg.landings[0].pod.as_deref()), (None, Some("default/hello-b")));
+}

@@ -1,0 +1,345 @@
+//! Our nftables tables as the kernel holds them after the transactions a sync sends, and how
+//! nf_tables evaluates them for one packet: base chains by hook and priority, verdict maps, set
+//! lookups (address sets, the interval set of service CIDRs, affinity sets), `fib ... type
+//! local`, `ct state new`, `numgen random`, marks, DNAT and masquerade.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::net::{IpAddr, SocketAddr};
+
+use super::engine::{self, BaseChain, Evaluation, Model, PacketState};
+use super::{Effect, Environment, Error, Packet, Trace};
+use crate::nft::objects::{Container, ElementValue, TABLE, family_keyword};
+use crate::nft::rule::{Action, ChainType, ElementKey, Hook, HookPoint, Match, Op, Rule, Verdict, VmapKey};
+use crate::plan::NftPlan;
+use crate::table::{IpFamily, Protocol};
+
+/// A chain: its hook if it is a base chain, and its rules.
+#[derive(Debug, Clone, Default, PartialEq)]
+struct Chain {
+    hook: Option<Hook>,
+    rules: Vec<Rule>,
+}
+
+/// One family's table.
+#[derive(Debug, Clone, Default, PartialEq)]
+struct Table {
+    chains: BTreeMap<String, Chain>,
+    /// The shared sets and maps and their elements.
+    containers: BTreeMap<Container, BTreeMap<ElementKey, ElementValue>>,
+    /// Affinity sets (their contents are the [`Environment`]'s).
+    sets: BTreeSet<String>,
+}
+
+/// Our tables (`ip roadkeeper`, `ip6 roadkeeper`) as the kernel holds them.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct Tables {
+    tables: BTreeMap<IpFamily, Table>,
+}
+
+/// The name of a family's table, as listings show it.
+fn table_name(family: IpFamily) -> String {
+    format!("{} {TABLE}", family_keyword(family))
+}
+
+/// A refusal of `op` for `message`.
+fn refused(op: &Op, message: &str) -> Error {
+    Error::Refused { change: op.to_string(), message: message.to_string() }
+}
+
+impl Tables {
+    /// What a full sync of `plan` leaves in empty tables.
+    pub fn of(plan: &NftPlan) -> Result<Tables, Error> {
+        let mut tables = Tables::default();
+        tables.apply(&plan.ops())?;
+        Ok(tables)
+    }
+
+    /// Applies one transaction, as nf_tables does: all of it, or (refused, as the kernel would
+    /// refuse it) none of it.
+    pub fn apply(&mut self, ops: &[Op]) -> Result<(), Error> {
+        let mut next = self.clone();
+        for op in ops {
+            next.apply_op(op)?;
+        }
+        *self = next;
+        Ok(())
+    }
+
+    fn table(&mut self, op: &Op, family: IpFamily) -> Result<&mut Table, Error> {
+        self.tables.get_mut(&family).ok_or_else(|| refused(op, "no such table"))
+    }
+
+    fn apply_op(&mut self, op: &Op) -> Result<(), Error> {
+        fn chain_of<'a>(table: &'a mut Table, name: &str, op: &Op) -> Result<&'a mut Chain, Error> {
+            table.chains.get_mut(name).ok_or_else(|| refused(op, "no such chain"))
+        }
+        match op {
+            Op::AddTable { family } => {
+                self.tables.entry(*family).or_default();
+            }
+            Op::AddBaseChain { family, name, hook } => {
+                let chain = self.table(op, *family)?.chains.entry(name.clone()).or_default();
+                match chain.hook {
+                    Some(have) if have != *hook => return Err(refused(op, "the chain has another hook")),
+                    _ => chain.hook = Some(*hook),
+                }
+            }
+            Op::AddChain { family, name } => {
+                let chain = self.table(op, *family)?.chains.entry(name.clone()).or_default();
+                if chain.hook.is_some() {
+                    return Err(refused(op, "the chain is a base chain"));
+                }
+            }
+            Op::FlushChain { family, name } => chain_of(self.table(op, *family)?, name, op)?.rules.clear(),
+            Op::AddRule { chain, rule } => chain_of(self.table(op, rule.family)?, chain, op)?.rules.push(rule.clone()),
+            Op::DeleteChain { family, name } => {
+                let table = self.table(op, *family)?;
+                if !chain_of(table, name, op)?.rules.is_empty() {
+                    return Err(refused(op, "the chain is not empty"));
+                }
+                table.chains.remove(name);
+            }
+            Op::AddContainer { family, container } => {
+                self.table(op, *family)?.containers.entry(*container).or_default();
+            }
+            Op::FlushSet { family, container } => {
+                let table = self.table(op, *family)?;
+                table.containers.get_mut(container).ok_or_else(|| refused(op, "no such set"))?.clear();
+            }
+            Op::AddElement { family, container, key, value, comment } => {
+                let table = self.table(op, *family)?;
+                let elements = table.containers.get_mut(container).ok_or_else(|| refused(op, "no such set"))?;
+                if container.is_map() != value.is_some() {
+                    return Err(refused(op, "the element does not fit the set's type"));
+                }
+                let value = ElementValue { verdict: value.clone(), comment: comment.clone() };
+                match elements.get(key) {
+                    Some(have) if have.verdict != value.verdict => return Err(refused(op, "the element exists")),
+                    _ => elements.insert(key.clone(), value),
+                };
+            }
+            Op::DeleteElement { family, container, key } => {
+                let table = self.table(op, *family)?;
+                let elements = table.containers.get_mut(container).ok_or_else(|| refused(op, "no such set"))?;
+                elements.remove(key).ok_or_else(|| refused(op, "no such element"))?;
+            }
+            Op::AddSet { family, name, .. } => {
+                self.table(op, *family)?.sets.insert(name.clone());
+            }
+            Op::DeleteSet { family, name } => {
+                let table = self.table(op, *family)?;
+                let removed = match Container::ALL.iter().find(|c| c.name() == name) {
+                    Some(container) => table.containers.remove(container).is_some(),
+                    None => table.sets.remove(name),
+                };
+                if !removed {
+                    return Err(refused(op, "no such set"));
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// Every way `packet` can go through these tables.
+    pub fn trace(&self, packet: &Packet, env: &Environment) -> Result<Trace, Error> {
+        engine::trace(self, packet, env)
+    }
+
+    /// The affinity sets that the endpoint chains DNATing `protocol` to `endpoint` update.
+    pub fn affinity_sets(&self, protocol: Protocol, endpoint: SocketAddr) -> BTreeSet<String> {
+        let mut sets = BTreeSet::new();
+        for chain in self.tables.values().flat_map(|t| t.chains.values()) {
+            let dnats = chain.rules.iter().any(|r| {
+                matches!(r.action, Action::Dnat { protocol: p, ip, port } if p == protocol && SocketAddr::new(ip, port) == endpoint)
+            });
+            if dnats {
+                sets.extend(chain.rules.iter().filter_map(|r| match &r.action {
+                    Action::UpdateSaddr(set) => Some(set.clone()),
+                    _ => None,
+                }));
+            }
+        }
+        sets
+    }
+
+    /// A set lookup of `addr` in `set`: the element found, or `None` when the address is not in
+    /// it. Affinity sets hold what the environment says they hold.
+    fn lookup(&self, table: &Table, family: IpFamily, set: &str, addr: IpAddr, env: &Environment) -> Lookup {
+        if table.sets.contains(set) {
+            return if env.affinity.contains(set) { Lookup::Found(None) } else { Lookup::Missing };
+        }
+        let Some(elements) = Container::ALL.iter().find(|c| c.name() == set).and_then(|c| table.containers.get(c))
+        else {
+            return Lookup::NoSet(Error::NoSuchSet { table: table_name(family), set: set.to_string() });
+        };
+        let found = elements.iter().find(|(key, _)| match key {
+            ElementKey::Addr(a) => *a == addr,
+            ElementKey::Range(first, last) => in_range(addr, *first, *last),
+            _ => false,
+        });
+        match found {
+            Some((key, value)) => Lookup::Found(Some(element_text(key, value))),
+            None => Lookup::Missing,
+        }
+    }
+}
+
+/// What a set lookup found.
+enum Lookup {
+    /// The key is in the set (with the element as listings show it, for named sets).
+    Found(Option<String>),
+    /// It is not.
+    Missing,
+    /// There is no such set.
+    NoSet(Error),
+}
+
+/// True when `addr` lies in `first..=last` (same family).
+fn in_range(addr: IpAddr, first: IpAddr, last: IpAddr) -> bool {
+    match (addr, first, last) {
+        (IpAddr::V4(a), IpAddr::V4(f), IpAddr::V4(l)) => f <= a && a <= l,
+        (IpAddr::V6(a), IpAddr::V6(f), IpAddr::V6(l)) => f <= a && a <= l,
+        _ => false,
+    }
+}
+
+/// An element as `nft list` shows it in its set or map.
+fn element_text(key: &ElementKey, value: &ElementValue) -> String {
+    let mut text = key.to_string();
+    if !value.comment.is_empty() {
+        text.push_str(&format!(" comment \"{}\"", crate::text::comment(&value.comment)));
+    }
+    if let Some(verdict) = &value.verdict {
+        text.push_str(&format!(" : {verdict}"));
+    }
+    text
+}
+
+/// The flow effect of a verdict-map verdict.
+fn verdict_effect(verdict: &Verdict) -> Effect {
+    match verdict {
+        Verdict::Goto(chain) => Effect::Goto { chain: chain.clone() },
+        Verdict::Jump(chain) => Effect::Jump { chain: chain.clone() },
+        Verdict::Drop => Effect::Drop,
+    }
+}
+
+impl Model for Tables {
+    type Rule = Rule;
+    const BACKEND: &'static str = "nftables";
+
+    fn base_chains(&self, family: IpFamily, hook: HookPoint) -> Vec<BaseChain> {
+        let Some(table) = self.tables.get(&family) else { return Vec::new() };
+        let mut bases: Vec<(&Hook, &String)> = table
+            .chains
+            .iter()
+            .filter_map(|(name, chain)| Some((chain.hook.as_ref()?, name)))
+            .filter(|(h, _)| h.point == hook)
+            .collect();
+        bases.sort_by_key(|(h, name)| (h.priority, *name));
+        bases
+            .into_iter()
+            .map(|(h, name)| BaseChain {
+                table: table_name(family),
+                chain: name.clone(),
+                hook: h.to_string().trim_end_matches(" ;").to_string(),
+                nat: h.chain_type == ChainType::Nat,
+            })
+            .collect()
+    }
+
+    fn rules(&self, family: IpFamily, _table: &str, chain: &str) -> Option<&[Rule]> {
+        self.tables.get(&family)?.chains.get(chain).map(|c| c.rules.as_slice())
+    }
+
+    fn text(&self, _chain: &str, rule: &Rule) -> String {
+        rule.to_string()
+    }
+
+    fn evaluate(
+        &self,
+        _table: &str,
+        rule: &Rule,
+        packet: &PacketState,
+        env: &Environment,
+        random: Option<bool>,
+    ) -> Result<Evaluation, Error> {
+        let table = self.tables.get(&packet.family).expect("a rule is in its family's table");
+        let mut element = None;
+        let mut chance = None;
+        for m in &rule.matches {
+            let holds = match m {
+                Match::SaddrIs(addr) => packet.source == *addr,
+                Match::SaddrIn(net) => net.contains(&packet.source),
+                Match::DaddrIs(addr) => packet.destination.ip() == *addr,
+                Match::DaddrNotIn(net) => !net.contains(&packet.destination.ip()),
+                Match::SaddrInSet(set) | Match::DaddrInSet(set) => {
+                    let addr = if matches!(m, Match::SaddrInSet(_)) { packet.source } else { packet.destination.ip() };
+                    match self.lookup(table, packet.family, set, addr, env) {
+                        Lookup::Found(found) => {
+                            element = found.or(element);
+                            true
+                        }
+                        Lookup::Missing => false,
+                        Lookup::NoSet(error) => return Err(error),
+                    }
+                }
+                Match::FibSaddrLocal => env.is_local(packet.source),
+                Match::FibDaddrLocal => env.is_local(packet.destination.ip()),
+                Match::CtStateNew => true,
+                Match::L4Proto(protocol) => packet.protocol == *protocol,
+                Match::MarkUnset(bits) => packet.mark & bits == 0,
+                Match::Random { modulus, value } => {
+                    chance = Some(if value < modulus { 1.0 / f64::from(*modulus) } else { 0.0 });
+                    true
+                }
+            };
+            if !holds {
+                return Ok(Evaluation::NoMatch);
+            }
+        }
+        let effects = match &rule.action {
+            Action::Jump(chain) => vec![Effect::Jump { chain: chain.clone() }],
+            Action::Goto(chain) => vec![Effect::Goto { chain: chain.clone() }],
+            Action::Return => vec![Effect::Return],
+            Action::Drop => vec![Effect::Drop],
+            Action::UpdateSaddr(set) => vec![Effect::Affinity { set: set.clone() }],
+            // `meta l4proto <protocol>` is part of the statement.
+            Action::Dnat { protocol, .. } if *protocol != packet.protocol => return Ok(Evaluation::NoMatch),
+            Action::Dnat { ip, port, .. } => vec![Effect::Dnat { to: SocketAddr::new(*ip, *port) }],
+            Action::Vmap { key, map } => {
+                let wanted = match key {
+                    VmapKey::DaddrProtoPort => {
+                        ElementKey::AddrProtoPort(packet.destination.ip(), packet.protocol, packet.destination.port())
+                    }
+                    VmapKey::ProtoPort => ElementKey::ProtoPort(packet.protocol, packet.destination.port()),
+                };
+                let container = Container::ALL.iter().find(|c| c.name() == map && c.is_map());
+                let Some(elements) = container.and_then(|c| table.containers.get(c)) else {
+                    return Err(Error::NoSuchSet { table: table_name(packet.family), set: map.clone() });
+                };
+                let Some((key, value)) = elements.get_key_value(&wanted) else { return Ok(Evaluation::NoMatch) };
+                let Some(verdict) = &value.verdict else { return Ok(Evaluation::NoMatch) };
+                element = Some(element_text(key, value));
+                vec![verdict_effect(verdict)]
+            }
+            Action::MarkOr(bits) => vec![Effect::Mark { mark: packet.mark | bits }],
+            Action::MarkXor(bits) => vec![Effect::Mark { mark: packet.mark ^ bits }],
+            Action::MasqueradeFullyRandom => vec![Effect::Masquerade],
+            Action::RejectTcpReset if packet.protocol != Protocol::Tcp => return Ok(Evaluation::NoMatch),
+            Action::RejectTcpReset => vec![Effect::Reject { with: "tcp reset".into() }],
+            Action::Reject => {
+                let with = match packet.family {
+                    IpFamily::V4 => "icmp port-unreachable",
+                    IpFamily::V6 => "icmpv6 port-unreachable",
+                };
+                vec![Effect::Reject { with: with.into() }]
+            }
+        };
+        match (chance, random) {
+            (Some(p), None) => Ok(Evaluation::Chance(p)),
+            (Some(_), Some(false)) => Ok(Evaluation::NoMatch),
+            _ => Ok(Evaluation::Match { element, effects }),
+        }
+    }
+}

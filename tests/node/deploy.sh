@@ -1,0 +1,42 @@
+#!/usr/bin/env bash
+# Deploys roadkeeper onto the node from deploy/, as an operator would: the one ConfigMap the
+# cluster must provide (the API server's address), then deploy/roadkeeper.yaml (the node proxy,
+# in place of kube-proxy), deploy/dns.yaml (the cluster DNS, in place of CoreDNS) and
+# deploy/ingress.yaml; waits until all of them are ready.
+#
+#   tests/node/deploy.sh KUBECONFIG nftables|iptables
+#
+# The manifest gets the edits it documents: clusterCIDR (the cluster's pod range, as kubeadm
+# sets kube-proxy's) and, for iptables mode, `mode: iptables` and NET_RAW in the DaemonSet's
+# capabilities.
+set -euo pipefail
+here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
+repo=$(cd "$here/../.." && pwd)
+# shellcheck source=tests/node/lib.sh
+source "$here/lib.sh"
+admin=${1:?usage: deploy.sh KUBECONFIG nftables|iptables}
+mode=${2:?usage: deploy.sh KUBECONFIG nftables|iptables}
+kubectl() { "$(dirname "$admin")/kubectl" --kubeconfig "$admin" "$@"; }
+
+node_log "deploying roadkeeper (proxy in $mode mode, DNS, ingress)"
+kubectl -n kube-system create configmap kubernetes-services-endpoint \
+    --from-literal=KUBERNETES_SERVICE_HOST="$NODE_IP" --from-literal=KUBERNETES_SERVICE_PORT="$APISERVER_PORT" \
+    --dry-run=client -o yaml | kubectl apply -f - >/dev/null
+# The optional edit deploy/roadkeeper.yaml marks, as kubeadm sets kube-proxy's clusterCIDR from
+# its pod subnet: traffic to a ClusterIP from outside the pods is masqueraded.
+original=$(cat "$repo/deploy/roadkeeper.yaml")
+manifest=$(sed "s|^    # clusterCIDR: 10.244.0.0/16$|    clusterCIDR: $CLUSTER_CIDR|" <<<"$original")
+[[ $manifest != "$original" ]] || node_fail "deploy/roadkeeper.yaml: cannot find '# clusterCIDR: 10.244.0.0/16' to set it"
+if [[ $mode == iptables ]]; then
+    edited=$(sed -e 's/^    mode: nftables$/    mode: iptables/' -e 's/add: \["NET_ADMIN"\]/add: ["NET_ADMIN", "NET_RAW"]/' <<<"$manifest")
+    # Both edits or none: a manifest that changed shape must fail here, not deploy nftables.
+    (($(diff <(echo "$manifest") <(echo "$edited") | grep -c '^>') == 2)) ||
+        node_fail "deploy/roadkeeper.yaml: cannot find 'mode: nftables' and 'add: [\"NET_ADMIN\"]' to switch to iptables"
+    manifest=$edited
+fi
+kubectl apply -f - <<<"$manifest" >/dev/null
+kubectl apply -f "$repo/deploy/dns.yaml" >/dev/null
+kubectl apply -f "$repo/deploy/ingress.yaml" >/dev/null
+kubectl -n kube-system rollout status daemonset/roadkeeper --timeout=180s >&2
+kubectl -n kube-system rollout status deployment/roadkeeper-dns --timeout=180s >&2
+kubectl -n kube-system rollout status deployment/roadkeeper-ingress --timeout=180s >&2

@@ -1,0 +1,66 @@
+#!/usr/bin/env bash
+# Runs upstream's end-to-end tests of Service networking (e2e.test of the pinned Kubernetes
+# release) against a node brought up by up.sh, with roadkeeper as its proxy and DNS; takes the
+# node down afterwards. The JUnit report and the suite's log go to the report folder, and the
+# last lines printed are the pass / fail / skip counts.
+#
+#   tests/node/e2e.sh [--proxy-mode nftables|iptables] [--nodes N] [--report-dir DIR]
+#                     [--focus RE] [--skip RE] [--procs N]
+#
+# --nodes: how many nodes up.sh brings up (default 3: some Services tests need two or three).
+# Default focus: every [sig-network] conformance test, plus the Services tests of hairpin,
+# session affinity, traffic policies and terminating endpoints (tests/node/e2e-focus); default
+# skip: tests/node/e2e-skip (each line names why). --procs runs the tests N at a time (ginkgo).
+set -euo pipefail
+here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
+repo=$(cd "$here/../.." && pwd)
+# shellcheck source=tests/node/lib.sh
+source "$here/lib.sh"
+
+proxy_mode=nftables
+report=$PWD/e2e-report
+focus=$(grep -v '^#' "$here/e2e-focus" | paste -sd '|')
+skip=$(grep -v '^#' "$here/e2e-skip" | sed 's/ *#.*//' | grep . | paste -sd '|')
+procs=1
+nodes=3
+while (($#)); do
+    case $1 in
+        --proxy-mode) proxy_mode=$2; shift 2 ;;
+        --report-dir) report=$2; shift 2 ;;
+        --focus) focus=$2; shift 2 ;;
+        --skip) skip=$2; shift 2 ;;
+        --procs) procs=$2; shift 2 ;;
+        --nodes) nodes=$2; shift 2 ;;
+        -h | --help) sed -n '2,15p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+        *) node_fail "unknown argument $1 (see --help)" ;;
+    esac
+done
+mkdir -p "$report"
+report=$(cd "$report" && pwd)
+
+bin=$("$repo/tests/k8s/build.sh" e2e)
+archives=$("$here/images.sh" e2e)
+admin=$("$here/up.sh" --proxy-mode "$proxy_mode" --nodes "$nodes" | tail -1)
+trap '"$here/down.sh"' EXIT
+node_log "importing the test images"
+for i in $(seq "$(node_count)"); do
+    for archive in $archives; do node_ctr "$i" images import "$archive" >/dev/null; done
+done
+
+node_log "e2e.test, focus: $focus"
+node_log "skip: $skip"
+# In the node's network namespace: some tests reach node and pod addresses from the test itself.
+args=(--kubeconfig="$admin" --provider=local --kubectl-path="$(dirname "$admin")/kubectl"
+    --num-nodes="$nodes" --dns-domain="$CLUSTER_DOMAIN" --report-dir="$report" --ginkgo.no-color --ginkgo.v
+    --ginkgo.focus="$focus" --ginkgo.skip="$skip" --ginkgo.timeout=3h)
+started=$SECONDS
+status=0
+if ((procs > 1)); then
+    in_node "$bin/ginkgo" --procs="$procs" --no-color "$bin/e2e.test" -- "${args[@]}" >"$report/e2e.log" 2>&1 || status=$?
+else
+    in_node "$bin/e2e.test" "${args[@]}" >"$report/e2e.log" 2>&1 || status=$?
+fi
+node_log "e2e.test exited $status after $((SECONDS - started)) s; log: $report/e2e.log"
+grep -E '^(Ran [0-9]+ of|SUCCESS!|FAIL!)' "$report/e2e.log" || true
+"$here/e2e-summary.py" "$report"/junit*.xml
+exit "$status"

@@ -1,0 +1,114 @@
+#!/usr/bin/env bash
+# Builds every image the node runs, with buildah (no daemon) and no registry, into
+# $IMAGES_CACHE (default ~/.cache/roadkeeper/node-images) as docker archives that up.sh imports
+# into containerd. Each archive is keyed by the hash of its inputs, so a second run rebuilds only
+# what changed. Prints the archives' paths, one per line.
+#
+#   tests/node/images.sh         the node's images (below)
+#   tests/node/images.sh e2e     the images upstream's [sig-network] tests run, under the names
+#                                they expect (agnhost, jessie-dnsutils, nginx, busybox)
+#
+#   debian:bookworm-slim                 debootstrap --variant=minbase (the base of the others)
+#   registry.k8s.io/pause:3.10.1         images/pause: pause.c, static, on an empty base
+#   ghcr.io/roadkeeper/roadkeeper:0.1.0  deploy/Dockerfile with BUILD=prebuilt: the binary in
+#                                        $ROADKEEPER_BINARY, or a release build of the workspace
+#   docker.io/library/nginx:1.27         images/web: Debian's nginx, for examples/hello
+#
+# Needs root, buildah, debootstrap, gcc, and Debian's package mirror.
+set -euo pipefail
+here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
+repo=$(cd "$here/../.." && pwd)
+# shellcheck source=tests/node/lib.sh
+source "$here/lib.sh"
+
+mkdir -p "$IMAGES_CACHE"
+exec 9>"$IMAGES_CACHE/lock"
+flock 9
+buildah=(buildah --root "$IMAGES_CACHE/storage" --runroot "$IMAGES_CACHE/run" --storage-driver overlay)
+work=$(mktemp -d)
+# buildah keeps the working containers of a build (and their overlay mounts): none may outlive it.
+trap '"${buildah[@]}" rm --all >/dev/null 2>&1 || true; rm -rf "$work"' EXIT
+current=()
+
+# key: a short hash of stdin.
+key() { sha256sum | cut -c1-16; }
+
+# The base, debian:bookworm-slim, from debootstrap (minbase: apt, no docs stripped). Its key
+# changes only with this description: bump it to rebuild the base.
+base_key=$(echo "debootstrap --variant=minbase bookworm, apt caches removed" | key)
+if [[ ! -e "$IMAGES_CACHE/base-$base_key.done" ]]; then
+    node_log "debootstrap bookworm (minbase) for debian:bookworm-slim"
+    debootstrap --variant=minbase bookworm "$work/rootfs" http://deb.debian.org/debian >"$work/debootstrap.log" 2>&1 ||
+        { tail -20 "$work/debootstrap.log" >&2; node_fail "debootstrap failed"; }
+    rm -rf "$work"/rootfs/var/cache/apt/archives/*.deb "$work"/rootfs/var/lib/apt/lists/*
+    tar --numeric-owner -C "$work/rootfs" --exclude='./dev/*' -cf "$work/base.tar" .
+    rm -rf "$work/rootfs"
+    container=$("${buildah[@]}" from scratch)
+    "${buildah[@]}" add "$container" "$work/base.tar" / >/dev/null
+    "${buildah[@]}" config --cmd bash "$container"
+    "${buildah[@]}" commit -q --rm "$container" docker.io/library/debian:bookworm-slim >/dev/null
+    rm "$work/base.tar"
+    touch "$IMAGES_CACHE/base-$base_key.done"
+fi
+
+# image NAME CONTEXT DOCKERFILE [BUILD-ARG...]: builds NAME unless its archive for these inputs
+# (and this base) exists.
+image() {
+    local name=$1 context=$2 dockerfile=$3
+    shift 3
+    local hash
+    hash=$(cd "$context" && find . -type f -print0 | sort -z | xargs -0 sha256sum | cat - "$dockerfile" "$here/images.sh" <(echo "$base_key $*") | key)
+    local file archive
+    file=$(echo "$name" | tr '/:' '__')
+    archive="$IMAGES_CACHE/$file-$hash.tar"
+    if [[ ! -e "$archive" ]]; then
+        node_log "building $name"
+        local args=()
+        for arg in "$@"; do args+=(--build-arg "$arg"); done
+        "${buildah[@]}" bud -q --isolation chroot --pull=never --layers "${args[@]}" -f "$dockerfile" -t "$name" "$context" >/dev/null
+        rm -f "$IMAGES_CACHE/$file"-*.tar
+        "${buildah[@]}" push -q "$name" "docker-archive:$archive.tmp:$name"
+        mv "$archive.tmp" "$archive"
+    fi
+    current+=("$archive")
+}
+
+if [[ ${1:-} == e2e ]]; then
+    bin=$("$repo/tests/k8s/build.sh" e2e)
+    mkdir -p "$work/agnhost"
+    strip -o "$work/agnhost/agnhost" "$bin/agnhost"
+    # porter's TLS ports serve this pair (the tests do not verify it). Made once, so that the
+    # image's inputs stay the same.
+    if [[ ! -e "$IMAGES_CACHE/porter/localhost.key" ]]; then
+        mkdir -p "$IMAGES_CACHE/porter"
+        openssl req -x509 -newkey ec -pkeyopt ec_paramgen_curve:P-256 -nodes -days 3650 -subj /CN=localhost \
+            -addext "subjectAltName=DNS:localhost,IP:127.0.0.1,IP:::1" \
+            -keyout "$IMAGES_CACHE/porter/localhost.key" -out "$IMAGES_CACHE/porter/localhost.crt" 2>/dev/null
+    fi
+    cp "$IMAGES_CACHE"/porter/localhost.{crt,key} "$work/agnhost/"
+    image "$(cat "$here/images/agnhost/NAME")" "$work/agnhost" "$here/images/agnhost/Dockerfile"
+    image "$(cat "$here/images/web/NAME")" "$here/images/web" "$here/images/web/Dockerfile"
+    for name in jessie-dnsutils e2e-nginx busybox; do
+        image "$(cat "$here/images/$name/NAME")" "$here/images/$name" "$here/images/$name/Dockerfile"
+    done
+else
+    mkdir -p "$work/pause"
+    gcc -O2 -static -o "$work/pause/pause" "$here/images/pause/pause.c"
+    strip "$work/pause/pause"
+    image "$(cat "$here/images/pause/NAME")" "$work/pause" "$here/images/pause/Dockerfile"
+
+    image "$(cat "$here/images/web/NAME")" "$here/images/web" "$here/images/web/Dockerfile"
+
+    mkdir -p "$work/roadkeeper"
+    binary=${ROADKEEPER_BINARY:-}
+    if [[ -z $binary ]]; then
+        node_log "cargo build --release -p roadkeeper"
+        (cd "$repo" && cargo build --release --locked -p roadkeeper >&2)
+        binary="$repo/target/release/roadkeeper"
+    fi
+    # Debug information is most of the binary's size, and none of the image's purpose.
+    strip -o "$work/roadkeeper/roadkeeper" "$binary"
+    image ghcr.io/roadkeeper/roadkeeper:0.1.0 "$work/roadkeeper" "$repo/deploy/Dockerfile" BUILD=prebuilt
+fi
+
+printf '%s\n' "${current[@]}"
