@@ -48,11 +48,11 @@ pub struct Allocated {
     pub problems: Vec<String>,
 }
 
-/// Allocates for `services` (any order; processed by namespace and name), keeping what
-/// `previous` gave to Services that still exist and ask for nothing else.
+/// Allocates for `services`, keeping what `previous` gave to Services that still exist and ask
+/// for nothing else. New allocations go in the order given, as an API server allocates in the
+/// order of creation: the controller gives the lab's own Services first, so that they get the
+/// same addresses whatever the manifests hold.
 pub fn allocate(previous: &Allocations, services: &[&Service]) -> Allocated {
-    let mut services: Vec<&Service> = services.to_vec();
-    services.sort_by_key(|s| key(s));
     let mut taken = Taken::default();
     let mut out = Allocated::default();
     // Explicit requests first, then what each Service had, then new ones: an explicit request
@@ -323,7 +323,7 @@ mod tests {
             json!({"type": "LoadBalancer", "externalTrafficPolicy": "Local", "ports": [{"port": 80}, {"name": "x", "port": 81, "nodePort": 30000}]}),
         );
         let np = service("np", json!({"type": "NodePort", "ports": [{"port": 80}]}));
-        let out = allocate(&Allocations::default(), &[&np, &lb]);
+        let out = allocate(&Allocations::default(), &[&lb, &np]);
         assert!(out.problems.is_empty(), "{:?}", out.problems);
         let lb = spec(&out, "lb");
         assert_eq!(lb["spec"]["ports"][0]["nodePort"], 30001);
@@ -331,6 +331,12 @@ mod tests {
         assert_eq!(lb["spec"]["healthCheckNodePort"], 30002);
         assert_eq!(lb["status"]["loadBalancer"]["ingress"], json!([{"ip": "192.168.77.200", "ipMode": "VIP"}]));
         assert_eq!(spec(&out, "np")["spec"]["ports"][0]["nodePort"], 30003);
+        // In the order given, not by name: the first LoadBalancer gets the pool's first address.
+        let other = service("a-first-by-name", json!({"type": "LoadBalancer", "ports": [{"port": 80}]}));
+        let lb = service("lb", json!({"type": "LoadBalancer", "ports": [{"port": 80}]}));
+        let out = allocate(&Allocations::default(), &[&lb, &other]);
+        let ip = |name| spec(&out, name)["status"]["loadBalancer"]["ingress"][0]["ip"].clone();
+        assert_eq!([ip("lb"), ip("a-first-by-name")], ["192.168.77.200", "192.168.77.201"]);
     }
 
     #[test]
@@ -348,10 +354,10 @@ mod tests {
             out.problems,
             [
                 "Service default/outside: spec.clusterIP: 10.0.0.1 is not in the lab's service range 10.96.0.0/12",
-                "Service default/pool: spec.loadBalancerIP: 1.2.3.4 is not in the lab's pool 192.168.77.200-192.168.77.250",
-                "Service default/port: spec.ports[0].nodePort: 80 is not in the range 30000-32767",
                 "Service default/second: spec.clusterIP: 10.96.0.50 is already allocated to Service default/first",
                 "Service default/v6: spec.ipFamilies: the lab's cluster is single-stack IPv4",
+                "Service default/port: spec.ports[0].nodePort: 80 is not in the range 30000-32767",
+                "Service default/pool: spec.loadBalancerIP: 1.2.3.4 is not in the lab's pool 192.168.77.200-192.168.77.250",
             ]
         );
     }
