@@ -94,7 +94,10 @@ fn sctp_service_ports_are_programmed(backend: Backend) {
     // The lab has no SCTP sockets to probe with, so check the dispatch and DNAT rules instead.
     let pod = c.pod_ip(0, Family::V4);
     let (dispatch, dnat) = match backend {
-        Backend::Nftables => ("10.96.0.70 . sctp . 9999".to_string(), format!("meta l4proto sctp dnat to {pod}:8080")),
+        Backend::Nftables => (
+            "10.96.0.70 . sctp . 9999".to_string(),
+            format!("10.96.0.70 . sctp . 9999 . 0 comment \"default/assoc\" : {pod} . 8080"),
+        ),
         Backend::Iptables => (
             "-d 10.96.0.70/32 -p sctp -m comment --comment \"default/assoc cluster IP\" -m sctp --dport 9999"
                 .to_string(),

@@ -71,7 +71,7 @@ impl NftRunner for NftBinary {
 
     fn healthy(&mut self) -> Result<bool, Error> {
         for family in [IpFamily::V4, IpFamily::V6] {
-            if !super::netlink::chain_uses_set(family, "services", Container::ServiceIps.name())? {
+            if !super::netlink::chain_uses_set(family, "services", &Container::ServiceIps.name())? {
                 return Ok(false);
             }
         }

@@ -12,7 +12,7 @@ use crate::proxier::{Backend, SyncReport, SyncState, bisect};
 use roadkeeper_rules::config::ProxyConfig;
 use roadkeeper_rules::nft::node::{layouts, objects};
 use roadkeeper_rules::nft::objects::Objects;
-use roadkeeper_rules::nft::transaction::{self, PartialOps};
+use roadkeeper_rules::nft::transaction::{self, PartialOps, Shared};
 use roadkeeper_rules::table::{NodeInfo, ServicePort};
 
 /// Plans and programs one node's nftables rules.
@@ -22,12 +22,14 @@ pub struct NftProxier<R: NftRunner> {
     runner: R,
     /// Objects in the kernel, per Service.
     applied: BTreeMap<NamespacedName, Objects>,
+    /// What the Services share in the kernel (count sets, shared elements).
+    shared: Shared,
 }
 
 impl<R: NftRunner> NftProxier<R> {
     /// A proxier that will start with a full sync.
     pub fn new(cfg: ProxyConfig, node: NodeInfo, runner: R) -> Self {
-        NftProxier { cfg, state: SyncState::new(node), runner, applied: BTreeMap::new() }
+        NftProxier { cfg, state: SyncState::new(node), runner, applied: BTreeMap::new(), shared: Shared::default() }
     }
 
     /// The runner (for health checks of the kernel state).
@@ -105,6 +107,7 @@ impl<R: NftRunner> Backend for NftProxier<R> {
         self.state.needs_full = false;
         self.applied.clear();
         self.state.table.clear();
+        self.shared = Shared::of(planned.values().map(|(_, objects)| objects));
         let changed = planned.len();
         for (key, (ports, objects)) in planned {
             if !objects.is_empty() {
@@ -120,16 +123,28 @@ impl<R: NftRunner> Backend for NftProxier<R> {
         let mut plans: BTreeMap<NamespacedName, (Vec<ServicePort>, Objects, PartialOps)> = BTreeMap::new();
         for (key, (ports, objects)) in self.plan(changed, store) {
             let empty = Objects::default();
-            let ops = transaction::partial_sync(self.applied.get(&key).unwrap_or(&empty), &objects);
-            if ops.is_empty() {
+            let old = self.applied.get(&key).unwrap_or(&empty);
+            let ops = transaction::partial_sync(old, &objects);
+            // (Shared elements are not in `ops`: compare the objects.)
+            if *old == objects {
                 self.state.set_table(&key, ports);
                 continue;
             }
             plans.insert(key, (ports, objects, ops));
         }
-        let join = |keys: &[&NamespacedName]| transaction::join_partial(keys.iter().map(|k| &plans[*k].2));
+        let empty = Objects::default();
+        let applied = &self.applied;
+        let shared = &self.shared;
+        // The ops of some of the planned Services, with what they share, and the shared state
+        // after them.
+        let join = |keys: &[&NamespacedName]| {
+            let changes: Vec<(&Objects, &Objects)> =
+                keys.iter().map(|k| (applied.get(*k).unwrap_or(&empty), &plans[*k].1)).collect();
+            let (extra, next) = shared.partial(&changes);
+            (transaction::join_partial(std::iter::once(&extra).chain(keys.iter().map(|k| &plans[*k].2))), next)
+        };
         let keys: Vec<&NamespacedName> = plans.keys().collect();
-        let mut ops = join(&keys);
+        let (mut ops, mut next_shared) = join(&keys);
         let mut refused = Vec::new();
         if !ops.is_empty()
             && let Err(err) = self.state.kernel.time(|| self.runner.apply_ops(&ops))
@@ -140,7 +155,7 @@ impl<R: NftRunner> Backend for NftProxier<R> {
             tracing::warn!(error = %err, "partial sync refused by the kernel; looking for the offending Services");
             let (runner, kernel) = (&mut self.runner, &mut self.state.kernel);
             let bad = bisect(&keys, &mut |subset| {
-                let ops = join(subset);
+                let (ops, _) = join(subset);
                 kernel.time(|| runner.check_ops(&ops))
             });
             if bad.is_empty() {
@@ -152,11 +167,12 @@ impl<R: NftRunner> Backend for NftProxier<R> {
             }
             let good: Vec<&NamespacedName> =
                 keys.iter().filter(|k| !bad.iter().any(|(b, _)| b == *k)).copied().collect();
-            ops = join(&good);
+            (ops, next_shared) = join(&good);
             if !ops.is_empty() {
                 self.state.kernel.time(|| self.runner.apply_ops(&ops))?;
             }
         }
+        self.shared = next_shared;
         let refused_keys: BTreeSet<NamespacedName> = refused.iter().map(|(k, _)| k.clone()).collect();
         let mut services_changed = 0;
         for (key, (ports, objects, _)) in plans {
@@ -220,7 +236,10 @@ mod tests {
             ops_per_size.push(p.runner().scripts.last().unwrap().clone());
         }
         assert_eq!(ops_per_size[0], ops_per_size[1]);
-        assert!(ops_per_size[0].lines().all(|l| l.contains("default/svc-1")), "{}", ops_per_size[0]);
+        // Every op is svc-1's (deletions name its ClusterIP, additions it), or an element of the
+        // hairpin set its endpoints share with others.
+        let ours = |l: &str| l.contains("default/svc-1") || l.contains("{ 10.96.0.1 . ") || l.contains(" hairpin { ");
+        assert!(ops_per_size[0].lines().all(ours), "{}", ops_per_size[0]);
     }
 
     /// Refuses every batch that touches Services whose name contains `poison`, or both halves

@@ -6,8 +6,8 @@ use std::net::IpAddr;
 
 use ipnet::IpNet;
 
-use super::objects::Container;
-use super::rule::{Action, ChainType, ElementKey, Hook, HookPoint, Match, Op, Rule, VmapKey};
+use super::objects::{Container, Selection};
+use super::rule::{Action, ChainType, ElementKey, Hook, HookPoint, LookupKey, Match, Op, Rule};
 use crate::table::{IpFamily, Protocol};
 
 /// Inputs of the fixed layout of one family's table.
@@ -19,6 +19,9 @@ pub struct Layout {
     pub cluster_cidrs: Vec<IpNet>,
     /// The masquerade mark value (`0x4000`).
     pub masquerade_mark: u32,
+    /// Masquerade all traffic to ClusterIPs (`--masquerade-all`), not only what does not come
+    /// from a pod.
+    pub masquerade_all: bool,
     /// Addresses that accept NodePort traffic.
     pub nodeport_ips: Vec<IpAddr>,
     /// NodePorts on every local address (`--nodeport-addresses 0.0.0.0/0`): matched with
@@ -41,7 +44,7 @@ pub struct BaseChain {
 /// A regular helper chain of the layout.
 pub struct HelperChain {
     /// Chain name.
-    pub name: &'static str,
+    pub name: String,
     /// Its rules.
     pub rules: Vec<Rule>,
 }
@@ -108,9 +111,18 @@ impl Layout {
     pub fn helper_chains(&self) -> Vec<HelperChain> {
         let fam = self.family;
         let mark = self.masquerade_mark;
-        let vmap = |key, map: Container| Action::Vmap { key, map: map.name().into() };
-        let by_address = |map| self.rule(Vec::new(), vmap(VmapKey::DaddrProtoPort, map));
-        let by_node_port = |map| self.rule(self.nodeport_match(), vmap(VmapKey::ProtoPort, map));
+        let vmap = |key, map: Container| Action::Vmap { key, map: map.name() };
+        let by_address = |action| self.rule(Vec::new(), action);
+        let by_node_port = |action| self.rule(self.nodeport_match(), action);
+        let in_set = |key, container: Container| Match::InSet { key, set: container.name() };
+        let address_in = |container| in_set(LookupKey::DaddrProtoPort, container);
+        let node_port_in = |container| {
+            let mut matches = self.nodeport_match();
+            matches.push(in_set(LookupKey::ProtoPort, container));
+            matches
+        };
+        let jump = |chain: &str| Action::Jump(chain.into());
+        let goto = |chain: String| Action::Goto(chain);
         let mut not_pod = Vec::new();
         for cidr in &self.cluster_cidrs {
             not_pod.push(Rule::when(
@@ -120,51 +132,109 @@ impl Layout {
                 "pod traffic is not masqueraded",
             ));
         }
-        not_pod.push(self.rule(Vec::new(), Action::Jump("mark-for-masquerade".into())));
+        not_pod.push(self.rule(Vec::new(), jump("mark-for-masquerade")));
         let mut cluster_ips_check = vec![Rule::when(
             fam,
-            vec![Match::DaddrInSet(Container::ClusterIps.name().into())],
+            vec![Match::DaddrInSet(Container::ClusterIps.name())],
             Action::Goto("reject-chain".into()),
             "Reject traffic to invalid ports of ClusterIPs",
         )];
         if !self.service_cidrs.is_empty() {
             cluster_ips_check.push(Rule::when(
                 fam,
-                vec![Match::DaddrInSet(Container::ServiceCidrs.name().into())],
+                vec![Match::DaddrInSet(Container::ServiceCidrs.name())],
                 Action::Drop,
                 "Drop traffic to unallocated ClusterIPs",
             ));
         }
-        let reject_note = "helper for @no-endpoint-services / @no-endpoint-nodeports";
-        vec![
+        // Traffic to a ClusterIP: all of it masqueraded with --masquerade-all, else what does not
+        // come from a pod (none without a pod CIDR to tell).
+        let mut services = Vec::new();
+        let cluster_ips = || vec![Match::DaddrInSet(Container::ClusterIps.name())];
+        if self.masquerade_all {
+            services.push(self.rule(cluster_ips(), jump("mark-for-masquerade")));
+        } else if !self.cluster_cidrs.is_empty() {
+            services.push(self.rule(cluster_ips(), jump("mark-if-not-pod-traffic")));
+        }
+        services.extend([
+            by_address(vmap(LookupKey::DaddrProtoPort, Container::ServiceIps)),
+            by_node_port(vmap(LookupKey::ProtoPort, Container::ServiceNodePorts)),
+            self.rule(vec![address_in(Container::ExternalServices)], jump("mark-for-masquerade")),
+            self.rule(node_port_in(Container::ExternalNodePorts), jump("mark-for-masquerade")),
+            self.rule(vec![address_in(Container::LocalServices)], jump("service-local-policy")),
+            self.rule(node_port_in(Container::LocalNodePorts), jump("nodeport-local-policy")),
+            self.rule(Vec::new(), jump(&Selection::Service.chain())),
+            self.rule(self.nodeport_match(), jump(&Selection::NodePort.chain())),
+        ]);
+        // externalTrafficPolicy: Local: pods and the host go to the Cluster list (the host
+        // masqueraded); the rest returns to the Local list.
+        let local_policy = |cluster: Selection| {
+            let mut rules: Vec<Rule> = self
+                .cluster_cidrs
+                .iter()
+                .map(|cidr| self.rule(vec![Match::SaddrIn(*cidr)], goto(cluster.chain())))
+                .collect();
+            rules.push(self.rule(vec![Match::FibSaddrLocal], jump("mark-for-masquerade")));
+            rules.push(self.rule(vec![Match::FibSaddrLocal], goto(cluster.chain())));
+            rules
+        };
+        let reject_note = "helper for @reject-services / @reject-nodeports";
+        let mut chains = vec![
+            HelperChain { name: "services".into(), rules: services },
+            HelperChain { name: "service-local-policy".into(), rules: local_policy(Selection::ServiceCluster) },
+            HelperChain { name: "nodeport-local-policy".into(), rules: local_policy(Selection::NodePortCluster) },
             HelperChain {
-                name: "services",
-                rules: vec![by_address(Container::ServiceIps), by_node_port(Container::ServiceNodePorts)],
+                name: "firewall-check".into(),
+                rules: vec![by_address(vmap(LookupKey::DaddrProtoPort, Container::FirewallIps))],
             },
-            HelperChain { name: "firewall-check", rules: vec![by_address(Container::FirewallIps)] },
-            HelperChain { name: "service-endpoints-check", rules: vec![by_address(Container::NoEndpointServices)] },
-            HelperChain { name: "nodeport-endpoints-check", rules: vec![by_node_port(Container::NoEndpointNodePorts)] },
-            HelperChain { name: "cluster-ips-check", rules: cluster_ips_check },
+            HelperChain {
+                name: "service-endpoints-check".into(),
+                rules: vec![
+                    self.rule(vec![address_in(Container::RejectServices)], goto("reject-chain".into())),
+                    self.rule(vec![address_in(Container::DropServices)], Action::Drop),
+                ],
+            },
+            HelperChain {
+                name: "nodeport-endpoints-check".into(),
+                rules: vec![
+                    self.rule(node_port_in(Container::RejectNodePorts), goto("reject-chain".into())),
+                    self.rule(node_port_in(Container::DropNodePorts), Action::Drop),
+                ],
+            },
+            HelperChain { name: "cluster-ips-check".into(), rules: cluster_ips_check },
             // A TCP reset fails connections at once in both families (Linux retries a SYN that
             // got an ICMPv6 port-unreachable, so IPv6 clients would hang ~1 s per attempt).
             HelperChain {
-                name: "reject-chain",
+                name: "reject-chain".into(),
                 rules: vec![
                     Rule::when(fam, vec![Match::L4Proto(Protocol::Tcp)], Action::RejectTcpReset, reject_note),
                     Rule::always(fam, Action::Reject, reject_note),
                 ],
             },
-            HelperChain { name: "mark-for-masquerade", rules: vec![self.rule(Vec::new(), Action::MarkOr(mark))] },
-            HelperChain { name: "mark-if-not-pod-traffic", rules: not_pod },
             HelperChain {
-                name: "masquerading",
+                name: "mark-for-masquerade".into(),
+                rules: vec![self.rule(Vec::new(), Action::MarkOr(mark))],
+            },
+            HelperChain { name: "mark-if-not-pod-traffic".into(), rules: not_pod },
+            HelperChain {
+                name: "masquerading".into(),
                 rules: vec![
+                    Rule::when(
+                        fam,
+                        vec![Match::CtStatusDnat, Match::PairInSet(Container::Hairpin.name())],
+                        jump("mark-for-masquerade"),
+                        "hairpin: an endpoint reaching itself through a service",
+                    ),
                     self.rule(vec![Match::MarkUnset(mark)], Action::Return),
                     self.rule(Vec::new(), Action::MarkXor(mark)),
                     self.rule(Vec::new(), Action::MasqueradeFullyRandom),
                 ],
             },
-        ]
+        ];
+        // The endpoint pickers: one rule per endpoint count in use, added with the counts
+        // ([`count_rule`]).
+        chains.extend(Selection::ALL.iter().map(|s| HelperChain { name: s.chain(), rules: Vec::new() }));
+        chains
     }
 
     /// The conditions selecting NodePort traffic by destination.
@@ -204,8 +274,8 @@ impl Layout {
     pub fn ops(&self) -> Vec<Op> {
         let family = self.family;
         let mut ops = vec![Op::AddTable { family }];
-        ops.extend(Container::ALL.iter().map(|&container| Op::AddContainer { family, container }));
-        ops.extend(Container::ALL.iter().map(|&container| Op::FlushSet { family, container }));
+        ops.extend(Container::FIXED.iter().map(|&container| Op::AddContainer { family, container }));
+        ops.extend(Container::FIXED.iter().map(|&container| Op::FlushSet { family, container }));
         for set in self.node_sets() {
             ops.extend(set.elements.into_iter().map(|key| Op::AddElement {
                 family,
@@ -217,11 +287,11 @@ impl Layout {
         }
         let helpers = self.helper_chains();
         for chain in &helpers {
-            ops.push(Op::AddChain { family, name: chain.name.into() });
-            ops.push(Op::FlushChain { family, name: chain.name.into() });
+            ops.push(Op::AddChain { family, name: chain.name.clone() });
+            ops.push(Op::FlushChain { family, name: chain.name.clone() });
         }
         for chain in helpers {
-            ops.extend(chain.rules.into_iter().map(|rule| Op::AddRule { chain: chain.name.into(), rule }));
+            ops.extend(chain.rules.into_iter().map(|rule| Op::AddRule { chain: chain.name.clone(), rule }));
         }
         for chain in self.base_chains() {
             ops.push(Op::AddBaseChain { family, name: chain.name.into(), hook: chain.hook });
@@ -253,4 +323,16 @@ pub fn merged_ranges(cidrs: &[IpNet]) -> Vec<(IpAddr, IpAddr)> {
         if v4 { IpAddr::from(std::net::Ipv4Addr::from(n as u32)) } else { IpAddr::from(std::net::Ipv6Addr::from(n)) }
     };
     merged.into_iter().map(|(a, b, v4)| (to_ip(a, v4), to_ip(b, v4))).collect()
+}
+
+/// The rule of `selection`'s picker chain for frontends with `n` endpoints: a frontend in the
+/// count set goes to its endpoint number `numgen random mod n`, each with chance 1/n.
+pub fn count_rule(family: IpFamily, selection: Selection, n: u32) -> Rule {
+    let key = if selection.by_address() { LookupKey::DaddrProtoPort } else { LookupKey::ProtoPort };
+    Rule::when(
+        family,
+        vec![Match::InSet { key, set: Container::Count(selection, n).name() }],
+        Action::DnatMap { key, modulus: n, map: Container::Endpoints(selection).name() },
+        "",
+    )
 }

@@ -24,6 +24,7 @@ pub fn layouts(cfg: &ProxyConfig, node: &NodeInfo, service_cidrs: &[IpNet]) -> V
             family,
             cluster_cidrs: family_cidrs(cfg, family),
             masquerade_mark: cfg.masquerade_mark(),
+            masquerade_all: cfg.masquerade_all,
             nodeport_ips: node.nodeport_ips(family, cfg),
             nodeport_all_local: cfg.nodeport_addresses.covers_all(family),
             service_cidrs: service_cidrs.iter().filter(|c| IpFamily::of(&c.addr()) == family).copied().collect(),
@@ -35,7 +36,6 @@ pub fn layouts(cfg: &ProxyConfig, node: &NodeInfo, service_cidrs: &[IpNet]) -> V
 fn context(cfg: &ProxyConfig, node: &NodeInfo, family: IpFamily) -> PlanContext {
     PlanContext {
         cluster_cidrs: family_cidrs(cfg, family),
-        masquerade_all: cfg.masquerade_all,
         node_ips: node.primary_ips.iter().filter(|ip| IpFamily::of(ip) == family).copied().collect::<Vec<IpAddr>>(),
     }
 }

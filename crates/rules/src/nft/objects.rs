@@ -1,7 +1,9 @@
 //! The nftables objects roadkeeper owns, as plain data: chains with their rules, named sets and
-//! elements of the shared maps. Both the full ruleset and each Service's share are an [`Objects`].
+//! elements of the shared sets and maps. Both the full ruleset and each Service's share are an
+//! [`Objects`].
 
 use std::collections::BTreeMap;
+use std::net::IpAddr;
 
 use super::rule::{AffinitySet, ElementKey, Rule, Verdict};
 use crate::table::IpFamily;
@@ -20,107 +22,289 @@ pub const TABLE: &str = "roadkeeper";
 /// The comment of roadkeeper's tables.
 pub const TABLE_COMMENT: &str = "rules for roadkeeper";
 
+/// Which endpoint list a lookup selects from: a frontend's own list (the Service's internal
+/// endpoints for a ClusterIP, its external ones for the others), or, for frontends of an
+/// `externalTrafficPolicy: Local` Service, the Cluster list that pods and the host are sent to.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum Selection {
+    /// ClusterIP, externalIP and load-balancer frontends, keyed `daddr . l4proto . dport`.
+    Service,
+    /// NodePorts, keyed `l4proto . dport`.
+    NodePort,
+    /// The Cluster list of `externalTrafficPolicy: Local` externalIP and load-balancer frontends.
+    ServiceCluster,
+    /// The Cluster list of `externalTrafficPolicy: Local` NodePorts.
+    NodePortCluster,
+}
+
+impl Selection {
+    /// Every selection, in the order of the layout.
+    pub const ALL: [Selection; 4] =
+        [Selection::Service, Selection::NodePort, Selection::ServiceCluster, Selection::NodePortCluster];
+
+    /// The stem of the names: the map `<stem>s`, the count sets `<stem>s-<n>`, the chain
+    /// `select-<stem>`.
+    fn stem(self) -> &'static str {
+        match self {
+            Selection::Service => "service-endpoint",
+            Selection::NodePort => "nodeport-endpoint",
+            Selection::ServiceCluster => "service-cluster-endpoint",
+            Selection::NodePortCluster => "nodeport-cluster-endpoint",
+        }
+    }
+
+    /// True when frontends are keyed by address, protocol and port (else protocol and port).
+    pub fn by_address(self) -> bool {
+        matches!(self, Selection::Service | Selection::ServiceCluster)
+    }
+
+    /// The chain whose rules pick an endpoint, one rule per endpoint count in use.
+    pub fn chain(self) -> String {
+        format!("select-{}", self.stem())
+    }
+}
+
 /// A set or map shared by all Services; Services contribute elements to it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub enum Container {
-    /// `daddr . l4proto . dport : verdict` — the O(1) service dispatch.
+    /// `daddr . l4proto . dport : verdict`: frontends of session-affinity Services, dispatched
+    /// to their chains.
     ServiceIps,
-    /// `l4proto . dport : verdict` — NodePort dispatch.
+    /// `l4proto . dport : verdict`: NodePorts of session-affinity Services.
     ServiceNodePorts,
-    /// `daddr . l4proto . dport : verdict` — REJECT/DROP for frontends without endpoints.
-    NoEndpointServices,
-    /// `l4proto . dport : verdict` — REJECT/DROP for NodePorts without endpoints.
-    NoEndpointNodePorts,
-    /// `daddr . l4proto . dport : verdict` — source-range firewall of load-balancer IPs.
+    /// `daddr . l4proto . dport : verdict`: source-range firewall of load-balancer IPs.
     FirewallIps,
-    /// Set of allocated ClusterIPs (unused ports are rejected).
+    /// Set of allocated ClusterIPs (unused ports are rejected, traffic to them masqueraded unless
+    /// it comes from a pod).
     ClusterIps,
     /// Set of this node's addresses that accept NodePort traffic (filled by the layout).
     NodePortIps,
     /// Interval set of the ServiceCIDR ranges (filled by the layout).
     ServiceCidrs,
+    /// `daddr . l4proto . dport`: frontends without any endpoint, rejected.
+    RejectServices,
+    /// `daddr . l4proto . dport`: frontends without a usable endpoint (traffic policy Local),
+    /// dropped.
+    DropServices,
+    /// `l4proto . dport`: NodePorts without any endpoint, rejected.
+    RejectNodePorts,
+    /// `l4proto . dport`: NodePorts without a local endpoint (traffic policy Local), dropped.
+    DropNodePorts,
+    /// `daddr . l4proto . dport`: externalIP and load-balancer frontends of
+    /// `externalTrafficPolicy: Cluster` Services (their traffic is masqueraded).
+    ExternalServices,
+    /// `l4proto . dport`: NodePorts of `externalTrafficPolicy: Cluster` Services.
+    ExternalNodePorts,
+    /// `daddr . l4proto . dport`: externalIP and load-balancer frontends of
+    /// `externalTrafficPolicy: Local` Services.
+    LocalServices,
+    /// `l4proto . dport`: NodePorts of `externalTrafficPolicy: Local` Services.
+    LocalNodePorts,
+    /// `frontend . index : endpoint address . port`: the endpoint lists.
+    Endpoints(Selection),
+    /// The frontends whose list in [`Container::Endpoints`] has this many endpoints.
+    Count(Selection, u32),
+    /// `address . address` for every endpoint address: a DNATed packet from an endpoint to
+    /// itself (hairpin) is masqueraded. Shared by every Service with that endpoint address.
+    Hairpin,
 }
 
 impl Container {
-    /// Every shared container, in declaration order: Services' elements, then the node sets.
-    pub const ALL: [Container; 8] = [
+    /// The shared containers of the layout, in declaration order (the count sets come and go
+    /// with the endpoint counts in use).
+    pub const FIXED: [Container; 19] = [
         Container::ServiceIps,
         Container::ServiceNodePorts,
-        Container::NoEndpointServices,
-        Container::NoEndpointNodePorts,
         Container::FirewallIps,
         Container::ClusterIps,
         Container::NodePortIps,
         Container::ServiceCidrs,
+        Container::RejectServices,
+        Container::DropServices,
+        Container::RejectNodePorts,
+        Container::DropNodePorts,
+        Container::ExternalServices,
+        Container::ExternalNodePorts,
+        Container::LocalServices,
+        Container::LocalNodePorts,
+        Container::Endpoints(Selection::Service),
+        Container::Endpoints(Selection::NodePort),
+        Container::Endpoints(Selection::ServiceCluster),
+        Container::Endpoints(Selection::NodePortCluster),
+        Container::Hairpin,
     ];
 
     /// The set/map name in the table.
-    pub fn name(self) -> &'static str {
+    pub fn name(self) -> String {
         match self {
-            Container::ServiceIps => "service-ips",
-            Container::ServiceNodePorts => "service-nodeports",
-            Container::NoEndpointServices => "no-endpoint-services",
-            Container::NoEndpointNodePorts => "no-endpoint-nodeports",
-            Container::FirewallIps => "firewall-ips",
-            Container::ClusterIps => "cluster-ips",
-            Container::NodePortIps => "nodeport-ips",
-            Container::ServiceCidrs => "service-cidrs",
+            Container::ServiceIps => "service-ips".into(),
+            Container::ServiceNodePorts => "service-nodeports".into(),
+            Container::FirewallIps => "firewall-ips".into(),
+            Container::ClusterIps => "cluster-ips".into(),
+            Container::NodePortIps => "nodeport-ips".into(),
+            Container::ServiceCidrs => "service-cidrs".into(),
+            Container::RejectServices => "reject-services".into(),
+            Container::DropServices => "drop-services".into(),
+            Container::RejectNodePorts => "reject-nodeports".into(),
+            Container::DropNodePorts => "drop-nodeports".into(),
+            Container::ExternalServices => "external-services".into(),
+            Container::ExternalNodePorts => "external-nodeports".into(),
+            Container::LocalServices => "local-policy-services".into(),
+            Container::LocalNodePorts => "local-policy-nodeports".into(),
+            Container::Endpoints(selection) => format!("{}s", selection.stem()),
+            Container::Count(selection, n) => format!("{}s-{n}", selection.stem()),
+            Container::Hairpin => "hairpin".into(),
         }
     }
 
     /// `map` or `set`.
     pub fn keyword(self) -> &'static str {
-        if self.is_map() { "map" } else { "set" }
+        if self.data() == DataKind::None { "set" } else { "map" }
     }
 
-    /// True for the verdict maps, false for the address sets.
-    pub fn is_map(self) -> bool {
-        !matches!(self, Container::ClusterIps | Container::NodePortIps | Container::ServiceCidrs)
-    }
-
-    /// The declaration's comment.
-    pub fn comment(self) -> &'static str {
+    /// What the container's keys are.
+    pub fn key(self) -> KeyKind {
         match self {
-            Container::ServiceIps => "ClusterIP, ExternalIP and LoadBalancer IP traffic",
-            Container::ServiceNodePorts => "NodePort traffic",
-            Container::NoEndpointServices => "vmap to drop or reject packets to services with no endpoints",
-            Container::NoEndpointNodePorts => "vmap to drop or reject packets to service nodeports with no endpoints",
-            Container::FirewallIps => "destinations that are subject to LoadBalancerSourceRanges",
-            Container::ClusterIps => "Active ClusterIPs",
-            Container::NodePortIps => "IPs that accept NodePort traffic",
-            Container::ServiceCidrs => "ServiceCIDR ranges",
+            Container::ClusterIps | Container::NodePortIps => KeyKind::Addr,
+            Container::ServiceCidrs => KeyKind::AddrRange,
+            Container::ServiceIps
+            | Container::FirewallIps
+            | Container::RejectServices
+            | Container::DropServices
+            | Container::ExternalServices
+            | Container::LocalServices => KeyKind::AddrProtoPort,
+            Container::ServiceNodePorts
+            | Container::RejectNodePorts
+            | Container::DropNodePorts
+            | Container::ExternalNodePorts
+            | Container::LocalNodePorts => KeyKind::ProtoPort,
+            Container::Count(selection, _) if selection.by_address() => KeyKind::AddrProtoPort,
+            Container::Count(..) => KeyKind::ProtoPort,
+            Container::Endpoints(selection) if selection.by_address() => KeyKind::AddrProtoPortIndex,
+            Container::Endpoints(_) => KeyKind::ProtoPortIndex,
+            Container::Hairpin => KeyKind::AddrPair,
         }
     }
 
-    /// True when the key is `daddr . l4proto . dport` (else `l4proto . dport`, or an address
-    /// for the sets).
-    pub fn keyed_by_address_and_port(self) -> bool {
-        matches!(self, Container::ServiceIps | Container::NoEndpointServices | Container::FirewallIps)
+    /// What the container's elements map to.
+    pub fn data(self) -> DataKind {
+        match self {
+            Container::ServiceIps | Container::ServiceNodePorts | Container::FirewallIps => DataKind::Verdict,
+            Container::Endpoints(_) => DataKind::Endpoint,
+            _ => DataKind::None,
+        }
     }
 
-    /// The declaration body for a family.
-    pub fn declaration(self, family: IpFamily) -> String {
-        let addr = match family {
-            IpFamily::V4 => "ipv4_addr",
-            IpFamily::V6 => "ipv6_addr",
-        };
-        let ty = match self {
-            _ if self.keyed_by_address_and_port() => format!("type {addr} . inet_proto . inet_service : verdict"),
-            Container::ServiceNodePorts | Container::NoEndpointNodePorts => {
-                "type inet_proto . inet_service : verdict".into()
+    /// The declaration's comment.
+    pub fn comment(self) -> String {
+        match self {
+            Container::ServiceIps => "ClusterIP, ExternalIP and LoadBalancer IP traffic".into(),
+            Container::ServiceNodePorts => "NodePort traffic".into(),
+            Container::FirewallIps => "destinations that are subject to LoadBalancerSourceRanges".into(),
+            Container::ClusterIps => "Active ClusterIPs".into(),
+            Container::NodePortIps => "IPs that accept NodePort traffic".into(),
+            Container::ServiceCidrs => "ServiceCIDR ranges".into(),
+            Container::RejectServices => "services with no endpoints: rejected".into(),
+            Container::DropServices => "services with no usable endpoint (traffic policy Local): dropped".into(),
+            Container::RejectNodePorts => "nodeports with no endpoints: rejected".into(),
+            Container::DropNodePorts => "nodeports with no local endpoint (traffic policy Local): dropped".into(),
+            Container::ExternalServices => "external IPs of externalTrafficPolicy Cluster services".into(),
+            Container::ExternalNodePorts => "nodeports of externalTrafficPolicy Cluster services".into(),
+            Container::LocalServices => "external IPs of externalTrafficPolicy Local services".into(),
+            Container::LocalNodePorts => "nodeports of externalTrafficPolicy Local services".into(),
+            Container::Endpoints(Selection::Service) => "endpoints of each service frontend, by index".into(),
+            Container::Endpoints(Selection::NodePort) => "endpoints of each nodeport, by index".into(),
+            Container::Endpoints(Selection::ServiceCluster) => {
+                "cluster endpoints of externalTrafficPolicy Local frontends, by index".into()
             }
-            Container::ServiceCidrs => format!("type {addr} ; flags interval ; auto-merge"),
-            _ => format!("type {addr}"),
+            Container::Endpoints(Selection::NodePortCluster) => {
+                "cluster endpoints of externalTrafficPolicy Local nodeports, by index".into()
+            }
+            Container::Count(selection, n) => {
+                format!("frontends with {n} entries in {}", Container::Endpoints(selection).name())
+            }
+            Container::Hairpin => "endpoint addresses: traffic from an endpoint to itself is masqueraded".into(),
+        }
+    }
+
+    /// The declaration body for a family, in nft syntax.
+    pub fn declaration(self, family: IpFamily) -> String {
+        let (addr, ip) = match family {
+            IpFamily::V4 => ("ipv4_addr", "ip"),
+            IpFamily::V6 => ("ipv6_addr", "ip6"),
+        };
+        let ty = match (self.key(), self.data()) {
+            (KeyKind::AddrProtoPort, DataKind::Verdict) => format!("type {addr} . inet_proto . inet_service : verdict"),
+            (KeyKind::ProtoPort, DataKind::Verdict) => "type inet_proto . inet_service : verdict".into(),
+            (KeyKind::AddrProtoPort, _) => format!("type {addr} . inet_proto . inet_service"),
+            (KeyKind::ProtoPort, _) => "type inet_proto . inet_service".into(),
+            (KeyKind::AddrProtoPortIndex, _) => {
+                format!("typeof {ip} daddr . meta l4proto . th dport . numgen random mod 1 : {ip} daddr . th dport")
+            }
+            (KeyKind::ProtoPortIndex, _) => {
+                format!("typeof meta l4proto . th dport . numgen random mod 1 : {ip} daddr . th dport")
+            }
+            (KeyKind::AddrPair, _) => format!("type {addr} . {addr}"),
+            (KeyKind::AddrRange, _) => format!("type {addr} ; flags interval ; auto-merge"),
+            (KeyKind::Addr, _) => format!("type {addr}"),
         };
         format!("{ty} ; comment \"{}\" ;", self.comment())
+    }
+}
+
+/// The keys of a container.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum KeyKind {
+    /// An address.
+    Addr,
+    /// An interval of addresses.
+    AddrRange,
+    /// `address . protocol . port`.
+    AddrProtoPort,
+    /// `protocol . port`.
+    ProtoPort,
+    /// `address . protocol . port . index`.
+    AddrProtoPortIndex,
+    /// `protocol . port . index`.
+    ProtoPortIndex,
+    /// `address . address`.
+    AddrPair,
+}
+
+/// What the elements of a container map to.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum DataKind {
+    /// Nothing: a set.
+    None,
+    /// A verdict: a verdict map.
+    Verdict,
+    /// An endpoint address and port: a data map.
+    Endpoint,
+}
+
+/// What an element of a map maps to.
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum Value {
+    /// A verdict (verdict maps).
+    Verdict(Verdict),
+    /// An endpoint (the endpoint maps).
+    Endpoint(IpAddr, u16),
+}
+
+impl std::fmt::Display for Value {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Value::Verdict(verdict) => write!(f, "{verdict}"),
+            Value::Endpoint(addr, port) => write!(f, "{addr} . {port}"),
+        }
     }
 }
 
 /// The value side of an element of a shared container, with its owner's comment.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ElementValue {
-    /// The verdict, for maps; `None` for set elements.
-    pub verdict: Option<Verdict>,
+    /// What it maps to, for maps; `None` for set elements.
+    pub value: Option<Value>,
     /// `namespace/name[:port]` of the owner.
     pub comment: String,
 }
@@ -148,10 +332,10 @@ impl Objects {
         family: IpFamily,
         container: Container,
         key: ElementKey,
-        verdict: Option<Verdict>,
+        value: Option<Value>,
         comment: &str,
     ) {
-        self.elements.insert((family, container, key), ElementValue { verdict, comment: comment.to_string() });
+        self.elements.insert((family, container, key), ElementValue { value, comment: comment.to_string() });
     }
 
     /// Moves everything of `other` into `self`.

@@ -46,11 +46,23 @@ pub enum Match {
     L4Proto(Protocol),
     /// `meta mark & <bits> == 0`: none of the bits is set.
     MarkUnset(u32),
+    /// `ip daddr . meta l4proto . th dport @<set>` (or `meta l4proto . th dport @<set>`): the
+    /// frontend is in a named set.
+    InSet {
+        /// The key looked up.
+        key: LookupKey,
+        /// The set.
+        set: String,
+    },
+    /// `ip saddr . ip daddr @<set>`.
+    PairInSet(String),
+    /// `ct status dnat`: the connection's destination was translated.
+    CtStatusDnat,
 }
 
-/// What a verdict-map lookup is keyed by (matching the map's type).
+/// What a set or map lookup is keyed by (matching the container's type).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
-pub enum VmapKey {
+pub enum LookupKey {
     /// `ip daddr . meta l4proto . th dport`.
     DaddrProtoPort,
     /// `meta l4proto . th dport`.
@@ -82,7 +94,7 @@ pub enum Action {
     /// `<key> vmap @<map>`: the verdict of the map's element matching the key.
     Vmap {
         /// The key expression.
-        key: VmapKey,
+        key: LookupKey,
         /// The map's name.
         map: String,
     },
@@ -96,6 +108,26 @@ pub enum Action {
     RejectTcpReset,
     /// `reject` (ICMP port unreachable).
     Reject,
+    /// `dnat to <key> . numgen random mod <modulus> map @<map>`: one of the first `modulus`
+    /// endpoints the map lists for the frontend, each with the same chance.
+    DnatMap {
+        /// The frontend's key.
+        key: LookupKey,
+        /// How many endpoints the frontends of this rule have.
+        modulus: u32,
+        /// The endpoint map.
+        map: String,
+    },
+}
+
+impl LookupKey {
+    /// The key expression in nft syntax.
+    pub fn text(self, family: IpFamily) -> String {
+        match self {
+            LookupKey::DaddrProtoPort => format!("{} daddr . meta l4proto . th dport", family_keyword(family)),
+            LookupKey::ProtoPort => "meta l4proto . th dport".into(),
+        }
+    }
 }
 
 /// One rule of a per-Service chain, with its `namespace/name[:port]` comment.
@@ -147,6 +179,9 @@ impl fmt::Display for Rule {
                 Match::FibDaddrLocal => write!(f, "fib daddr type local ")?,
                 Match::L4Proto(protocol) => write!(f, "meta l4proto {} ", protocol.as_str())?,
                 Match::MarkUnset(bits) => write!(f, "meta mark & {bits:#x} == 0 ")?,
+                Match::InSet { key, set } => write!(f, "{} @{set} ", key.text(self.family))?,
+                Match::PairInSet(set) => write!(f, "{ip} saddr . {ip} daddr @{set} ")?,
+                Match::CtStatusDnat => write!(f, "ct status dnat ")?,
             }
         }
         match &self.action {
@@ -161,10 +196,10 @@ impl fmt::Display for Rule {
             Action::Dnat { protocol, ip: IpAddr::V6(addr), port } => {
                 write!(f, "meta l4proto {} dnat to [{addr}]:{port}", protocol.as_str())?
             }
-            Action::Vmap { key: VmapKey::DaddrProtoPort, map } => {
-                write!(f, "{ip} daddr . meta l4proto . th dport vmap @{map}")?
+            Action::Vmap { key, map } => write!(f, "{} vmap @{map}", key.text(self.family))?,
+            Action::DnatMap { key, modulus, map } => {
+                write!(f, "dnat {ip} to {} . numgen random mod {modulus} map @{map}", key.text(self.family))?
             }
-            Action::Vmap { key: VmapKey::ProtoPort, map } => write!(f, "meta l4proto . th dport vmap @{map}")?,
             Action::MarkOr(bits) => write!(f, "meta mark set meta mark | {bits:#x}")?,
             Action::MarkXor(bits) => write!(f, "meta mark set meta mark ^ {bits:#x}")?,
             Action::MasqueradeFullyRandom => write!(f, "masquerade fully-random")?,
@@ -189,6 +224,12 @@ pub enum ElementKey {
     Addr(IpAddr),
     /// An inclusive range of addresses, in an interval set (service-cidrs).
     Range(IpAddr, IpAddr),
+    /// `daddr . l4proto . dport . index` (the endpoint maps of address frontends).
+    AddrProtoPortIndex(IpAddr, Protocol, u16, u32),
+    /// `l4proto . dport . index` (the endpoint maps of NodePorts).
+    ProtoPortIndex(Protocol, u16, u32),
+    /// `saddr . daddr` (hairpin).
+    AddrPair(IpAddr, IpAddr),
 }
 
 /// Whether `first..=last` is exactly one prefix; its length if so.
@@ -218,6 +259,11 @@ impl fmt::Display for ElementKey {
                 Some(len) => write!(f, "{first}/{len}"),
                 None => write!(f, "{first}-{last}"),
             },
+            ElementKey::AddrProtoPortIndex(addr, proto, port, index) => {
+                write!(f, "{addr} . {} . {port} . {index}", proto.as_str())
+            }
+            ElementKey::ProtoPortIndex(proto, port, index) => write!(f, "{} . {port} . {index}", proto.as_str()),
+            ElementKey::AddrPair(a, b) => write!(f, "{a} . {b}"),
         }
     }
 }
@@ -396,8 +442,8 @@ pub enum Op {
         container: super::objects::Container,
         /// The element key.
         key: ElementKey,
-        /// The verdict, for maps.
-        value: Option<Verdict>,
+        /// What it maps to, for maps.
+        value: Option<super::objects::Value>,
         /// `namespace/name[:port]`.
         comment: String,
     },
@@ -408,7 +454,7 @@ pub enum Op {
         /// Chain name.
         name: String,
     },
-    /// `flush map|set <family> roadkeeper <container>`: removes every element of a shared map.
+    /// `flush map|set <family> roadkeeper <container>`: removes every element of a shared set or map.
     FlushSet {
         /// Table family.
         family: IpFamily,

@@ -5,7 +5,7 @@ use std::net::IpAddr;
 
 use ipnet::IpNet;
 
-use super::objects::{Container, Objects};
+use super::objects::{Container, Objects, Selection, Value};
 use super::rule::{Action, AffinitySet, ElementKey, Match, Rule, Verdict};
 use crate::hash::nft_hash;
 use crate::table::{Endpoint, ServicePort};
@@ -16,8 +16,6 @@ use crate::text;
 pub struct PlanContext {
     /// Pod CIDRs of this family: the local-traffic detector.
     pub cluster_cidrs: Vec<IpNet>,
-    /// Masquerade all ClusterIP traffic.
-    pub masquerade_all: bool,
     /// Node IPs (a node IP inside loadBalancerSourceRanges lets LB IPs through as sources).
     pub node_ips: Vec<IpAddr>,
 }
@@ -73,7 +71,157 @@ pub fn plan_service(ports: &[ServicePort], ctx: &PlanContext) -> Objects {
 }
 
 /// Plans one service port in one family.
+///
+/// Most ports are data only: elements of the shared sets and maps, which the layout's fixed
+/// rules look up (`frontend . index -> endpoint` maps, the endpoint-count sets, the
+/// masquerading classes, reject and drop sets). A change of their endpoints or a new Service adds
+/// no rule and no jump, so the kernel never re-validates the table for it: its cost does not
+/// grow with the number of Services. Ports with session affinity keep chains of their own
+/// (upstream's layout: a chain per endpoint with its affinity set), reached through the
+/// `service-ips` and `service-nodeports` verdict maps.
 fn plan_port(sp: &ServicePort, ctx: &PlanContext, out: &mut Objects) {
+    let fam = sp.family;
+    let comment = sp.name.to_string();
+    let proto = sp.name.protocol;
+    let addr_key = |addr: &IpAddr| ElementKey::AddrProtoPort(*addr, proto, sp.port);
+    let has_endpoints = !sp.cluster_endpoints.is_empty();
+
+    if let Some(cluster_ip) = sp.cluster_ip {
+        out.element(fam, Container::ClusterIps, ElementKey::Addr(cluster_ip), None, &sp.name.service.to_string());
+        if sp.internal_endpoints().is_empty() {
+            let container = if has_endpoints { Container::DropServices } else { Container::RejectServices };
+            out.element(fam, container, addr_key(&cluster_ip), None, &comment);
+        }
+    }
+    // External frontends without endpoints for them: rejected when the Service has none at all,
+    // dropped when it has some but none here (policy Local).
+    if sp.external_endpoints().is_empty() {
+        let (services, node_ports) = if has_endpoints {
+            (Container::DropServices, Container::DropNodePorts)
+        } else {
+            (Container::RejectServices, Container::RejectNodePorts)
+        };
+        for addr in sp.external_ips.iter().chain(&sp.load_balancer_ips) {
+            out.element(fam, services, addr_key(addr), None, &comment);
+        }
+        if let Some(node_port) = sp.node_port {
+            out.element(fam, node_ports, ElementKey::ProtoPort(proto, node_port), None, &comment);
+        }
+    }
+    // Hairpin: an endpoint reaching itself through the Service is masqueraded.
+    for ep in sp.cluster_endpoints.iter().chain(&sp.local_endpoints) {
+        out.element(fam, Container::Hairpin, ElementKey::AddrPair(ep.ip, ep.ip), None, "");
+    }
+    firewall(sp, ctx, out);
+    if sp.affinity_timeout.is_some() {
+        plan_chains(sp, ctx, out);
+    } else {
+        plan_data(sp, out);
+    }
+}
+
+/// The elements that list `endpoints` for a frontend in `selection`'s map and count set.
+fn endpoint_list(
+    sp: &ServicePort,
+    selection: Selection,
+    frontend: Frontend,
+    endpoints: &[Endpoint],
+    out: &mut Objects,
+) {
+    if endpoints.is_empty() {
+        return;
+    }
+    let comment = sp.name.to_string();
+    let proto = sp.name.protocol;
+    for (i, ep) in endpoints.iter().enumerate() {
+        let key = match frontend {
+            Frontend::Address(addr) => ElementKey::AddrProtoPortIndex(addr, proto, sp.port, i as u32),
+            Frontend::NodePort(port) => ElementKey::ProtoPortIndex(proto, port, i as u32),
+        };
+        out.element(sp.family, Container::Endpoints(selection), key, Some(Value::Endpoint(ep.ip, ep.port)), &comment);
+    }
+    let key = match frontend {
+        Frontend::Address(addr) => ElementKey::AddrProtoPort(addr, proto, sp.port),
+        Frontend::NodePort(port) => ElementKey::ProtoPort(proto, port),
+    };
+    out.element(sp.family, Container::Count(selection, endpoints.len() as u32), key, None, &comment);
+}
+
+/// A frontend of a service port: an address (with the port's own port) or a NodePort.
+#[derive(Clone, Copy)]
+enum Frontend {
+    Address(IpAddr),
+    NodePort(u16),
+}
+
+/// The data path of a port without session affinity.
+fn plan_data(sp: &ServicePort, out: &mut Objects) {
+    let fam = sp.family;
+    let comment = sp.name.to_string();
+    let proto = sp.name.protocol;
+    if let Some(cluster_ip) = sp.cluster_ip {
+        endpoint_list(sp, Selection::Service, Frontend::Address(cluster_ip), sp.internal_endpoints(), out);
+    }
+    if sp.cluster_endpoints.is_empty() {
+        return;
+    }
+    let addresses: Vec<Frontend> =
+        sp.external_ips.iter().chain(&sp.load_balancer_ips).map(|a| Frontend::Address(*a)).collect();
+    let node_port = sp.node_port.map(Frontend::NodePort);
+    for frontend in addresses.iter().copied().chain(node_port) {
+        let (by_address, key) = match frontend {
+            Frontend::Address(addr) => (true, ElementKey::AddrProtoPort(addr, proto, sp.port)),
+            Frontend::NodePort(port) => (false, ElementKey::ProtoPort(proto, port)),
+        };
+        let (own, cluster) = if by_address {
+            (Selection::Service, Selection::ServiceCluster)
+        } else {
+            (Selection::NodePort, Selection::NodePortCluster)
+        };
+        if sp.external_policy_local {
+            // Pods and the host reach the Cluster list; the rest the Local one, if any.
+            let class = if by_address { Container::LocalServices } else { Container::LocalNodePorts };
+            out.element(fam, class, key, None, &comment);
+            endpoint_list(sp, cluster, frontend, &sp.cluster_endpoints, out);
+            endpoint_list(sp, own, frontend, &sp.local_endpoints, out);
+        } else {
+            let class = if by_address { Container::ExternalServices } else { Container::ExternalNodePorts };
+            out.element(fam, class, key, None, &comment);
+            endpoint_list(sp, own, frontend, &sp.cluster_endpoints, out);
+        }
+    }
+}
+
+/// The source-range firewall of load-balancer IPs (NodePorts are not filtered).
+fn firewall(sp: &ServicePort, ctx: &PlanContext, out: &mut Objects) {
+    if sp.source_ranges.is_empty() || sp.load_balancer_ips.is_empty() {
+        return;
+    }
+    let fam = sp.family;
+    let comment = sp.name.to_string();
+    let names = ChainNames::new(sp);
+    let when = |m: Match, action: Action| Rule::when(fam, vec![m], action, &comment);
+    let mut rules: Vec<Rule> = sp.source_ranges.iter().map(|r| when(Match::SaddrIn(*r), Action::Return)).collect();
+    let node_in_range = ctx.node_ips.iter().any(|n| sp.source_ranges.iter().any(|r| r.contains(n)));
+    if node_in_range {
+        rules.extend(sp.load_balancer_ips.iter().map(|lb| when(Match::SaddrIs(*lb), Action::Return)));
+    }
+    rules.push(Rule::always(fam, Action::Drop, &comment));
+    out.chain(fam, names.firewall.clone(), rules);
+    for lb in &sp.load_balancer_ips {
+        out.element(
+            fam,
+            Container::FirewallIps,
+            ElementKey::AddrProtoPort(*lb, sp.name.protocol, sp.port),
+            Some(Value::Verdict(Verdict::Jump(names.firewall.clone()))),
+            &comment,
+        );
+    }
+}
+
+/// The chain path of a port with session affinity: upstream's layout of a chain per endpoint
+/// set and per endpoint, with an affinity set per endpoint.
+fn plan_chains(sp: &ServicePort, ctx: &PlanContext, out: &mut Objects) {
     let fam = sp.family;
     let names = ChainNames::new(sp);
     let comment = sp.name.to_string();
@@ -81,14 +229,14 @@ fn plan_port(sp: &ServicePort, ctx: &PlanContext, out: &mut Objects) {
     let when = |m: Match, action: Action| Rule::when(fam, vec![m], action, &comment);
     let proto = sp.name.protocol;
     let port_key = |addr: &IpAddr| ElementKey::AddrProtoPort(*addr, proto, sp.port);
-    let goto = |chain: &str| Some(Verdict::Goto(chain.to_string()));
+    let goto = |chain: &str| Some(Value::Verdict(Verdict::Goto(chain.to_string())));
 
     // Endpoint chains (for every endpoint either set may use).
     let mut all_eps: Vec<&Endpoint> = sp.cluster_endpoints.iter().chain(&sp.local_endpoints).collect();
     all_eps.sort();
     all_eps.dedup();
     for ep in &all_eps {
-        let mut rules = vec![when(Match::SaddrIs(ep.ip), Action::Jump("mark-for-masquerade".into()))];
+        let mut rules = Vec::new();
         if let Some(timeout) = sp.affinity_timeout {
             let set = names.affinity(ep, timeout);
             out.sets.insert((fam, set.clone()), AffinitySet { timeout_secs: timeout, comment: comment.clone() });
@@ -98,122 +246,61 @@ fn plan_port(sp: &ServicePort, ctx: &PlanContext, out: &mut Objects) {
         out.chain(fam, names.endpoint(ep), rules);
     }
 
-    // The Cluster endpoint set (service-...) and the Local one (local-...). As upstream, the chain
-    // that ClusterIP traffic enters (the internal-traffic chain) first masquerades traffic to the
-    // ClusterIP: all of it with --masquerade-all, else what does not come from a pod. Keyed on the
-    // destination, so that external traffic short-circuited to these chains keeps its source.
-    let masquerade_cluster_ip = sp.cluster_ip.and_then(|ip| {
-        let helper = if ctx.masquerade_all {
-            "mark-for-masquerade"
-        } else if !ctx.cluster_cidrs.is_empty() {
-            "mark-if-not-pod-traffic"
-        } else {
-            return None;
-        };
-        Some(when(Match::DaddrIs(ip), Action::Jump(helper.into())))
-    });
-    let endpoint_set = |internal: bool, eps: &[Endpoint]| {
-        let mut rules: Vec<Rule> = masquerade_cluster_ip.iter().filter(|_| internal).cloned().collect();
-        rules.extend(selection_rules(sp, &names, eps));
-        rules
-    };
+    // The Cluster endpoint set (service-...) and the Local one (local-...). Traffic to the
+    // ClusterIP is masqueraded by the layout (`ip daddr @cluster-ips`), for every Service.
     if !sp.cluster_endpoints.is_empty() {
-        out.chain(fam, names.cluster.clone(), endpoint_set(!sp.internal_policy_local, &sp.cluster_endpoints));
+        out.chain(fam, names.cluster.clone(), selection_rules(sp, &names, &sp.cluster_endpoints));
     }
     let uses_local = sp.internal_policy_local || sp.external_policy_local;
     if uses_local && !sp.local_endpoints.is_empty() {
-        out.chain(fam, names.local.clone(), endpoint_set(sp.internal_policy_local, &sp.local_endpoints));
+        out.chain(fam, names.local.clone(), selection_rules(sp, &names, &sp.local_endpoints));
     }
 
-    // ClusterIP frontend.
-    if let Some(cluster_ip) = sp.cluster_ip {
-        out.element(fam, Container::ClusterIps, ElementKey::Addr(cluster_ip), None, &sp.name.service.to_string());
+    if let Some(cluster_ip) = sp.cluster_ip
+        && !sp.internal_endpoints().is_empty()
+    {
         let target = if sp.internal_policy_local { &names.local } else { &names.cluster };
-        if !sp.internal_endpoints().is_empty() {
-            out.element(fam, Container::ServiceIps, port_key(&cluster_ip), goto(target), &comment);
-        } else {
-            let verdict = if sp.cluster_endpoints.is_empty() { goto("reject-chain") } else { Some(Verdict::Drop) };
-            out.element(fam, Container::NoEndpointServices, port_key(&cluster_ip), verdict, &comment);
-        }
+        out.element(fam, Container::ServiceIps, port_key(&cluster_ip), goto(target), &comment);
     }
 
-    // External frontends: NodePort, externalIPs, load-balancer IPs.
-    if !sp.has_external_frontends() {
+    // External frontends: NodePort, externalIPs, load-balancer IPs. As upstream: with any
+    // endpoint at all, external frontends go to the external chain, which short-circuits pod and
+    // host traffic to the Cluster set even when the Local set is empty; whatever falls through
+    // (external traffic without a local endpoint) is not DNATed and is dropped by @drop-services
+    // / @drop-nodeports.
+    if !sp.has_external_frontends() || sp.cluster_endpoints.is_empty() {
         return;
     }
-    // As upstream: with any endpoint at all, external frontends go to the external chain, which
-    // short-circuits pod and host traffic to the Cluster set even when the Local set is empty;
-    // whatever falls through (external traffic without a local endpoint) is not DNATed and is
-    // dropped by @no-endpoint-services / @no-endpoint-nodeports.
-    let has_endpoints = !sp.cluster_endpoints.is_empty();
-    let external_ok = !sp.external_endpoints().is_empty();
-    if has_endpoints {
-        let mut rules = if sp.external_policy_local {
-            let mut rules: Vec<Rule> = ctx
-                .cluster_cidrs
-                .iter()
-                .map(|cidr| when(Match::SaddrIn(*cidr), Action::Goto(names.cluster.clone())))
-                .collect();
-            rules.push(when(Match::FibSaddrLocal, Action::Jump("mark-for-masquerade".into())));
-            rules.push(when(Match::FibSaddrLocal, Action::Goto(names.cluster.clone())));
-            rules
-        } else {
-            vec![always(Action::Jump("mark-for-masquerade".into()))]
-        };
-        if external_ok {
-            let policy_chain = if sp.external_policy_local { &names.local } else { &names.cluster };
-            rules.push(always(Action::Goto(policy_chain.clone())));
-        }
-        out.chain(fam, names.external.clone(), rules);
+    let mut rules = if sp.external_policy_local {
+        let mut rules: Vec<Rule> = ctx
+            .cluster_cidrs
+            .iter()
+            .map(|cidr| when(Match::SaddrIn(*cidr), Action::Goto(names.cluster.clone())))
+            .collect();
+        rules.push(when(Match::FibSaddrLocal, Action::Jump("mark-for-masquerade".into())));
+        rules.push(when(Match::FibSaddrLocal, Action::Goto(names.cluster.clone())));
+        rules
+    } else {
+        vec![always(Action::Jump("mark-for-masquerade".into()))]
+    };
+    if !sp.external_endpoints().is_empty() {
+        let policy_chain = if sp.external_policy_local { &names.local } else { &names.cluster };
+        rules.push(always(Action::Goto(policy_chain.clone())));
     }
-    let no_endpoint_verdict = if has_endpoints { Some(Verdict::Drop) } else { goto("reject-chain") };
-    let frontend_ips = sp.external_ips.iter().chain(&sp.load_balancer_ips);
-    for addr in frontend_ips {
-        if has_endpoints {
-            out.element(fam, Container::ServiceIps, port_key(addr), goto(&names.external), &comment);
-        }
-        if !external_ok {
-            out.element(fam, Container::NoEndpointServices, port_key(addr), no_endpoint_verdict.clone(), &comment);
-        }
+    out.chain(fam, names.external.clone(), rules);
+    for addr in sp.external_ips.iter().chain(&sp.load_balancer_ips) {
+        out.element(fam, Container::ServiceIps, port_key(addr), goto(&names.external), &comment);
     }
     if let Some(node_port) = sp.node_port {
         let key = ElementKey::ProtoPort(proto, node_port);
-        if has_endpoints {
-            out.element(fam, Container::ServiceNodePorts, key.clone(), goto(&names.external), &comment);
-        }
-        if !external_ok {
-            out.element(fam, Container::NoEndpointNodePorts, key, no_endpoint_verdict.clone(), &comment);
-        }
-    }
-
-    // loadBalancerSourceRanges: only LB-IP traffic is filtered, NodePorts are not.
-    if !sp.source_ranges.is_empty() && !sp.load_balancer_ips.is_empty() {
-        let mut rules: Vec<Rule> = sp.source_ranges.iter().map(|r| when(Match::SaddrIn(*r), Action::Return)).collect();
-        let node_in_range = ctx.node_ips.iter().any(|n| sp.source_ranges.iter().any(|r| r.contains(n)));
-        if node_in_range {
-            rules.extend(sp.load_balancer_ips.iter().map(|lb| when(Match::SaddrIs(*lb), Action::Return)));
-        }
-        rules.push(always(Action::Drop));
-        out.chain(fam, names.firewall.clone(), rules);
-        for lb in &sp.load_balancer_ips {
-            out.element(
-                fam,
-                Container::FirewallIps,
-                port_key(lb),
-                Some(Verdict::Jump(names.firewall.clone())),
-                &comment,
-            );
-        }
+        out.element(fam, Container::ServiceNodePorts, key, goto(&names.external), &comment);
     }
 }
 
 /// The rules of an endpoint-set chain: affinity lookups, then a uniform random pick among `eps`.
 ///
 /// The pick is a ladder, as iptables' statistic rules: endpoint i of n is taken with probability
-/// 1/(n-i), the last unconditionally. It needs no set at all: a per-Service anonymous map would
-/// grow the kernel's per-table set list (kubernetes#139513), and one shared map referenced from
-/// every Service chain makes the kernel's transaction validation walk that map once per
-/// reference (quadratic; measured 4 s per commit at 2,000 Services).
+/// 1/(n-i), the last unconditionally.
 fn selection_rules(sp: &ServicePort, names: &ChainNames, eps: &[Endpoint]) -> Vec<Rule> {
     let comment = sp.name.to_string();
     let mut rules = Vec::new();
@@ -255,72 +342,95 @@ mod tests {
         plan_service(&[sp], &ctx)
     }
 
+    /// Whether the element `key` is in `container` (v4), and what it maps to.
     fn value(objects: &Objects, container: Container, key: &str) -> Option<String> {
         objects
             .elements
             .iter()
             .find(|((fam, c, k), _)| *fam == IpFamily::V4 && *c == container && k.to_string() == key)
-            .map(|(_, v)| v.verdict.as_ref().map(ToString::to_string).unwrap_or_default())
+            .map(|(_, v)| v.value.as_ref().map(ToString::to_string).unwrap_or_default())
+    }
+
+    fn endpoint(ip: &str, is_local: bool) -> Endpoint {
+        Endpoint { ip: ip.parse().unwrap(), port: 8080, is_local }
+    }
+
+    #[test]
+    fn a_service_without_affinity_is_data_only() {
+        let mut sp = local_policy_port(vec![endpoint("10.244.0.11", true), endpoint("10.244.0.12", false)]);
+        sp.external_policy_local = false;
+        let objects = plan(sp);
+        assert!(objects.chains.is_empty() && objects.sets.is_empty(), "{objects:?}");
+        let endpoints = Container::Endpoints(Selection::Service);
+        assert_eq!(value(&objects, endpoints, "10.96.0.80 . tcp . 80 . 0").as_deref(), Some("10.244.0.11 . 8080"));
+        assert_eq!(value(&objects, endpoints, "10.96.0.80 . tcp . 80 . 1").as_deref(), Some("10.244.0.12 . 8080"));
+        assert_eq!(
+            value(&objects, Container::Count(Selection::Service, 2), "10.96.0.80 . tcp . 80").as_deref(),
+            Some("")
+        );
+        assert_eq!(value(&objects, endpoints, "203.0.113.7 . tcp . 80 . 1").as_deref(), Some("10.244.0.12 . 8080"));
+        assert!(value(&objects, Container::ExternalServices, "203.0.113.7 . tcp . 80").is_some());
+        let node_ports = Container::Endpoints(Selection::NodePort);
+        assert_eq!(value(&objects, node_ports, "tcp . 30080 . 0").as_deref(), Some("10.244.0.11 . 8080"));
+        assert!(value(&objects, Container::Count(Selection::NodePort, 2), "tcp . 30080").is_some());
+        assert!(value(&objects, Container::ExternalNodePorts, "tcp . 30080").is_some());
+        assert!(value(&objects, Container::Hairpin, "10.244.0.12 . 10.244.0.12").is_some());
+        assert!(
+            !objects.elements.keys().any(|(_, c, _)| matches!(c, Container::ServiceIps | Container::ServiceNodePorts))
+        );
+    }
+
+    #[test]
+    fn affinity_services_keep_chains_of_their_own() {
+        let mut sp = local_policy_port(vec![endpoint("10.244.0.11", true)]);
+        sp.external_policy_local = false;
+        sp.affinity_timeout = Some(60);
+        let objects = plan(sp);
+        let service = format!("service-{}-default/web/tcp/", nft_hash("default/web/tcp/"));
+        assert_eq!(value(&objects, Container::ServiceIps, "10.96.0.80 . tcp . 80"), Some(format!("goto {service}")));
+        assert_eq!(objects.sets.len(), 1);
+        assert!(!objects.elements.keys().any(|(_, c, _)| matches!(c, Container::Endpoints(_) | Container::Count(..))));
+        assert!(value(&objects, Container::Hairpin, "10.244.0.11 . 10.244.0.11").is_some());
     }
 
     #[test]
     fn local_policy_without_local_endpoints_short_circuits_pods_and_drops_the_rest() {
-        let remote = Endpoint { ip: "10.244.0.11".parse().unwrap(), port: 8080, is_local: false };
-        let objects = plan(local_policy_port(vec![remote]));
-        let external = &format!("external-{}-default/web/tcp/", nft_hash("default/web/tcp/"));
-        assert_eq!(value(&objects, Container::ServiceIps, "203.0.113.7 . tcp . 80"), Some(format!("goto {external}")));
-        assert_eq!(value(&objects, Container::ServiceNodePorts, "tcp . 30080"), Some(format!("goto {external}")));
-        assert_eq!(value(&objects, Container::NoEndpointServices, "203.0.113.7 . tcp . 80").as_deref(), Some("drop"));
-        assert_eq!(value(&objects, Container::NoEndpointNodePorts, "tcp . 30080").as_deref(), Some("drop"));
-        let rules: Vec<String> =
-            objects.chains[&(IpFamily::V4, external.to_string())].iter().map(ToString::to_string).collect();
-        assert!(rules[0].starts_with("ip saddr 10.244.0.0/16 goto service-"), "{rules:?}");
-        assert!(!rules.iter().any(|r| r.contains("local-")), "nothing falls through to the empty Local set: {rules:?}");
-    }
-
-    fn chain_rules(objects: &Objects, prefix: &str) -> Vec<String> {
-        let (_, rules) = objects.chains.iter().find(|((_, name), _)| name.starts_with(prefix)).expect(prefix);
-        rules.iter().map(ToString::to_string).collect()
-    }
-
-    #[test]
-    fn the_internal_traffic_chain_masquerades_cluster_ip_traffic_not_from_pods() {
-        let local = Endpoint { ip: "10.244.0.11".parse().unwrap(), port: 8080, is_local: true };
-        let mut sp = local_policy_port(vec![local.clone()]);
-        sp.local_endpoints = vec![local];
-        sp.external_policy_local = false;
-        sp.internal_policy_local = true;
-        let objects = plan(sp.clone());
-        let masquerade = "ip daddr 10.96.0.80 jump mark-if-not-pod-traffic comment \"default/web\"";
-        assert_eq!(chain_rules(&objects, "local-")[0], masquerade);
-        assert!(!chain_rules(&objects, "service-").iter().any(|r| r.contains("mark-if-not-pod")));
-
-        sp.internal_policy_local = false;
-        let objects = plan(sp.clone());
-        assert_eq!(chain_rules(&objects, "service-")[0], masquerade);
-
-        let ctx = PlanContext { masquerade_all: true, ..PlanContext::default() };
-        let objects = plan_service(&[sp.clone()], &ctx);
-        let rules = chain_rules(&objects, "service-");
-        assert_eq!(rules[0], "ip daddr 10.96.0.80 jump mark-for-masquerade comment \"default/web\"");
-        assert_eq!(rules.iter().filter(|r| r.contains("mark-for-masquerade")).count(), 1, "{rules:?}");
-
-        let objects = plan_service(&[sp], &PlanContext::default());
-        assert!(!chain_rules(&objects, "service-").iter().any(|r| r.contains("mark-")), "no detector, no masquerade");
+        let objects = plan(local_policy_port(vec![endpoint("10.244.0.11", false)]));
+        assert!(value(&objects, Container::LocalServices, "203.0.113.7 . tcp . 80").is_some());
+        assert!(value(&objects, Container::LocalNodePorts, "tcp . 30080").is_some());
+        assert!(value(&objects, Container::DropServices, "203.0.113.7 . tcp . 80").is_some());
+        assert!(value(&objects, Container::DropNodePorts, "tcp . 30080").is_some());
+        // Pods and the host get the Cluster list; nothing is in the (empty) Local one.
+        let cluster = Container::Endpoints(Selection::ServiceCluster);
+        assert_eq!(value(&objects, cluster, "203.0.113.7 . tcp . 80 . 0").as_deref(), Some("10.244.0.11 . 8080"));
+        let node_port_cluster = Container::Endpoints(Selection::NodePortCluster);
+        assert_eq!(value(&objects, node_port_cluster, "tcp . 30080 . 0").as_deref(), Some("10.244.0.11 . 8080"));
+        assert!(value(&objects, Container::Endpoints(Selection::Service), "203.0.113.7 . tcp . 80 . 0").is_none());
+        assert!(value(&objects, Container::Endpoints(Selection::NodePort), "tcp . 30080 . 0").is_none());
+        // The ClusterIP keeps the Cluster list (internal policy Cluster).
+        let own = Container::Endpoints(Selection::Service);
+        assert_eq!(value(&objects, own, "10.96.0.80 . tcp . 80 . 0").as_deref(), Some("10.244.0.11 . 8080"));
     }
 
     #[test]
     fn external_frontends_without_any_endpoint_reject() {
         let objects = plan(local_policy_port(Vec::new()));
-        assert_eq!(value(&objects, Container::ServiceIps, "203.0.113.7 . tcp . 80"), None);
-        assert_eq!(
-            value(&objects, Container::NoEndpointServices, "203.0.113.7 . tcp . 80").as_deref(),
-            Some("goto reject-chain")
-        );
-        assert_eq!(
-            value(&objects, Container::NoEndpointNodePorts, "tcp . 30080").as_deref(),
-            Some("goto reject-chain")
-        );
-        assert!(!objects.chains.keys().any(|(_, name)| name.starts_with("external-")));
+        assert!(value(&objects, Container::RejectServices, "203.0.113.7 . tcp . 80").is_some());
+        assert!(value(&objects, Container::RejectServices, "10.96.0.80 . tcp . 80").is_some());
+        assert!(value(&objects, Container::RejectNodePorts, "tcp . 30080").is_some());
+        assert!(value(&objects, Container::LocalServices, "203.0.113.7 . tcp . 80").is_none());
+        assert!(!objects.elements.keys().any(|(_, c, _)| matches!(c, Container::Endpoints(_) | Container::Count(..))));
+    }
+
+    #[test]
+    fn internal_policy_local_without_local_endpoints_drops_cluster_ip_traffic() {
+        let mut sp = local_policy_port(vec![endpoint("10.244.0.11", false)]);
+        sp.external_policy_local = false;
+        sp.internal_policy_local = true;
+        let objects = plan(sp);
+        assert!(value(&objects, Container::DropServices, "10.96.0.80 . tcp . 80").is_some());
+        assert!(value(&objects, Container::Endpoints(Selection::Service), "10.96.0.80 . tcp . 80 . 0").is_none());
+        let external = Container::Endpoints(Selection::Service);
+        assert_eq!(value(&objects, external, "203.0.113.7 . tcp . 80 . 0").as_deref(), Some("10.244.0.11 . 8080"));
     }
 }

@@ -2,11 +2,11 @@
 //! own, and a partial sync that touches only what differs between two versions of some Services'
 //! objects. Both are sent as one netlink batch; [`script`] renders them for `nft -f`.
 
-use std::collections::BTreeSet;
+use std::collections::{BTreeMap, BTreeSet};
 use std::fmt::Write;
 
-use super::layout::Layout;
-use super::objects::{Container, ElementValue, Objects, TABLE, family_keyword};
+use super::layout::{Layout, count_rule};
+use super::objects::{Container, ElementValue, Objects, Selection, TABLE, family_keyword};
 use super::rule::{ElementKey, Op, Rule};
 use crate::table::IpFamily;
 
@@ -21,7 +21,107 @@ pub struct Existing {
 
 /// The op that adds one element.
 fn add_element(family: IpFamily, container: Container, key: &ElementKey, value: &ElementValue) -> Op {
-    Op::AddElement { family, container, key: key.clone(), value: value.verdict.clone(), comment: value.comment.clone() }
+    Op::AddElement { family, container, key: key.clone(), value: value.value.clone(), comment: value.comment.clone() }
+}
+
+/// An element's identity: family, container, key.
+type ElementId = (IpFamily, Container, ElementKey);
+
+/// What Services share in the tables: the endpoint-count sets and their picker rules (one per
+/// count in use, with how many frontends have it), and the elements several Services may hold
+/// ([`Container::Hairpin`]), with how many hold each.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct Shared {
+    counts: BTreeMap<(IpFamily, Selection, u32), usize>,
+    holders: BTreeMap<ElementId, usize>,
+}
+
+impl Shared {
+    /// What a full sync of these Services' objects creates.
+    pub fn of<'a>(services: impl Iterator<Item = &'a Objects>) -> Shared {
+        let mut shared = Shared::default();
+        for objects in services {
+            shared.hold(objects, 1);
+        }
+        shared
+    }
+
+    /// Counts `objects`' shared elements and count-set members (`by` = 1), or forgets them
+    /// (`by` = -1).
+    fn hold(&mut self, objects: &Objects, by: isize) {
+        fn add<K: Ord>(map: &mut BTreeMap<K, usize>, key: K, by: isize) {
+            let count = map.entry(key).or_default();
+            *count = count.saturating_add_signed(by);
+        }
+        for (family, container, key) in objects.elements.keys() {
+            match container {
+                Container::Count(selection, n) => add(&mut self.counts, (*family, *selection, *n), by),
+                Container::Hairpin => add(&mut self.holders, (*family, *container, key.clone()), by),
+                _ => {}
+            }
+        }
+        self.counts.retain(|_, n| *n > 0);
+        self.holders.retain(|_, n| *n > 0);
+    }
+
+    /// The count sets in use.
+    fn count_sets(&self) -> impl Iterator<Item = (IpFamily, Selection, u32)> + '_ {
+        self.counts.keys().copied()
+    }
+
+    /// The ops a partial sync of `changes` (each Service's applied and new objects) needs beyond
+    /// the Services' own ([`partial_sync`]), and the state once they are applied: count sets
+    /// that come into use or go out of it (the picker chain of their selection rewritten, a
+    /// handful of rules), shared elements gaining their first holder or losing their last.
+    pub fn partial(&self, changes: &[(&Objects, &Objects)]) -> (PartialOps, Shared) {
+        let mut next = self.clone();
+        for (old, new) in changes {
+            next.hold(old, -1);
+            next.hold(new, 1);
+        }
+        let mut out = PartialOps::default();
+        let before: BTreeSet<_> = self.count_sets().collect();
+        let after: BTreeSet<_> = next.count_sets().collect();
+        let pickers: BTreeSet<(IpFamily, Selection)> =
+            before.symmetric_difference(&after).map(|&(family, selection, _)| (family, selection)).collect();
+        for &(family, selection, n) in after.difference(&before) {
+            out.phases[PartialOps::BUILD].push(Op::AddContainer { family, container: Container::Count(selection, n) });
+        }
+        for (family, selection) in pickers {
+            out.phases[PartialOps::BUILD].push(Op::FlushChain { family, name: selection.chain() });
+            for &(_, _, n) in after.iter().filter(|(f, s, _)| *f == family && *s == selection) {
+                out.phases[PartialOps::BUILD]
+                    .push(Op::AddRule { chain: selection.chain(), rule: count_rule(family, selection, n) });
+            }
+        }
+        for &(family, selection, n) in before.difference(&after) {
+            out.phases[PartialOps::TEAR_DOWN]
+                .push(Op::DeleteSet { family, name: Container::Count(selection, n).name() });
+        }
+        let values: BTreeMap<&ElementId, &ElementValue> =
+            changes.iter().flat_map(|(old, new)| old.elements.iter().chain(&new.elements)).collect();
+        for (id, value) in values {
+            let (family, container, key) = id;
+            match (self.holders.contains_key(id), next.holders.contains_key(id)) {
+                (true, false) => out.phases[PartialOps::UNLINK].push(Op::DeleteElement {
+                    family: *family,
+                    container: *container,
+                    key: key.clone(),
+                }),
+                (false, true) => out.phases[PartialOps::LINK].push(add_element(*family, *container, key, value)),
+                _ => {}
+            }
+        }
+        (out, next)
+    }
+}
+
+/// A count set and its picker rule.
+fn count_set_ops(family: IpFamily, selection: Selection, n: u32) -> [Op; 2] {
+    [
+        Op::AddContainer { family, container: Container::Count(selection, n) },
+        Op::AddRule { chain: selection.chain(), rule: count_rule(family, selection, n) },
+    ]
 }
 
 /// The op that appends one rule.
@@ -53,10 +153,21 @@ pub fn full_sync<'a>(
     let mut wanted_sets: BTreeSet<(IpFamily, String)> = BTreeSet::new();
     for layout in layouts {
         let family = layout.family;
-        wanted_sets.extend(Container::ALL.iter().map(|c| (family, c.name().to_string())));
-        let layout_chains =
-            layout.helper_chains().into_iter().map(|c| c.name).chain(layout.base_chains().into_iter().map(|c| c.name));
-        wanted_chains.extend(layout_chains.map(|name| (family, name.to_string())));
+        wanted_sets.extend(Container::FIXED.iter().map(|c| (family, c.name())));
+        let layout_chains = layout
+            .helper_chains()
+            .into_iter()
+            .map(|c| c.name)
+            .chain(layout.base_chains().into_iter().map(|c| c.name.to_string()));
+        wanted_chains.extend(layout_chains.map(|name| (family, name)));
+    }
+    // The count sets in use, emptied (an existing one keeps elements otherwise), and their rules.
+    for (family, selection, n) in Shared::of(services.clone()).count_sets() {
+        let [add, rule] = count_set_ops(family, selection, n);
+        ops.push(add);
+        ops.push(Op::FlushSet { family, container: Container::Count(selection, n) });
+        ops.push(rule);
+        wanted_sets.insert((family, Container::Count(selection, n).name()));
     }
     for ((family, name), set) in services.clone().flat_map(|o| &o.sets) {
         ops.push(Op::AddSet { family: *family, name: name.clone(), set: set.clone() });
@@ -70,8 +181,11 @@ pub fn full_sync<'a>(
     for ((_, name), rules) in services.clone().flat_map(|o| &o.chains) {
         ops.extend(rules.iter().map(|rule| add_rule(name, rule)));
     }
-    for ((family, container, key), value) in services.flat_map(|o| &o.elements) {
-        ops.push(add_element(*family, *container, key, value));
+    let mut shared = BTreeSet::new();
+    for (id @ (family, container, key), value) in services.flat_map(|o| &o.elements) {
+        if *container != Container::Hairpin || shared.insert(id) {
+            ops.push(add_element(*family, *container, key, value));
+        }
     }
     let stale_chains: Vec<_> = existing.chains.difference(&wanted_chains).collect();
     for (family, name) in &stale_chains {
@@ -119,6 +233,7 @@ pub fn join_partial<'a>(parts: impl Iterator<Item = &'a PartialOps> + Clone) -> 
 
 /// What moves the kernel from `old` to `new` for one Service: only chains whose rules differ are
 /// flushed and rewritten, only changed elements are deleted or added. Empty when nothing differs.
+/// Shared elements and count sets are [`Shared::partial`]'s.
 pub fn partial_sync(old: &Objects, new: &Objects) -> PartialOps {
     let mut out = PartialOps::default();
     let build = &mut out.phases[PartialOps::BUILD];
@@ -144,13 +259,14 @@ pub fn partial_sync(old: &Objects, new: &Objects) -> PartialOps {
     for (name, rules) in rewritten {
         build.extend(rules.iter().map(|rule| add_rule(name, rule)));
     }
-    for (key @ (family, container, elem_key), value) in &old.elements {
+    let own = |container: &Container| *container != Container::Hairpin;
+    for (key @ (family, container, elem_key), value) in old.elements.iter().filter(|((_, c, _), _)| own(c)) {
         if new.elements.get(key) != Some(value) {
             let op = Op::DeleteElement { family: *family, container: *container, key: elem_key.clone() };
             out.phases[PartialOps::UNLINK].push(op);
         }
     }
-    for (key @ (family, container, elem_key), value) in &new.elements {
+    for (key @ (family, container, elem_key), value) in new.elements.iter().filter(|((_, c, _), _)| own(c)) {
         if old.elements.get(key) != Some(value) {
             out.phases[PartialOps::LINK].push(add_element(*family, *container, elem_key, value));
         }
@@ -215,16 +331,54 @@ mod tests {
     }
 
     #[test]
-    fn replacing_one_endpoint_touches_only_that_services_chains() {
+    fn replacing_one_endpoint_touches_only_that_endpoints_element_and_adds_no_rule() {
         let old = plan(port("a", "10.96.0.1", &["10.244.0.1", "10.244.0.2"]));
         let new = plan(port("a", "10.96.0.1", &["10.244.0.1", "10.244.0.3"]));
         let ops = script(&partial_sync(&old, &new).ops());
-        let lines: Vec<&str> = ops.lines().collect();
-        assert!(lines.iter().all(|l| l.contains("default/a")), "{ops}");
-        assert!(!ops.contains("element"), "map elements did not change: {ops}");
-        assert_eq!(lines.iter().filter(|l| l.starts_with("add chain")).count(), 1, "{ops}");
-        assert_eq!(lines.iter().filter(|l| l.starts_with("delete chain")).count(), 1, "{ops}");
-        assert!(lines[0].starts_with("add chain") && lines.last().unwrap().starts_with("delete chain"), "{ops}");
+        assert_eq!(
+            ops,
+            "delete element ip roadkeeper service-endpoints { 10.96.0.1 . tcp . 80 . 1 }\n\
+             add element ip roadkeeper service-endpoints { 10.96.0.1 . tcp . 80 . 1 comment \"default/a:http\" : 10.244.0.3 . 8080 }\n"
+        );
+        // The hairpin pairs are shared: their changes come from `Shared`.
+        let (shared, next) = Shared::of([&old].into_iter()).partial(&[(&old, &new)]);
+        assert_eq!(
+            script(&shared.ops()),
+            "delete element ip roadkeeper hairpin { 10.244.0.2 . 10.244.0.2 }\n\
+             add element ip roadkeeper hairpin { 10.244.0.3 . 10.244.0.3 }\n"
+        );
+        assert_eq!(next, Shared::of([&new].into_iter()));
+    }
+
+    #[test]
+    fn a_new_endpoint_count_brings_its_set_and_rule_once() {
+        let two = plan(port("a", "10.96.0.1", &["10.244.0.1", "10.244.0.2"]));
+        let three = plan(port("a", "10.96.0.1", &["10.244.0.1", "10.244.0.2", "10.244.0.3"]));
+        let other_three = plan(port("b", "10.96.0.2", &["10.244.0.1", "10.244.0.2", "10.244.0.3"]));
+        let before = Shared::of([&two].into_iter());
+        let (ops, after) = before.partial(&[(&two, &three)]);
+        let ops = script(&ops.ops());
+        assert!(
+            ops.starts_with("add set ip roadkeeper service-endpoints-3 { type ipv4_addr . inet_proto . inet_service ;"),
+            "{ops}"
+        );
+        assert!(ops.contains("add rule ip roadkeeper select-service-endpoint ip daddr . meta l4proto . th dport @service-endpoints-3 dnat ip to ip daddr . meta l4proto . th dport . numgen random mod 3 map @service-endpoints\n"), "{ops}");
+        // The picker chain is rewritten without the count that went out of use, whose set goes.
+        assert!(ops.contains("flush chain ip roadkeeper select-service-endpoint\n"), "{ops}");
+        assert!(!ops.contains("@service-endpoints-2 "), "{ops}");
+        assert!(ops.ends_with("delete set ip roadkeeper service-endpoints-2\n"), "{ops}");
+        // The Service's own ops move its frontend from the count set of 2 to that of 3.
+        let own = script(&partial_sync(&two, &three).ops());
+        assert!(own.contains("delete element ip roadkeeper service-endpoints-2 { 10.96.0.1 . tcp . 80 }"), "{own}");
+        assert!(
+            own.contains(
+                "add element ip roadkeeper service-endpoints-3 { 10.96.0.1 . tcp . 80 comment \"default/a:http\" }"
+            ),
+            "{own}"
+        );
+        // A second Service with 3 endpoints adds no set, and shares the hairpin pairs.
+        let (ops, _) = after.partial(&[(&Objects::default(), &other_three)]);
+        assert!(ops.is_empty(), "{}", script(&ops.ops()));
     }
 
     #[test]
@@ -232,8 +386,14 @@ mod tests {
         let old = plan(port("a", "10.96.0.1", &["10.244.0.1"]));
         let new = plan(port("a", "10.96.0.1", &[]));
         let ops = script(&partial_sync(&old, &new).ops());
-        assert!(ops.contains("delete element ip roadkeeper service-ips { 10.96.0.1 . tcp . 80 }"), "{ops}");
-        assert!(ops.contains("add element ip roadkeeper no-endpoint-services { 10.96.0.1 . tcp . 80 comment \"default/a:http\" : goto reject-chain }"), "{ops}");
+        assert!(ops.contains("delete element ip roadkeeper service-endpoints { 10.96.0.1 . tcp . 80 . 0 }"), "{ops}");
+        assert!(ops.contains("delete element ip roadkeeper service-endpoints-1 { 10.96.0.1 . tcp . 80 }"), "{ops}");
+        assert!(
+            ops.contains(
+                "add element ip roadkeeper reject-services { 10.96.0.1 . tcp . 80 comment \"default/a:http\" }"
+            ),
+            "{ops}"
+        );
     }
 
     #[test]
@@ -246,9 +406,9 @@ mod tests {
         let b = partial_sync(&plan(taker_before), &plan(taker_after));
         let a = partial_sync(&plan(giver), &Objects::default());
         let ops = script(&join_partial([&b, &a].into_iter()));
-        let shared = "{ 203.0.113.7 . tcp . 80";
-        let deleted = ops.find(&format!("delete element ip roadkeeper service-ips {shared}")).expect(&ops);
-        let added = ops.find(&format!("add element ip roadkeeper service-ips {shared}")).expect(&ops);
+        let shared = "{ 203.0.113.7 . tcp . 80 . 0";
+        let deleted = ops.find(&format!("delete element ip roadkeeper service-endpoints {shared}")).expect(&ops);
+        let added = ops.find(&format!("add element ip roadkeeper service-endpoints {shared}")).expect(&ops);
         assert!(deleted < added, "{ops}");
     }
 
@@ -263,6 +423,7 @@ mod tests {
             family: IpFamily::V4,
             cluster_cidrs: Vec::new(),
             masquerade_mark: 0x4000,
+            masquerade_all: false,
             nodeport_ips: Vec::new(),
             nodeport_all_local: false,
             service_cidrs: Vec::new(),
@@ -272,5 +433,7 @@ mod tests {
         assert!(script.contains("delete set ip roadkeeper affinity-OLD"));
         assert!(!script.contains("delete chain ip roadkeeper services"));
         assert!(script.contains("add element ip roadkeeper cluster-ips { 10.96.0.1 comment \"default/a\" }"));
+        assert!(script.contains("add set ip roadkeeper service-endpoints-1 "), "{script}");
+        assert!(script.contains("flush set ip roadkeeper service-endpoints-1\n"), "{script}");
     }
 }

@@ -32,6 +32,9 @@ pub(super) enum Evaluation {
     NoMatch,
     /// Every other condition holds; a random one holds with this probability.
     Chance(f64),
+    /// Every condition holds, and the rule picks one of this many outcomes at random (`numgen
+    /// random mod n` as a key): evaluate it again with each [`Outcome::Pick`].
+    Pick(u32),
     /// It matched: the element its lookup found, and what it does (a verdict last).
     Match {
         /// The set or map element found.
@@ -46,6 +49,15 @@ impl Evaluation {
     pub(super) fn effects(effects: Vec<Effect>) -> Evaluation {
         Evaluation::Match { element: None, effects }
     }
+}
+
+/// The outcome the engine chose for a rule's random part.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Outcome {
+    /// Whether the random match of an [`Evaluation::Chance`] holds.
+    Chance(bool),
+    /// The number an [`Evaluation::Pick`] picked, below its modulus.
+    Pick(u32),
 }
 
 /// The packet as the rules see it at some point of its path.
@@ -79,15 +91,15 @@ pub(super) trait Model {
     fn rules(&self, family: IpFamily, table: &str, chain: &str) -> Option<&[Self::Rule]>;
     /// A rule as listings show it.
     fn text(&self, chain: &str, rule: &Self::Rule) -> String;
-    /// What `rule` (of `table`) does to `packet`; `random` is the outcome of its random match,
-    /// once the engine has chosen it after an [`Evaluation::Chance`].
+    /// What `rule` (of `table`) does to `packet`; `random` is the outcome of its random part,
+    /// once the engine has chosen it after an [`Evaluation::Chance`] or [`Evaluation::Pick`].
     fn evaluate(
         &self,
         table: &str,
         rule: &Self::Rule,
         packet: &PacketState,
         env: &Environment,
-        random: Option<bool>,
+        random: Option<Outcome>,
     ) -> Result<Evaluation, Error>;
 }
 
@@ -157,8 +169,8 @@ struct Walker {
     bases: Vec<BaseChain>,
     next_base: usize,
     stack: Vec<Frame>,
-    /// The outcome chosen for the random match of the rule about to be evaluated, and its chance.
-    random: Option<(bool, f64)>,
+    /// The outcome chosen for the random part of the rule about to be evaluated, and its chance.
+    random: Option<(Outcome, f64)>,
     /// The connection's destination NAT is set up (DNAT, or the null binding of a nat hook).
     nat_dst: bool,
     /// Its source NAT is.
@@ -336,15 +348,29 @@ impl Walker {
             Evaluation::Chance(p) => {
                 // Decide the random match, then evaluate the rule again with that outcome.
                 if p >= 1.0 || p <= 0.0 {
-                    self.random = Some((p >= 1.0, p));
+                    self.random = Some((Outcome::Chance(p >= 1.0), p));
                 } else {
                     let mut other = self.branch();
-                    other.random = Some((false, p));
+                    other.random = Some((Outcome::Chance(false), 1.0 - p));
                     other.probability *= 1.0 - p;
                     spawned.push(other);
-                    self.random = Some((true, p));
+                    self.random = Some((Outcome::Chance(true), p));
                     self.probability *= p;
                 }
+                *budget += 1;
+                return Ok(None);
+            }
+            Evaluation::Pick(n) => {
+                // Each outcome with the same chance; this walker takes the first.
+                let p = 1.0 / f64::from(n.max(1));
+                for i in 1..n {
+                    let mut other = self.branch();
+                    other.random = Some((Outcome::Pick(i), p));
+                    other.probability *= p;
+                    spawned.push(other);
+                }
+                self.random = Some((Outcome::Pick(0), p));
+                self.probability *= p;
                 *budget += 1;
                 return Ok(None);
             }

@@ -68,7 +68,7 @@ fn host_to_cluster_ip_is_masqueraded() {
         let masquerade = trace.paths[0].masquerade.as_ref().unwrap();
         let why: Vec<&str> = masquerade.marked_by.iter().map(|r| r.rule.as_str()).collect();
         let expected = match mode {
-            ProxyMode::Nftables => "ip daddr 10.96.0.10 jump mark-if-not-pod-traffic comment \"default/hello:http\"",
+            ProxyMode::Nftables => "ip daddr @cluster-ips jump mark-if-not-pod-traffic",
             ProxyMode::Iptables => "! -s 10.244.0.0/16 -d 10.96.0.10/32 -p tcp",
         };
         assert!(why.iter().any(|r| r.contains(expected)), "{mode:?}: {why:?}");
@@ -568,10 +568,19 @@ fn first_path(mode: ProxyMode) -> Path {
 #[test]
 fn a_path_shows_every_chain_and_rule_in_order_with_the_map_element_that_matched() {
     let path = first_path(ProxyMode::Nftables);
-    let element = path.steps.iter().find_map(|s| match s {
-        super::Step::Rule { element: Some(e), .. } => Some(e.clone()),
-        _ => None,
-    });
-    assert!(element.unwrap().starts_with("10.96.0.10 . tcp . 80 comment \"default/hello:http\" : goto service-"));
+    let elements: Vec<String> = path
+        .steps
+        .iter()
+        .filter_map(|s| match s {
+            super::Step::Rule { element: Some(e), .. } => Some(e.clone()),
+            _ => None,
+        })
+        .collect();
+    // The ClusterIP's set element, then the endpoint the picker found (the first path picks 0).
+    assert_eq!(elements[0], "10.96.0.10 comment \"default/hello\"", "{elements:?}");
+    assert!(
+        elements[1].starts_with("10.96.0.10 . tcp . 80 . 0 comment \"default/hello:http\" : 10.244."),
+        "{elements:?}"
+    );
     assert!(matches!(path.verdict, Verdict::Accepted { delivery: Delivery::Forwarded }));
 }

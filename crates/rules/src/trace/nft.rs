@@ -6,10 +6,10 @@
 use std::collections::{BTreeMap, BTreeSet};
 use std::net::{IpAddr, SocketAddr};
 
-use super::engine::{self, BaseChain, Evaluation, Model, PacketState};
+use super::engine::{self, BaseChain, Evaluation, Model, Outcome, PacketState};
 use super::{Effect, Environment, Error, Packet, Trace};
-use crate::nft::objects::{Container, ElementValue, TABLE, family_keyword};
-use crate::nft::rule::{Action, ChainType, ElementKey, Hook, HookPoint, Match, Op, Rule, Verdict, VmapKey};
+use crate::nft::objects::{Container, DataKind, ElementValue, TABLE, Value, family_keyword};
+use crate::nft::rule::{Action, ChainType, ElementKey, Hook, HookPoint, LookupKey, Match, Op, Rule, Verdict};
 use crate::plan::NftPlan;
 use crate::table::{IpFamily, Protocol};
 
@@ -109,12 +109,12 @@ impl Tables {
             Op::AddElement { family, container, key, value, comment } => {
                 let table = self.table(op, *family)?;
                 let elements = table.containers.get_mut(container).ok_or_else(|| refused(op, "no such set"))?;
-                if container.is_map() != value.is_some() {
+                if (container.data() != DataKind::None) != value.is_some() {
                     return Err(refused(op, "the element does not fit the set's type"));
                 }
-                let value = ElementValue { verdict: value.clone(), comment: comment.clone() };
+                let value = ElementValue { value: value.clone(), comment: comment.clone() };
                 match elements.get(key) {
-                    Some(have) if have.verdict != value.verdict => return Err(refused(op, "the element exists")),
+                    Some(have) if have.value != value.value => return Err(refused(op, "the element exists")),
                     _ => elements.insert(key.clone(), value),
                 };
             }
@@ -128,8 +128,11 @@ impl Tables {
             }
             Op::DeleteSet { family, name } => {
                 let table = self.table(op, *family)?;
-                let removed = match Container::ALL.iter().find(|c| c.name() == name) {
-                    Some(container) => table.containers.remove(container).is_some(),
+                let removed = match table.containers.keys().find(|c| c.name() == *name).copied() {
+                    Some(container) => {
+                        table.containers.remove(&container);
+                        true
+                    }
                     None => table.sets.remove(name),
                 };
                 if !removed {
@@ -168,8 +171,7 @@ impl Tables {
         if table.sets.contains(set) {
             return if env.affinity.contains(set) { Lookup::Found(None) } else { Lookup::Missing };
         }
-        let Some(elements) = Container::ALL.iter().find(|c| c.name() == set).and_then(|c| table.containers.get(c))
-        else {
+        let Some(elements) = container(table, set) else {
             return Lookup::NoSet(Error::NoSuchSet { table: table_name(family), set: set.to_string() });
         };
         let found = elements.iter().find(|(key, _)| match key {
@@ -182,7 +184,36 @@ impl Tables {
             None => Lookup::Missing,
         }
     }
+
+    /// An exact lookup of `wanted` in the container named `set`.
+    fn find<'a>(
+        &self,
+        table: &'a Table,
+        family: IpFamily,
+        set: &str,
+        wanted: &ElementKey,
+    ) -> Result<Option<(&'a ElementKey, &'a ElementValue)>, Error> {
+        let elements = container(table, set)
+            .ok_or_else(|| Error::NoSuchSet { table: table_name(family), set: set.to_string() })?;
+        Ok(elements.get_key_value(wanted))
+    }
 }
+
+/// The elements of the shared set or map named `name`.
+fn container<'a>(table: &'a Table, name: &str) -> Option<&'a BTreeMap<ElementKey, ElementValue>> {
+    table.containers.iter().find(|(c, _)| c.name() == name).map(|(_, elements)| elements)
+}
+
+/// The key of the frontend a packet is addressed to, as `key` reads it.
+fn frontend_key(key: LookupKey, packet: &PacketState) -> ElementKey {
+    let destination = packet.destination;
+    match key {
+        LookupKey::DaddrProtoPort => ElementKey::AddrProtoPort(destination.ip(), packet.protocol, destination.port()),
+        LookupKey::ProtoPort => ElementKey::ProtoPort(packet.protocol, destination.port()),
+    }
+}
+
+impl Tables {}
 
 /// What a set lookup found.
 enum Lookup {
@@ -209,8 +240,8 @@ fn element_text(key: &ElementKey, value: &ElementValue) -> String {
     if !value.comment.is_empty() {
         text.push_str(&format!(" comment \"{}\"", crate::text::comment(&value.comment)));
     }
-    if let Some(verdict) = &value.verdict {
-        text.push_str(&format!(" : {verdict}"));
+    if let Some(value) = &value.value {
+        text.push_str(&format!(" : {value}"));
     }
     text
 }
@@ -262,7 +293,7 @@ impl Model for Tables {
         rule: &Rule,
         packet: &PacketState,
         env: &Environment,
-        random: Option<bool>,
+        random: Option<Outcome>,
     ) -> Result<Evaluation, Error> {
         let table = self.tables.get(&packet.family).expect("a rule is in its family's table");
         let mut element = None;
@@ -293,6 +324,24 @@ impl Model for Tables {
                     chance = Some(if value < modulus { 1.0 / f64::from(*modulus) } else { 0.0 });
                     true
                 }
+                Match::InSet { key, set } => match self.find(table, packet.family, set, &frontend_key(*key, packet))? {
+                    Some((key, value)) => {
+                        element = Some(element_text(key, value));
+                        true
+                    }
+                    None => false,
+                },
+                Match::PairInSet(set) => {
+                    let pair = ElementKey::AddrPair(packet.source, packet.destination.ip());
+                    match self.find(table, packet.family, set, &pair)? {
+                        Some((key, value)) => {
+                            element = Some(element_text(key, value));
+                            true
+                        }
+                        None => false,
+                    }
+                }
+                Match::CtStatusDnat => packet.dnat,
             };
             if !holds {
                 return Ok(Evaluation::NoMatch);
@@ -309,19 +358,37 @@ impl Model for Tables {
             Action::Dnat { ip, port, .. } => vec![Effect::Dnat { to: SocketAddr::new(*ip, *port) }],
             Action::Vmap { key, map } => {
                 let wanted = match key {
-                    VmapKey::DaddrProtoPort => {
+                    LookupKey::DaddrProtoPort => {
                         ElementKey::AddrProtoPort(packet.destination.ip(), packet.protocol, packet.destination.port())
                     }
-                    VmapKey::ProtoPort => ElementKey::ProtoPort(packet.protocol, packet.destination.port()),
+                    LookupKey::ProtoPort => ElementKey::ProtoPort(packet.protocol, packet.destination.port()),
                 };
-                let container = Container::ALL.iter().find(|c| c.name() == map && c.is_map());
-                let Some(elements) = container.and_then(|c| table.containers.get(c)) else {
-                    return Err(Error::NoSuchSet { table: table_name(packet.family), set: map.clone() });
+                let Some((key, value)) = self.find(table, packet.family, map, &wanted)? else {
+                    return Ok(Evaluation::NoMatch);
                 };
-                let Some((key, value)) = elements.get_key_value(&wanted) else { return Ok(Evaluation::NoMatch) };
-                let Some(verdict) = &value.verdict else { return Ok(Evaluation::NoMatch) };
+                let Some(Value::Verdict(verdict)) = &value.value else { return Ok(Evaluation::NoMatch) };
                 element = Some(element_text(key, value));
                 vec![verdict_effect(verdict)]
+            }
+            Action::DnatMap { key, modulus, map } => {
+                let index = match random {
+                    Some(Outcome::Pick(index)) => index,
+                    _ => return Ok(Evaluation::Pick(*modulus)),
+                };
+                let wanted = match frontend_key(*key, packet) {
+                    ElementKey::AddrProtoPort(addr, protocol, port) => {
+                        ElementKey::AddrProtoPortIndex(addr, protocol, port, index)
+                    }
+                    ElementKey::ProtoPort(protocol, port) => ElementKey::ProtoPortIndex(protocol, port, index),
+                    other => other,
+                };
+                // A failed lookup ends the rule without a verdict.
+                let Some((key, value)) = self.find(table, packet.family, map, &wanted)? else {
+                    return Ok(Evaluation::NoMatch);
+                };
+                let Some(Value::Endpoint(ip, port)) = value.value else { return Ok(Evaluation::NoMatch) };
+                element = Some(element_text(key, value));
+                vec![Effect::Dnat { to: SocketAddr::new(ip, port) }]
             }
             Action::MarkOr(bits) => vec![Effect::Mark { mark: packet.mark | bits }],
             Action::MarkXor(bits) => vec![Effect::Mark { mark: packet.mark ^ bits }],
@@ -338,7 +405,7 @@ impl Model for Tables {
         };
         match (chance, random) {
             (Some(p), None) => Ok(Evaluation::Chance(p)),
-            (Some(_), Some(false)) => Ok(Evaluation::NoMatch),
+            (Some(_), Some(Outcome::Chance(false))) => Ok(Evaluation::NoMatch),
             _ => Ok(Evaluation::Match { element, effects }),
         }
     }

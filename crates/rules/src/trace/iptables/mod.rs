@@ -11,7 +11,7 @@ use std::net::SocketAddr;
 
 use parse::{CtState, Line, Match, Rule, Target};
 
-use super::engine::{self, BaseChain, Evaluation, Model, PacketState};
+use super::engine::{self, BaseChain, Evaluation, Model, Outcome, PacketState};
 use super::{Effect, Environment, Error, Packet, Trace};
 use crate::nft::rule::HookPoint;
 use crate::plan::IptablesPlan;
@@ -205,7 +205,7 @@ impl Model for Tables {
         rule: &Rule,
         packet: &PacketState,
         env: &Environment,
-        random: Option<bool>,
+        random: Option<Outcome>,
     ) -> Result<Evaluation, Error> {
         let mut chance = None;
         let mut effects = Vec::new();
@@ -246,7 +246,7 @@ impl Model for Tables {
         }
         match (chance, random) {
             (Some(p), None) => return Ok(Evaluation::Chance(p)),
-            (Some(_), Some(false)) => return Ok(Evaluation::NoMatch),
+            (Some(_), Some(Outcome::Chance(false))) => return Ok(Evaluation::NoMatch),
             _ => {}
         }
         effects.extend(rule.target.as_ref().map(|target| match target {
