@@ -135,8 +135,8 @@ impl<R: NftRunner> Backend for NftProxier<R> {
         let empty = Objects::default();
         let applied = &self.applied;
         let shared = &self.shared;
-        // The ops of some of the planned Services, with what they share, and the shared state
-        // after them.
+        // The ops of some of the planned Services, with what they share, and the change of the
+        // shared state they make.
         let join = |keys: &[&NamespacedName]| {
             let changes: Vec<(&Objects, &Objects)> =
                 keys.iter().map(|k| (applied.get(*k).unwrap_or(&empty), &plans[*k].1)).collect();
@@ -144,7 +144,7 @@ impl<R: NftRunner> Backend for NftProxier<R> {
             (transaction::join_partial(std::iter::once(&extra).chain(keys.iter().map(|k| &plans[*k].2))), next)
         };
         let keys: Vec<&NamespacedName> = plans.keys().collect();
-        let (mut ops, mut next_shared) = join(&keys);
+        let (mut ops, mut shared_change) = join(&keys);
         let mut refused = Vec::new();
         if !ops.is_empty()
             && let Err(err) = self.state.kernel.time(|| self.runner.apply_ops(&ops))
@@ -167,12 +167,12 @@ impl<R: NftRunner> Backend for NftProxier<R> {
             }
             let good: Vec<&NamespacedName> =
                 keys.iter().filter(|k| !bad.iter().any(|(b, _)| b == *k)).copied().collect();
-            (ops, next_shared) = join(&good);
+            (ops, shared_change) = join(&good);
             if !ops.is_empty() {
                 self.state.kernel.time(|| self.runner.apply_ops(&ops))?;
             }
         }
-        self.shared = next_shared;
+        self.shared.apply(shared_change);
         let refused_keys: BTreeSet<NamespacedName> = refused.iter().map(|(k, _)| k.clone()).collect();
         let mut services_changed = 0;
         for (key, (ports, objects, _)) in plans {

@@ -36,32 +36,64 @@ pub struct Shared {
     holders: BTreeMap<ElementId, usize>,
 }
 
-impl Shared {
-    /// What a full sync of these Services' objects creates.
-    pub fn of<'a>(services: impl Iterator<Item = &'a Objects>) -> Shared {
-        let mut shared = Shared::default();
-        for objects in services {
-            shared.hold(objects, 1);
-        }
-        shared
-    }
+/// A change of [`Shared`]: how many members each count set and how many holders each shared
+/// element gains (or loses), as [`Shared::partial`] computes it; [`Shared::apply`] it once its ops
+/// are applied. Costs O(the Services changed), whatever the size of the cluster.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct SharedChange {
+    counts: BTreeMap<(IpFamily, Selection, u32), isize>,
+    holders: BTreeMap<ElementId, isize>,
+}
 
-    /// Counts `objects`' shared elements and count-set members (`by` = 1), or forgets them
+impl SharedChange {
+    /// Adds `objects`' count-set members and shared elements (`by` = 1), or takes them away
     /// (`by` = -1).
     fn hold(&mut self, objects: &Objects, by: isize) {
-        fn add<K: Ord>(map: &mut BTreeMap<K, usize>, key: K, by: isize) {
-            let count = map.entry(key).or_default();
-            *count = count.saturating_add_signed(by);
-        }
         for (family, container, key) in objects.elements.keys() {
             match container {
-                Container::Count(selection, n) => add(&mut self.counts, (*family, *selection, *n), by),
-                Container::Hairpin => add(&mut self.holders, (*family, *container, key.clone()), by),
+                Container::Count(selection, n) => *self.counts.entry((*family, *selection, *n)).or_default() += by,
+                Container::Hairpin => *self.holders.entry((*family, *container, key.clone())).or_default() += by,
                 _ => {}
             }
         }
-        self.counts.retain(|_, n| *n > 0);
-        self.holders.retain(|_, n| *n > 0);
+    }
+}
+
+/// `map[key]` after adding `delta` (entries at 0 are absent).
+fn shifted<K: Ord>(map: &BTreeMap<K, usize>, key: &K, delta: isize) -> usize {
+    map.get(key).copied().unwrap_or(0).saturating_add_signed(delta)
+}
+
+/// Adds `delta` to `map[key]`, removing it at 0.
+fn shift<K: Ord>(map: &mut BTreeMap<K, usize>, key: K, delta: isize) {
+    let value = shifted(map, &key, delta);
+    if value == 0 {
+        map.remove(&key);
+    } else {
+        map.insert(key, value);
+    }
+}
+
+impl Shared {
+    /// What a full sync of these Services' objects creates.
+    pub fn of<'a>(services: impl Iterator<Item = &'a Objects>) -> Shared {
+        let mut change = SharedChange::default();
+        for objects in services {
+            change.hold(objects, 1);
+        }
+        let mut shared = Shared::default();
+        shared.apply(change);
+        shared
+    }
+
+    /// Records a change whose ops were applied.
+    pub fn apply(&mut self, change: SharedChange) {
+        for (key, delta) in change.counts {
+            shift(&mut self.counts, key, delta);
+        }
+        for (id, delta) in change.holders {
+            shift(&mut self.holders, id, delta);
+        }
     }
 
     /// The count sets in use.
@@ -70,49 +102,62 @@ impl Shared {
     }
 
     /// The ops a partial sync of `changes` (each Service's applied and new objects) needs beyond
-    /// the Services' own ([`partial_sync`]), and the state once they are applied: count sets
-    /// that come into use or go out of it (the picker chain of their selection rewritten, a
-    /// handful of rules), shared elements gaining their first holder or losing their last.
-    pub fn partial(&self, changes: &[(&Objects, &Objects)]) -> (PartialOps, Shared) {
-        let mut next = self.clone();
+    /// the Services' own ([`partial_sync`]), and the change to record once they are applied:
+    /// count sets that come into use or go out of it (the picker chain of their selection
+    /// rewritten, a handful of rules), shared elements gaining their first holder or losing
+    /// their last.
+    pub fn partial(&self, changes: &[(&Objects, &Objects)]) -> (PartialOps, SharedChange) {
+        let mut change = SharedChange::default();
         for (old, new) in changes {
-            next.hold(old, -1);
-            next.hold(new, 1);
+            change.hold(old, -1);
+            change.hold(new, 1);
         }
         let mut out = PartialOps::default();
-        let before: BTreeSet<_> = self.count_sets().collect();
-        let after: BTreeSet<_> = next.count_sets().collect();
-        let pickers: BTreeSet<(IpFamily, Selection)> =
-            before.symmetric_difference(&after).map(|&(family, selection, _)| (family, selection)).collect();
-        for &(family, selection, n) in after.difference(&before) {
-            out.phases[PartialOps::BUILD].push(Op::AddContainer { family, container: Container::Count(selection, n) });
+        let in_use = |key: &(IpFamily, Selection, u32)| {
+            shifted(&self.counts, key, change.counts.get(key).copied().unwrap_or(0)) > 0
+        };
+        let mut pickers = BTreeSet::new();
+        for key @ &(family, selection, n) in change.counts.keys() {
+            match (self.counts.contains_key(key), in_use(key)) {
+                (false, true) => out.phases[PartialOps::BUILD]
+                    .push(Op::AddContainer { family, container: Container::Count(selection, n) }),
+                (true, false) => out.phases[PartialOps::TEAR_DOWN]
+                    .push(Op::DeleteSet { family, name: Container::Count(selection, n).name() }),
+                _ => continue,
+            }
+            pickers.insert((family, selection));
         }
         for (family, selection) in pickers {
+            let counts: BTreeSet<u32> = self
+                .count_sets()
+                .chain(change.counts.keys().copied())
+                .filter(|key| key.0 == family && key.1 == selection && in_use(key))
+                .map(|(_, _, n)| n)
+                .collect();
             out.phases[PartialOps::BUILD].push(Op::FlushChain { family, name: selection.chain() });
-            for &(_, _, n) in after.iter().filter(|(f, s, _)| *f == family && *s == selection) {
-                out.phases[PartialOps::BUILD]
-                    .push(Op::AddRule { chain: selection.chain(), rule: count_rule(family, selection, n) });
-            }
+            out.phases[PartialOps::BUILD].extend(
+                counts
+                    .into_iter()
+                    .map(|n| Op::AddRule { chain: selection.chain(), rule: count_rule(family, selection, n) }),
+            );
         }
-        for &(family, selection, n) in before.difference(&after) {
-            out.phases[PartialOps::TEAR_DOWN]
-                .push(Op::DeleteSet { family, name: Container::Count(selection, n).name() });
-        }
-        let values: BTreeMap<&ElementId, &ElementValue> =
-            changes.iter().flat_map(|(old, new)| old.elements.iter().chain(&new.elements)).collect();
-        for (id, value) in values {
+        for (id, delta) in &change.holders {
             let (family, container, key) = id;
-            match (self.holders.contains_key(id), next.holders.contains_key(id)) {
+            match (self.holders.contains_key(id), shifted(&self.holders, id, *delta) > 0) {
                 (true, false) => out.phases[PartialOps::UNLINK].push(Op::DeleteElement {
                     family: *family,
                     container: *container,
                     key: key.clone(),
                 }),
-                (false, true) => out.phases[PartialOps::LINK].push(add_element(*family, *container, key, value)),
+                (false, true) => {
+                    let value =
+                        changes.iter().find_map(|(_, new)| new.elements.get(id)).expect("a new holder holds it");
+                    out.phases[PartialOps::LINK].push(add_element(*family, *container, key, value));
+                }
                 _ => {}
             }
         }
-        (out, next)
+        (out, change)
     }
 }
 
@@ -341,13 +386,15 @@ mod tests {
              add element ip roadkeeper service-endpoints { 10.96.0.1 . tcp . 80 . 1 comment \"default/a:http\" : 10.244.0.3 . 8080 }\n"
         );
         // The hairpin pairs are shared: their changes come from `Shared`.
-        let (shared, next) = Shared::of([&old].into_iter()).partial(&[(&old, &new)]);
+        let mut state = Shared::of([&old].into_iter());
+        let (shared, change) = state.partial(&[(&old, &new)]);
         assert_eq!(
             script(&shared.ops()),
             "delete element ip roadkeeper hairpin { 10.244.0.2 . 10.244.0.2 }\n\
              add element ip roadkeeper hairpin { 10.244.0.3 . 10.244.0.3 }\n"
         );
-        assert_eq!(next, Shared::of([&new].into_iter()));
+        state.apply(change);
+        assert_eq!(state, Shared::of([&new].into_iter()));
     }
 
     #[test]
@@ -355,8 +402,9 @@ mod tests {
         let two = plan(port("a", "10.96.0.1", &["10.244.0.1", "10.244.0.2"]));
         let three = plan(port("a", "10.96.0.1", &["10.244.0.1", "10.244.0.2", "10.244.0.3"]));
         let other_three = plan(port("b", "10.96.0.2", &["10.244.0.1", "10.244.0.2", "10.244.0.3"]));
-        let before = Shared::of([&two].into_iter());
-        let (ops, after) = before.partial(&[(&two, &three)]);
+        let mut shared = Shared::of([&two].into_iter());
+        let (ops, change) = shared.partial(&[(&two, &three)]);
+        shared.apply(change);
         let ops = script(&ops.ops());
         assert!(
             ops.starts_with("add set ip roadkeeper service-endpoints-3 { type ipv4_addr . inet_proto . inet_service ;"),
@@ -377,7 +425,7 @@ mod tests {
             "{own}"
         );
         // A second Service with 3 endpoints adds no set, and shares the hairpin pairs.
-        let (ops, _) = after.partial(&[(&Objects::default(), &other_three)]);
+        let (ops, _) = shared.partial(&[(&Objects::default(), &other_three)]);
         assert!(ops.is_empty(), "{}", script(&ops.ops()));
     }
 
