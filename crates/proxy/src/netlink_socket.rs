@@ -94,6 +94,7 @@ impl fmt::Display for SocketError {
 
 /// A `NETLINK_NETFILTER` socket in the calling thread's network namespace, bound to a port id the
 /// kernel picks, talking to the kernel.
+#[derive(Debug)]
 pub(crate) struct NetfilterSocket(OwnedFd);
 
 impl NetfilterSocket {

@@ -126,7 +126,7 @@ async fn open(args: &ProxyArgs, cfg: &ProxyConfig, follow: bool) -> anyhow::Resu
 /// The proxier of the configured backend, programming the kernel.
 pub(crate) fn kernel_proxier(cfg: &ProxyConfig, node: NodeInfo, store: &Store) -> Box<dyn Proxier> {
     let mut proxier: Box<dyn Proxier> = match cfg.mode {
-        ProxyMode::Nftables => Box::new(NftProxier::new(cfg.clone(), node, NftBinary)),
+        ProxyMode::Nftables => Box::new(NftProxier::new(cfg.clone(), node, NftBinary::default())),
         ProxyMode::Iptables => Box::new(IptablesProxier::new(cfg.clone(), node, IptablesBinary::new())),
     };
     proxier.set_service_cidrs(service_cidrs(store));
@@ -158,7 +158,7 @@ pub fn print_rules(args: ProxyArgs) -> anyhow::Result<()> {
 /// `roadkeeper cleanup`: deletes our nftables tables and our iptables chains (both flavours, both
 /// families), and nothing else.
 pub fn cleanup() -> anyhow::Result<()> {
-    NftBinary.apply(&transaction::cleanup()).context("removing nftables tables")?;
+    NftBinary::default().apply(&transaction::cleanup()).context("removing nftables tables")?;
     iptables::cleanup().context("removing iptables chains")?;
     Ok(())
 }

@@ -255,7 +255,9 @@ fn walk_the_tutorial(mode: &str) {
     let scaled = eventually(Duration::from_secs(10), || {
         let lines: usize = rule_lines().trim().parse().unwrap();
         let rules = ruleset();
-        let all = pod_ips().iter().all(|ip| rules.contains(&format!("{ip}:80")));
+        // iptables: `--to-destination IP:80`; nftables: the endpoint map's `... : IP . 80`.
+        let target = |ip: &String| if mode == "iptables" { format!("{ip}:80") } else { format!(": {ip} . 80") };
+        let all = pod_ips().iter().all(|ip| rules.contains(&target(ip)));
         all && if mode == "iptables" { lines == 17 } else { lines > before }
     });
     assert!(scaled, "rule lines for default/hello after scaling to 5: {}\n{}", rule_lines(), ruleset());

@@ -31,9 +31,12 @@ pub trait NftRunner: Send {
     fn healthy(&mut self) -> Result<bool, Error>;
 }
 
-/// The kernel: transactions and listings over netlink; scripts (cleanup) through `nft -f`.
+/// The kernel: transactions and listings over netlink (transactions on one socket kept open);
+/// scripts (cleanup) through `nft -f`.
 #[derive(Debug, Default)]
-pub struct NftBinary;
+pub struct NftBinary {
+    session: super::netlink::Session,
+}
 
 fn nft(args: &[&str], stdin: Option<&str>) -> Result<String, Error> {
     crate::tool::run("nft", args, stdin).map_err(|e| match e {
@@ -52,11 +55,11 @@ impl NftRunner for NftBinary {
     }
 
     fn apply_ops(&mut self, ops: &[Op]) -> Result<(), Error> {
-        Ok(super::netlink::apply(ops)?)
+        Ok(self.session.apply(ops)?)
     }
 
     fn check_ops(&mut self, ops: &[Op]) -> Result<(), Error> {
-        Ok(super::netlink::check(ops)?)
+        Ok(self.session.check(ops)?)
     }
 
     fn existing(&mut self) -> Result<Existing, Error> {

@@ -1176,18 +1176,63 @@ fn open_socket(batch_len: usize) -> Result<NetfilterSocket, NetlinkError> {
     let sock = NetfilterSocket::open().map_err(socket_error)?;
     sock.set_int_opt(libc::SOL_NETLINK, NETLINK_CAP_ACK, 1);
     sock.set_int_opt(libc::SOL_NETLINK, NETLINK_EXT_ACK, 1);
-    // The whole batch must fit one send. *FORCE needs CAP_NET_ADMIN, which
-    // nf_tables requires anyway; fall back to the capped variant.
-    let sndbuf = (batch_len + 64 * 1024).min(i32::MAX as usize) as i32;
-    if !sock.set_int_opt(libc::SOL_SOCKET, libc::SO_SNDBUFFORCE, sndbuf) {
-        sock.set_int_opt(libc::SOL_SOCKET, libc::SO_SNDBUF, sndbuf);
-    }
+    fit_send_buffer(&sock, batch_len);
     // Errors come only for refused messages (at most a few per batch in practice).
     let rcvbuf = 4 * 1024 * 1024;
     if !sock.set_int_opt(libc::SOL_SOCKET, libc::SO_RCVBUFFORCE, rcvbuf) {
         sock.set_int_opt(libc::SOL_SOCKET, libc::SO_RCVBUF, rcvbuf);
     }
     Ok(sock)
+}
+
+/// Makes the whole batch fit one send. *FORCE needs CAP_NET_ADMIN, which nf_tables requires
+/// anyway; falls back to the capped variant.
+fn fit_send_buffer(sock: &NetfilterSocket, batch_len: usize) {
+    let sndbuf = (batch_len + 64 * 1024).min(i32::MAX as usize) as i32;
+    if !sock.set_int_opt(libc::SOL_SOCKET, libc::SO_SNDBUFFORCE, sndbuf) {
+        sock.set_int_opt(libc::SOL_SOCKET, libc::SO_SNDBUF, sndbuf);
+    }
+}
+
+/// A socket kept from one transaction to the next, in the network namespace it was opened in:
+/// closing a netfilter netlink socket waits for an RCU grace period (about 10 ms measured here),
+/// which would otherwise be most of the cost of a small change. Dropped after any failure, so
+/// that a socket in an unknown state is never reused.
+#[derive(Debug, Default)]
+pub struct Session {
+    sock: Option<NetfilterSocket>,
+}
+
+impl Session {
+    /// Applies `ops` as one transaction (see [`apply`]).
+    pub fn apply(&mut self, ops: &[Op]) -> Result<(), NetlinkError> {
+        self.transact(ops, true)
+    }
+
+    /// Checks `ops` without committing them (see [`check`]).
+    pub fn check(&mut self, ops: &[Op]) -> Result<(), NetlinkError> {
+        self.transact(ops, false)
+    }
+
+    fn transact(&mut self, ops: &[Op], commit: bool) -> Result<(), NetlinkError> {
+        if ops.is_empty() {
+            return Ok(());
+        }
+        let (batch, seq_start) = batch(ops, commit);
+        let sock = match self.sock.take() {
+            Some(sock) => {
+                fit_send_buffer(&sock, batch.len());
+                sock
+            }
+            None => open_socket(batch.len())?,
+        };
+        let outcome = exchange(&sock, &batch, seq_start, ops);
+        // Kept unless the exchange itself failed: a refused batch leaves the socket drained.
+        if !matches!(outcome, Err(NetlinkError::Socket { .. } | NetlinkError::AnswersLost { .. })) {
+            self.sock = Some(sock);
+        }
+        outcome
+    }
 }
 
 /// Receives one datagram, waiting at most `timeout_ms`; `None` when nothing came. A datagram
@@ -1201,9 +1246,11 @@ fn socket_error(e: SocketError) -> NetlinkError {
 }
 
 fn transact(ops: &[Op], commit: bool) -> Result<(), NetlinkError> {
-    if ops.is_empty() {
-        return Ok(());
-    }
+    Session::default().transact(ops, commit)
+}
+
+/// The batch of `ops` (ended unless it is a check) and its first sequence number.
+fn batch(ops: &[Op], commit: bool) -> (Vec<u8>, u32) {
     // Any start works on a private socket; a varying one keeps traces of runs apart.
     let seq_start =
         std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_secs() as u32).unwrap_or(1);
@@ -1211,8 +1258,12 @@ fn transact(ops: &[Op], commit: bool) -> Result<(), NetlinkError> {
     if commit {
         batch_marker(&mut b, NFNL_MSG_BATCH_END, seq_start.wrapping_add(1 + ops.len() as u32));
     }
-    let sock = open_socket(b.data.len())?;
-    sock.send(&b.data).map_err(socket_error)?;
+    (b.data, seq_start)
+}
+
+/// Sends a batch and reads every answer to it.
+fn exchange(sock: &NetfilterSocket, batch: &[u8], seq_start: u32, ops: &[Op]) -> Result<(), NetlinkError> {
+    sock.send(batch).map_err(socket_error)?;
 
     // nfnetlink processes the whole batch inside sendmsg(2), so every answer is already queued:
     // an error for each refused op or for the batch as a whole, then the END's ack (recent
@@ -1221,7 +1272,7 @@ fn transact(ops: &[Op], commit: bool) -> Result<(), NetlinkError> {
     let mut buf = vec![0u8; 64 * 1024];
     let mut answers = Vec::new();
     loop {
-        let received = recv(&sock, &mut buf, 0).map_err(|e| match e {
+        let received = recv(sock, &mut buf, 0).map_err(|e| match e {
             NetlinkError::Socket { call: "recv", source } => NetlinkError::AnswersLost { source },
             other => other,
         })?;
@@ -1964,6 +2015,37 @@ mod tests {
     fn layout_round_trip_nodeports_on_all_local_addresses() {
         layout_round_trip(IpFamily::V4, true);
         layout_round_trip(IpFamily::V6, true);
+    }
+
+    /// One socket serves a session's transactions, refused ones included.
+    #[test]
+    fn a_session_keeps_its_socket_across_transactions_and_refusals() {
+        let ns = roadkeeper_netlab::Netns::new("rk-nlses").expect("netns");
+        ns.run(|| {
+            let family = IpFamily::V4;
+            let mut session = Session::default();
+            session.apply(&base_ops(family)).expect("base");
+            let fd = |s: &Session| s.sock.as_ref().map(|sock| format!("{sock:?}"));
+            let first = fd(&session).expect("the socket is kept");
+            let cluster_ip = |ip: &str| Op::AddElement {
+                family,
+                container: Container::ClusterIps,
+                key: ElementKey::Addr(ip.parse().unwrap()),
+                value: None,
+                comment: String::new(),
+            };
+            let refused = session.apply(&[Op::DeleteElement {
+                family,
+                container: Container::ClusterIps,
+                key: ElementKey::Addr("10.96.0.9".parse().unwrap()),
+            }]);
+            assert!(matches!(refused, Err(NetlinkError::Refused { .. })), "{refused:?}");
+            session.check(&[cluster_ip("10.96.0.8")]).expect("check");
+            session.apply(&[cluster_ip("10.96.0.7")]).expect("apply after a refusal");
+            assert_eq!(fd(&session), Some(first));
+            let listing = list_table(family);
+            assert!(listing.contains("10.96.0.7") && !listing.contains("10.96.0.8"), "{listing}");
+        });
     }
 
     #[test]
