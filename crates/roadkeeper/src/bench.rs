@@ -179,11 +179,19 @@ fn write_manifests(dir: &Path, services: usize, endpoints: usize) -> anyhow::Res
 /// Timings of one backend at one size.
 struct Row {
     full: Duration,
-    partial: Duration,
+    partial: Vec<Duration>,
     own: Duration,
+    added: Vec<Duration>,
+    deleted: Vec<Duration>,
 }
 
-/// Full syncs, each into a fresh namespace, then partial syncs of one changed endpoint.
+/// `median / max` of some timings.
+fn median_max(v: &[Duration]) -> String {
+    format!("{} / {}", ms(median(v.to_vec())), ms(v.iter().max().copied().unwrap_or_default()))
+}
+
+/// Full syncs, each into a fresh namespace, then partial syncs of one changed endpoint, of one
+/// new Service and of its deletion.
 fn measure(backend: Backend, services: usize, endpoints: usize, runs: usize) -> anyhow::Result<Row> {
     let cfg = ProxyConfig {
         hostname: "node-0".into(),
@@ -209,14 +217,29 @@ fn measure(backend: Backend, services: usize, endpoints: usize, runs: usize) -> 
     let (ns, mut proxier) = last.expect("runs >= 1");
     let changed = BTreeSet::from([NamespacedName::new("bench", format!("svc-{}", services / 2))]);
     let (mut partial, mut own) = (Vec::new(), Vec::new());
+    let mut sync_one = |store: &Store, changed: &BTreeSet<NamespacedName>| -> anyhow::Result<(Duration, Duration)> {
+        let report = ns.run(|| proxier.sync(store, changed))?;
+        anyhow::ensure!(!report.full && report.services_changed == 1, "expected a partial sync of one Service");
+        Ok((report.duration, report.duration.saturating_sub(report.kernel)))
+    };
     for generation in 1..=runs as u32 {
         let next = store(services, endpoints, Some((services / 2, generation)));
-        let report = ns.run(|| proxier.sync(&next, &changed))?;
-        anyhow::ensure!(!report.full && report.services_changed == 1, "expected a partial sync of one Service");
-        partial.push(report.duration);
-        own.push(report.duration.saturating_sub(report.kernel));
+        let (took, ours) = sync_one(&next, &changed)?;
+        partial.push(took);
+        own.push(ours);
     }
-    Ok(Row { full: median(full), partial: median(partial), own: median(own) })
+    // One more Service, then without it again.
+    let (with_new, without) = (
+        store(services + 1, endpoints, Some((services / 2, runs as u32))),
+        store(services, endpoints, Some((services / 2, runs as u32))),
+    );
+    let new = BTreeSet::from([NamespacedName::new("bench", format!("svc-{services}"))]);
+    let (mut added, mut deleted) = (Vec::new(), Vec::new());
+    for _ in 0..runs {
+        added.push(sync_one(&with_new, &new)?.0);
+        deleted.push(sync_one(&without, &new)?.0);
+    }
+    Ok(Row { full: median(full), partial, own: median(own), added, deleted })
 }
 
 /// Runs the benchmark for every requested backend and size and prints a Markdown table.
@@ -227,9 +250,10 @@ pub fn run(args: BenchArgs) -> anyhow::Result<()> {
         args.runs, args.endpoints
     );
     println!(
-        "| Services | backend | full sync | one endpoint change | of which roadkeeper (rest: kernel) | proxy --once peak RSS |"
+        "| Services | backend | full sync | one endpoint change (median / max) | of which roadkeeper (rest: kernel) | \
+         new Service (median / max) | deleted Service (median / max) | proxy --once peak RSS |"
     );
-    println!("|---|---|---|---|---|---|");
+    println!("|---|---|---|---|---|---|---|---|");
     for services in &args.services {
         let manifests = tempfile::tempdir()?;
         write_manifests(manifests.path(), *services, args.endpoints)?;
@@ -237,11 +261,13 @@ pub fn run(args: BenchArgs) -> anyhow::Result<()> {
             let row = measure(*backend, *services, args.endpoints, args.runs)?;
             let rss = proxy_peak_rss_mib(manifests.path(), *backend)?;
             println!(
-                "| {services} | {} | {} | {} | {} | {rss:.0} MiB |",
+                "| {services} | {} | {} | {} | {} | {} | {} | {rss:.0} MiB |",
                 backend.name(),
                 ms(row.full),
-                ms(row.partial),
-                us(row.own)
+                median_max(&row.partial),
+                us(row.own),
+                median_max(&row.added),
+                median_max(&row.deleted),
             );
         }
     }

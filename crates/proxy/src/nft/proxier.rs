@@ -1,6 +1,9 @@
-//! The nftables proxier: keeps what it last applied per Service, plans changed Services, and
-//! applies full or partial syncs as transactions. A transaction the kernel refuses is narrowed
-//! down to the offending Services, which keep their last good rules.
+//! The nftables proxier: plans changed Services, and applies full or partial syncs as
+//! transactions. What is in the kernel for a Service is planned again from its service ports in
+//! the service table (the ports last applied), rather than kept: the objects are a pure function
+//! of them, and keeping them cost more memory than anything else at 50,000 Services. A
+//! transaction the kernel refuses is narrowed down to the offending Services, which keep their
+//! last good rules.
 
 use std::collections::{BTreeMap, BTreeSet};
 
@@ -20,8 +23,6 @@ pub struct NftProxier<R: NftRunner> {
     cfg: ProxyConfig,
     state: SyncState,
     runner: R,
-    /// Objects in the kernel, per Service.
-    applied: BTreeMap<NamespacedName, Objects>,
     /// What the Services share in the kernel (count sets, shared elements).
     shared: Shared,
 }
@@ -29,12 +30,17 @@ pub struct NftProxier<R: NftRunner> {
 impl<R: NftRunner> NftProxier<R> {
     /// A proxier that will start with a full sync.
     pub fn new(cfg: ProxyConfig, node: NodeInfo, runner: R) -> Self {
-        NftProxier { cfg, state: SyncState::new(node), runner, applied: BTreeMap::new(), shared: Shared::default() }
+        NftProxier { cfg, state: SyncState::new(node), runner, shared: Shared::default() }
     }
 
     /// The runner (for health checks of the kernel state).
     pub fn runner(&mut self) -> &mut R {
         &mut self.runner
+    }
+
+    /// The objects in the kernel for Service `key`: those of its last applied ports.
+    fn applied(&self, key: &NamespacedName) -> Objects {
+        objects(&self.cfg, &self.state.node, self.state.table.get(key).map_or(&[][..], Vec::as_slice))
     }
 
     /// Plans the Services `keys` and those whose frontends changed owner because of them: their
@@ -96,23 +102,20 @@ impl<R: NftRunner> Backend for NftProxier<R> {
             }
             for (key, why) in bad {
                 tracing::error!(service = %key, error = %why, "kernel refused the rules of this Service; keeping its last good rules");
-                // Keep the last good objects of a refused Service, if it had any.
-                let last_good = self.applied.get(&key).cloned().unwrap_or_default();
-                planned.insert(key.clone(), (Vec::new(), last_good));
+                // Keep the last good ports and objects of a refused Service, if it had any.
+                let last_good = self.state.table.get(&key).cloned().unwrap_or_default();
+                let objects = self.applied(&key);
+                planned.insert(key.clone(), (last_good, objects));
                 refused.push((key, why.to_string()));
             }
             ops = ops_for(&planned, None);
             self.state.kernel.time(|| self.runner.apply_ops(&ops))?;
         }
         self.state.needs_full = false;
-        self.applied.clear();
         self.state.table.clear();
         self.shared = Shared::of(planned.values().map(|(_, objects)| objects));
         let changed = planned.len();
-        for (key, (ports, objects)) in planned {
-            if !objects.is_empty() {
-                self.applied.insert(key.clone(), objects);
-            }
+        for (key, (ports, _)) in planned {
             self.state.set_table(&key, ports);
         }
         Ok(SyncReport { full: true, services_changed: changed, ops: ops.len(), refused, ..SyncReport::default() })
@@ -120,28 +123,25 @@ impl<R: NftRunner> Backend for NftProxier<R> {
 
     /// Applies only the differences of the `changed` Services, as one transaction of ops.
     fn partial_sync(&mut self, store: &Store, changed: &BTreeSet<NamespacedName>) -> Result<SyncReport, Error> {
-        let mut plans: BTreeMap<NamespacedName, (Vec<ServicePort>, Objects, PartialOps)> = BTreeMap::new();
+        // Each changed Service: its new ports and objects, its old objects, the ops between them.
+        let mut plans: BTreeMap<NamespacedName, (Vec<ServicePort>, Objects, Objects, PartialOps)> = BTreeMap::new();
         for (key, (ports, objects)) in self.plan(changed, store) {
-            let empty = Objects::default();
-            let old = self.applied.get(&key).unwrap_or(&empty);
-            let ops = transaction::partial_sync(old, &objects);
-            // (Shared elements are not in `ops`: compare the objects.)
-            if *old == objects {
+            let old = self.applied(&key);
+            // (Shared elements are not in the ops: compare the objects.)
+            if old == objects {
                 self.state.set_table(&key, ports);
                 continue;
             }
-            plans.insert(key, (ports, objects, ops));
+            let ops = transaction::partial_sync(&old, &objects);
+            plans.insert(key, (ports, objects, old, ops));
         }
-        let empty = Objects::default();
-        let applied = &self.applied;
         let shared = &self.shared;
         // The ops of some of the planned Services, with what they share, and the change of the
         // shared state they make.
         let join = |keys: &[&NamespacedName]| {
-            let changes: Vec<(&Objects, &Objects)> =
-                keys.iter().map(|k| (applied.get(*k).unwrap_or(&empty), &plans[*k].1)).collect();
+            let changes: Vec<(&Objects, &Objects)> = keys.iter().map(|k| (&plans[*k].2, &plans[*k].1)).collect();
             let (extra, next) = shared.partial(&changes);
-            (transaction::join_partial(std::iter::once(&extra).chain(keys.iter().map(|k| &plans[*k].2))), next)
+            (transaction::join_partial(std::iter::once(&extra).chain(keys.iter().map(|k| &plans[*k].3))), next)
         };
         let keys: Vec<&NamespacedName> = plans.keys().collect();
         let (mut ops, mut shared_change) = join(&keys);
@@ -175,16 +175,11 @@ impl<R: NftRunner> Backend for NftProxier<R> {
         self.shared.apply(shared_change);
         let refused_keys: BTreeSet<NamespacedName> = refused.iter().map(|(k, _)| k.clone()).collect();
         let mut services_changed = 0;
-        for (key, (ports, objects, _)) in plans {
+        for (key, (ports, ..)) in plans {
             if refused_keys.contains(&key) {
                 continue;
             }
             services_changed += 1;
-            if objects.is_empty() {
-                self.applied.remove(&key)
-            } else {
-                self.applied.insert(key.clone(), objects)
-            };
             self.state.set_table(&key, ports);
         }
         Ok(SyncReport { full: false, services_changed, ops: ops.len(), refused, ..SyncReport::default() })
@@ -339,7 +334,8 @@ mod tests {
         let after = Store::from_objects(service("good", 1, 2, 1).into_iter().chain(service("bad", 2, 2, 1)));
         let mut p = proxier(Refuser::default());
         p.sync(&before, &BTreeSet::new()).unwrap();
-        let bad_before = p.applied[&NamespacedName::new("default", "bad")].clone();
+        let bad = NamespacedName::new("default", "bad");
+        let bad_before = p.applied(&bad);
         p.runner().poison = Some("default/bad".into());
         let both = changed("good").into_iter().chain(changed("bad")).collect();
         let report = p.sync(&after, &both).unwrap();
@@ -349,12 +345,12 @@ mod tests {
         assert_eq!(report.services_changed, 1);
         let last = p.runner().applied.last().unwrap().clone();
         assert!(last.contains("default/good") && !last.contains("default/bad"), "{last}");
-        assert_eq!(p.applied[&NamespacedName::new("default", "bad")], bad_before, "last good objects are kept");
+        assert_eq!(p.applied(&bad), bad_before, "last good objects are kept");
         // Once the kernel accepts it again, the next sync retries `bad` without being asked.
         assert!(p.has_refused());
         p.runner().poison = None;
         let report = p.sync(&after, &BTreeSet::new()).unwrap();
         assert_eq!(report.services_changed, 1);
-        assert_ne!(p.applied[&NamespacedName::new("default", "bad")], bad_before);
+        assert_ne!(p.applied(&bad), bad_before);
     }
 }
