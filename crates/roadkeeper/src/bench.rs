@@ -183,6 +183,73 @@ struct Row {
     own: Duration,
     added: Vec<Duration>,
     deleted: Vec<Duration>,
+    connect: Connects,
+}
+
+/// New connections to a ClusterIP through the rules: connect latency and rate.
+struct Connects {
+    median: Duration,
+    p99: Duration,
+    per_second: f64,
+}
+
+/// How many connections [`connect_through_rules`] opens.
+const CONNECTIONS: usize = 4000;
+
+/// Opens [`CONNECTIONS`] TCP connections, one after the other, from the proxier's namespace to
+/// the ClusterIP of Service 0 (nat output, then DNAT through the rules to one of its
+/// `endpoints`, made addresses of the namespace's loopback with a listener on their port), each
+/// closed with a reset so that no TIME_WAIT piles up.
+fn connect_through_rules(ns: &Netns, endpoints: &[Ipv4Addr]) -> anyhow::Result<Connects> {
+    // A route to the ClusterIPs (an interface with the node's address: one end of a veth pair,
+    // this kernel having no dummy interfaces), as a node has one.
+    ns.exec(["ip", "link", "set", "lo", "up"])?;
+    ns.exec(["ip", "link", "add", "node0", "type", "veth", "peer", "name", "node0-peer"])?;
+    ns.exec(["ip", "link", "set", "node0-peer", "up"])?;
+    ns.exec(["ip", "link", "set", "node0", "up"])?;
+    ns.exec(["ip", "addr", "add", "192.168.0.2/24", "dev", "node0"])?;
+    ns.exec(["ip", "route", "add", "10.96.0.0/12", "dev", "node0"])?;
+    for ip in endpoints {
+        ns.exec(["ip", "addr", "add", &format!("{ip}/32"), "dev", "lo"])?;
+    }
+    // The client: an address of the pod CIDR, so that it is not masqueraded (a masqueraded
+    // connection from this host to itself would get a loopback source the kernel drops).
+    let client = Ipv4Addr::new(10, 255, 255, 254);
+    ns.exec(["ip", "addr", "add", &format!("{client}/32"), "dev", "lo"])?;
+    let cluster_ip = std::net::SocketAddr::from((Ipv4Addr::new(10, 96, 0, 1), 80));
+    ns.run(|| -> anyhow::Result<Connects> {
+        let listener = std::net::TcpListener::bind("0.0.0.0:8080")?;
+        listener.set_nonblocking(true)?;
+        let done = std::sync::atomic::AtomicBool::new(false);
+        std::thread::scope(|scope| {
+            scope.spawn(|| {
+                while !done.load(std::sync::atomic::Ordering::Relaxed) {
+                    if listener.accept().is_err() {
+                        std::thread::sleep(Duration::from_micros(50));
+                    }
+                }
+            });
+            let result = (|| {
+                let mut took = Vec::with_capacity(CONNECTIONS);
+                let start = Instant::now();
+                for _ in 0..CONNECTIONS {
+                    let socket = socket2::Socket::new(socket2::Domain::IPV4, socket2::Type::STREAM, None)?;
+                    socket.bind(&std::net::SocketAddr::from((client, 0)).into())?;
+                    socket.set_linger(Some(Duration::ZERO))?;
+                    let before = Instant::now();
+                    socket
+                        .connect_timeout(&cluster_ip.into(), Duration::from_secs(2))
+                        .context("connecting to the ClusterIP through the rules")?;
+                    took.push(before.elapsed());
+                }
+                let per_second = CONNECTIONS as f64 / start.elapsed().as_secs_f64();
+                took.sort();
+                Ok(Connects { median: took[took.len() / 2], p99: took[took.len() * 99 / 100], per_second })
+            })();
+            done.store(true, std::sync::atomic::Ordering::Relaxed);
+            result
+        })
+    })
 }
 
 /// `median / max` of some timings.
@@ -239,7 +306,15 @@ fn measure(backend: Backend, services: usize, endpoints: usize, runs: usize) -> 
         added.push(sync_one(&with_new, &new)?.0);
         deleted.push(sync_one(&without, &new)?.0);
     }
-    Ok(Row { full: median(full), partial, own: median(own), added, deleted })
+    // Service 0's endpoints as they are now (it is the changed one when there is one Service).
+    let generation = if services / 2 == 0 { runs as u32 } else { 0 };
+    let targets: Vec<Ipv4Addr> = slice(0, endpoints, generation)
+        .endpoints
+        .iter()
+        .flat_map(|e| e.addresses.iter().filter_map(|a| a.parse().ok()))
+        .collect();
+    let connect = connect_through_rules(&ns, &targets)?;
+    Ok(Row { full: median(full), partial, own: median(own), added, deleted, connect })
 }
 
 /// Runs the benchmark for every requested backend and size and prints a Markdown table.
@@ -251,23 +326,28 @@ pub fn run(args: BenchArgs) -> anyhow::Result<()> {
     );
     println!(
         "| Services | backend | full sync | one endpoint change (median / max) | of which roadkeeper (rest: kernel) | \
-         new Service (median / max) | deleted Service (median / max) | proxy --once peak RSS |"
+         new Service (median / max) | deleted Service (median / max) | new connection to a ClusterIP \
+         (median / p99, rate) | proxy --once peak RSS |"
     );
-    println!("|---|---|---|---|---|---|---|---|");
+    println!("|---|---|---|---|---|---|---|---|---|");
     for services in &args.services {
         let manifests = tempfile::tempdir()?;
         write_manifests(manifests.path(), *services, args.endpoints)?;
         for backend in &backends {
             let row = measure(*backend, *services, args.endpoints, args.runs)?;
             let rss = proxy_peak_rss_mib(manifests.path(), *backend)?;
+            let connect = &row.connect;
             println!(
-                "| {services} | {} | {} | {} | {} | {} | {} | {rss:.0} MiB |",
+                "| {services} | {} | {} | {} | {} | {} | {} | {} / {}, {:.0}/s | {rss:.0} MiB |",
                 backend.name(),
                 ms(row.full),
                 median_max(&row.partial),
                 us(row.own),
                 median_max(&row.added),
                 median_max(&row.deleted),
+                us(connect.median),
+                us(connect.p99),
+                connect.per_second,
             );
         }
     }
