@@ -14,6 +14,7 @@ per_backend!(
     a_deleted_service_stops_answering,
     a_table_deleted_by_someone_else_is_restored,
     sigterm_stops_the_proxy_cleanly_and_leaves_the_rules_in_place,
+    a_node_crossing_a_thousand_endpoints_keeps_following_its_pods,
 );
 
 /// Service number of `web`: ClusterIPs 10.96.0.40 / fd00:96::40.
@@ -101,4 +102,47 @@ fn sigterm_stops_the_proxy_cleanly_and_leaves_the_rules_in_place(backend: Backen
     let status = c.proxy().terminate(std::time::Duration::from_secs(5)).expect("proxy stops on SIGTERM");
     assert!(status.success(), "exit status {status:?}; log:\n{}", c.proxy_log());
     assert!(serves(&c, &["web-a", "web-b"]), "the rules outlive the proxy");
+}
+
+/// 120 selector-less IPv4 Services of 10 endpoints each (ClusterIPs 10.96.1.0-10.96.1.119,
+/// endpoints that do not exist): 1,200 endpoints, past iptables' large cluster mode threshold.
+fn filler() -> String {
+    let mut out = String::new();
+    for i in 0..120 {
+        out.push_str(&format!(
+            "---\napiVersion: v1\nkind: Service\nmetadata: {{name: filler-{i}, namespace: default}}\n\
+             spec: {{clusterIP: 10.96.1.{i}, ports: [{{port: 80}}]}}\n\
+             ---\napiVersion: discovery.k8s.io/v1\nkind: EndpointSlice\n\
+             metadata: {{name: filler-{i}-1, namespace: default, labels: {{kubernetes.io/service-name: filler-{i}}}}}\n\
+             addressType: IPv4\nports: [{{port: 8080}}]\nendpoints:\n"
+        ));
+        for e in 1..=10 {
+            out.push_str(&format!("- {{addresses: [10.250.{i}.{e}]}}\n"));
+        }
+    }
+    out
+}
+
+/// Crossing 1,000 endpoints (iptables: large cluster mode, a full sync without the per-Service
+/// chains' comments) and coming back, while pods come and go.
+fn a_node_crossing_a_thousand_endpoints_keeps_following_its_pods(backend: Backend) {
+    let mut c = watched_web("rk-wlarge", backend);
+    c.write("filler.yaml", &filler());
+    c.add_pod("web-c", "app: web", NODE);
+    settles_on(&c, &["web-a", "web-b", "web-c"]);
+    if backend.mode() == "iptables" {
+        let nat = c.node_output(&["iptables-save", "-t", "nat"]);
+        let seps: Vec<&str> = nat.lines().filter(|l| l.starts_with("-A KUBE-SEP-")).collect();
+        assert!(seps.len() > 2000 && seps.iter().all(|l| !l.contains("comment")), "{nat}");
+    }
+    c.remove("pod-web-b.yaml");
+    settles_on(&c, &["web-a", "web-c"]);
+    c.remove("filler.yaml");
+    c.remove("pod-web-c.yaml");
+    settles_on(&c, &["web-a"]);
+    if backend.mode() == "iptables" {
+        let nat = c.node_output(&["iptables-save", "-t", "nat"]);
+        let seps: Vec<&str> = nat.lines().filter(|l| l.starts_with("-A KUBE-SEP-")).collect();
+        assert!(!seps.is_empty() && seps.iter().all(|l| l.contains("--comment \"default/web")), "{nat}");
+    }
 }

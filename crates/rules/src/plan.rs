@@ -13,7 +13,7 @@ use roadkeeper_cluster::{NamespacedName, Store};
 
 use crate::claims::{Claimant, Conflict, FrontendClaims, frontends_of};
 use crate::config::{ProxyConfig, ProxyMode};
-use crate::iptables::plan::{PlanContext, jumps};
+use crate::iptables::plan::{PlanContext, endpoint_count, jumps};
 use crate::iptables::sync::{self as iptables_sync, ServicePlan};
 use crate::nft::layout::Layout;
 use crate::nft::node as nft_node;
@@ -128,8 +128,9 @@ impl NodePlan {
     /// whatever `cfg.mode` says (its NodePort-address defaults apply), as the iptables proxier does.
     pub fn iptables(&self) -> IptablesPlan {
         let cfg = ProxyConfig { mode: ProxyMode::Iptables, ..self.cfg.clone() };
+        let endpoints = self.ports.ports.values().map(|ports| endpoint_count(ports)).sum();
         let [v4, v6] = [IpFamily::V4, IpFamily::V6]
-            .map(|family| iptables_sync::context(&cfg, &self.node, &self.service_cidrs, family));
+            .map(|family| iptables_sync::context(&cfg, &self.node, &self.service_cidrs, family, endpoints));
         let services = self
             .ports
             .ports

@@ -12,7 +12,9 @@ use super::restore::IptablesRunner;
 use crate::Error;
 use crate::proxier::{Backend, Stopwatch, SyncReport, SyncState, bisect};
 use roadkeeper_rules::config::{ProxyConfig, ProxyMode};
-use roadkeeper_rules::iptables::plan::{FamilyPlan, Jump, PlanContext, RestoreInput, jumps, restore_input};
+use roadkeeper_rules::iptables::plan::{
+    FamilyPlan, Jump, PlanContext, RestoreInput, endpoint_count, is_large_cluster, jumps, restore_input,
+};
 use roadkeeper_rules::iptables::sync::{self, ServicePlan, context};
 use roadkeeper_rules::table::{IpFamily, NodeInfo, ServicePort};
 
@@ -23,6 +25,8 @@ pub struct IptablesProxier<R: IptablesRunner> {
     runner: R,
     /// Rules in the kernel, per Service.
     applied: BTreeMap<NamespacedName, ServicePlan>,
+    /// The endpoints of the service table ([`endpoint_count`]): they decide large cluster mode.
+    endpoints: usize,
 }
 
 /// Plans keyed by Service, with the Services to consider for one restore.
@@ -33,7 +37,7 @@ impl<R: IptablesRunner> IptablesProxier<R> {
     /// NodePort-address defaults apply).
     pub fn new(mut cfg: ProxyConfig, node: NodeInfo, runner: R) -> Self {
         cfg.mode = ProxyMode::Iptables;
-        IptablesProxier { cfg, state: SyncState::new(node), runner, applied: BTreeMap::new() }
+        IptablesProxier { cfg, state: SyncState::new(node), runner, applied: BTreeMap::new(), endpoints: 0 }
     }
 
     /// The runner.
@@ -41,16 +45,19 @@ impl<R: IptablesRunner> IptablesProxier<R> {
         &mut self.runner
     }
 
-    /// The planning context of one family.
-    pub fn context(&self, family: IpFamily) -> PlanContext {
-        context(&self.cfg, &self.state.node, &self.state.service_cidrs, family)
+    /// The planning context of one family, for a service table of `endpoints` endpoints.
+    fn context_for(&self, family: IpFamily, endpoints: usize) -> PlanContext {
+        context(&self.cfg, &self.state.node, &self.state.service_cidrs, family, endpoints)
     }
 
-    /// Plans the Services `keys` and those whose frontends changed owner because of them;
-    /// absent or skipped Services plan to nothing.
-    fn plan<'a>(&mut self, keys: impl IntoIterator<Item = &'a NamespacedName>, store: &Store) -> Plans {
-        let ports = self.state.plan_ports(keys, store, &self.cfg);
-        let (v4, v6) = (self.context(IpFamily::V4), self.context(IpFamily::V6));
+    /// The planning context of one family.
+    pub fn context(&self, family: IpFamily) -> PlanContext {
+        self.context_for(family, self.endpoints)
+    }
+
+    /// Plans the service ports `ports` for a service table of `endpoints` endpoints.
+    fn plan(&self, ports: BTreeMap<NamespacedName, Vec<ServicePort>>, endpoints: usize) -> Plans {
+        let (v4, v6) = (self.context_for(IpFamily::V4, endpoints), self.context_for(IpFamily::V6, endpoints));
         ports
             .into_iter()
             .map(|(key, ports)| {
@@ -58,6 +65,13 @@ impl<R: IptablesRunner> IptablesProxier<R> {
                 (key, (ports, plan))
             })
             .collect()
+    }
+
+    /// Records one Service's ports in the service table, keeping the endpoint count.
+    fn set_table(&mut self, key: &NamespacedName, ports: Vec<ServicePort>) {
+        let old = self.state.table.get(key).map_or(0, |old| endpoint_count(old));
+        self.endpoints = self.endpoints - old + endpoint_count(&ports);
+        self.state.set_table(key, ports);
     }
 }
 
@@ -77,8 +91,10 @@ fn full_inputs(
 }
 
 /// One family's restore input of a partial sync applying the `candidates` in `subset` on top of
-/// `base` (what the kernel holds): every Service's shared rules, the subset's own chains, and the
-/// chains the subset no longer uses deleted.
+/// `base` (what the kernel holds): the chains of the subset's Services whose rules in this family
+/// changed, the chains they no longer use deleted, and the top-level chains of a table (every
+/// Service's shared rules) only when some of those Services' shared rules changed. Empty when the
+/// family has nothing to change.
 fn partial_input(
     ctx: &PlanContext,
     base: &BTreeMap<NamespacedName, ServicePlan>,
@@ -86,20 +102,41 @@ fn partial_input(
     subset: &[NamespacedName],
 ) -> String {
     let family = ctx.family;
-    let mut state: BTreeMap<&NamespacedName, &ServicePlan> = base.iter().collect();
-    for key in subset {
-        state.insert(key, &candidates[key].1);
-    }
-    let services: Vec<&FamilyPlan> = state.values().map(|p| p.family(family)).collect();
-    let written: Vec<&FamilyPlan> = subset.iter().map(|k| candidates[k].1.family(family)).collect();
+    let empty = FamilyPlan::default();
+    let mut written = Vec::new();
     let mut deleted = BTreeSet::new();
+    let (mut filter_unchanged, mut nat_top_level_unchanged) = (true, true);
     for key in subset {
         let new = candidates[key].1.family(family);
-        if let Some(old) = base.get(key) {
-            deleted.extend(old.family(family).chains.keys().filter(|c| !new.chains.contains_key(*c)).cloned());
+        let old = base.get(key).map_or(&empty, |old| old.family(family));
+        if old == new {
+            continue;
         }
+        written.push(new);
+        deleted.extend(old.chains.keys().filter(|c| !new.chains.contains_key(*c)).cloned());
+        filter_unchanged &= old.filter_shared == new.filter_shared;
+        nat_top_level_unchanged &= old.nat_shared == new.nat_shared;
     }
-    let input = RestoreInput { services, written, deleted, canary: false, jumps: Vec::new() };
+    if written.is_empty() {
+        return String::new();
+    }
+    // Every Service's plan, for the top-level chains (O(Services): only when they change).
+    let mut services = Vec::new();
+    if !(filter_unchanged && nat_top_level_unchanged) {
+        let mut state: BTreeMap<&NamespacedName, &ServicePlan> = base.iter().collect();
+        for key in subset {
+            state.insert(key, &candidates[key].1);
+        }
+        services = state.values().map(|p| p.family(family)).collect();
+    }
+    let input = RestoreInput {
+        services,
+        written,
+        deleted,
+        filter_unchanged,
+        nat_top_level_unchanged,
+        ..RestoreInput::default()
+    };
     restore_input(ctx, &input)
 }
 
@@ -109,7 +146,7 @@ fn apply_all<R: IptablesRunner>(
     kernel: &mut Stopwatch,
     inputs: &[(IpFamily, String)],
 ) -> Result<(), Error> {
-    for (family, input) in inputs {
+    for (family, input) in inputs.iter().filter(|(_, input)| !input.is_empty()) {
         kernel.time(|| runner.restore(*family, input))?;
     }
     Ok(())
@@ -148,7 +185,11 @@ impl<R: IptablesRunner> Backend for IptablesProxier<R> {
     fn full_sync(&mut self, store: &Store) -> Result<SyncReport, Error> {
         self.state.claims.clear();
         let keys: Vec<NamespacedName> = store.services().map(|(k, _)| k.clone()).collect();
-        let mut planned = self.plan(&keys, store);
+        let ports = self.state.plan_ports(&keys, store, &self.cfg);
+        let endpoints = ports.values().map(|ports| endpoint_count(ports)).sum();
+        let mut planned = self.plan(ports, endpoints);
+        self.state.table.clear();
+        self.endpoints = 0;
         let families = self.runner.families();
         let contexts: Vec<PlanContext> = families.iter().map(|f| self.context(*f)).collect();
         if self.context(IpFamily::V4).localhost_nodeports_active()
@@ -166,7 +207,12 @@ impl<R: IptablesRunner> Backend for IptablesProxier<R> {
             let wanted = jumps(ctx);
             missing.insert(ctx.family, self.state.kernel.time(|| self.runner.missing_jumps(ctx.family, &wanted))?);
         }
-        let mut inputs = full_inputs(&contexts, &planned, None, &existing, &missing);
+        let mut inputs = if self.runner.splits_full_syncs() {
+            let services: Vec<&ServicePlan> = planned.values().map(|(_, p)| p).collect();
+            sync::split_full_inputs(&contexts, &services, &existing, &missing)
+        } else {
+            full_inputs(&contexts, &planned, None, &existing, &missing)
+        };
         if let Err(err) = apply_all(&mut self.runner, &mut self.state.kernel, &inputs) {
             if !err.is_refusal() {
                 return Err(err);
@@ -198,7 +244,6 @@ impl<R: IptablesRunner> Backend for IptablesProxier<R> {
         }
         self.state.needs_full = false;
         self.applied.clear();
-        self.state.table.clear();
         let changed = planned.len();
         let refused_keys: BTreeSet<&NamespacedName> = refused.iter().map(|(k, _)| k).collect();
         for (key, (ports, plan)) in planned {
@@ -206,7 +251,7 @@ impl<R: IptablesRunner> Backend for IptablesProxier<R> {
                 self.applied.insert(key.clone(), plan);
             }
             if !refused_keys.contains(&key) {
-                self.state.set_table(&key, ports);
+                self.set_table(&key, ports);
             }
         }
         let ops = inputs.iter().map(|(_, i)| i.lines().count()).sum();
@@ -215,12 +260,22 @@ impl<R: IptablesRunner> Backend for IptablesProxier<R> {
 
     /// Rewrites the top-level chains and the chains of the `changed` Services whose rules differ
     /// from what is applied.
+    /// A change that moves the service table across the large-cluster threshold is a full sync.
     fn partial_sync(&mut self, store: &Store, changed: &BTreeSet<NamespacedName>) -> Result<SyncReport, Error> {
+        let ports = self.state.plan_ports(changed, store, &self.cfg);
+        let mut endpoints = self.endpoints;
+        for (key, ports) in &ports {
+            endpoints =
+                endpoints - self.state.table.get(key).map_or(0, |old| endpoint_count(old)) + endpoint_count(ports);
+        }
+        if is_large_cluster(endpoints) != is_large_cluster(self.endpoints) {
+            return self.full_sync(store);
+        }
         let mut candidates: Plans = BTreeMap::new();
-        for (key, (ports, plan)) in self.plan(changed, store) {
+        for (key, (ports, plan)) in self.plan(ports, self.endpoints) {
             let empty = ServicePlan::default();
             if self.applied.get(&key).unwrap_or(&empty) == &plan {
-                self.state.set_table(&key, ports);
+                self.set_table(&key, ports);
                 continue;
             }
             candidates.insert(key, (ports, plan));
@@ -237,7 +292,7 @@ impl<R: IptablesRunner> Backend for IptablesProxier<R> {
         let mut refused = Vec::new();
         // Families are restored one after the other: the ones before a failure hold all candidates.
         let mut failed = None;
-        for (i, (family, input)) in inputs.iter().enumerate() {
+        for (i, (family, input)) in inputs.iter().enumerate().filter(|(_, (_, input))| !input.is_empty()) {
             if let Err(err) = self.state.kernel.time(|| self.runner.restore(*family, input)) {
                 failed = Some((i, err));
                 break;
@@ -262,7 +317,9 @@ impl<R: IptablesRunner> Backend for IptablesProxier<R> {
                 refused = bisect_errors(&keys, &mut |subset| {
                     for (ctx, base) in contexts.iter().zip(&bases) {
                         let input = partial_input(ctx, base, &candidates, subset);
-                        kernel.time(|| runner.check(ctx.family, &input))?;
+                        if !input.is_empty() {
+                            kernel.time(|| runner.check(ctx.family, &input))?;
+                        }
                     }
                     Ok(())
                 });
@@ -270,7 +327,9 @@ impl<R: IptablesRunner> Backend for IptablesProxier<R> {
             let mut apply_subset = |subset: &[NamespacedName]| -> Result<(), Error> {
                 for (ctx, base) in contexts.iter().zip(bases.iter_mut()) {
                     let input = partial_input(ctx, base, &candidates, subset);
-                    kernel.time(|| runner.restore(ctx.family, &input))?;
+                    if !input.is_empty() {
+                        kernel.time(|| runner.restore(ctx.family, &input))?;
+                    }
                     for key in subset {
                         base.insert(key.clone(), candidates[key].1.clone());
                     }
@@ -303,7 +362,7 @@ impl<R: IptablesRunner> Backend for IptablesProxier<R> {
             } else {
                 self.applied.insert(key.clone(), plan)
             };
-            self.state.set_table(&key, ports);
+            self.set_table(&key, ports);
         }
         Ok(SyncReport { full: false, services_changed, ops, refused, ..SyncReport::default() })
     }
@@ -361,11 +420,8 @@ mod tests {
                 .filter(|l| l.starts_with("-A KUBE-SEP-") || l.starts_with("-A KUBE-SVC-"))
                 .all(|l| l.contains("default/svc-1"))
         );
-        // Every Service keeps its KUBE-SERVICES rule.
-        assert_eq!(
-            partial.lines().filter(|l| l.starts_with("-A KUBE-SERVICES") && l.contains("cluster IP")).count(),
-            20
-        );
+        // An endpoint change leaves the top-level chains and the filter table as they are.
+        assert!(!partial.contains("KUBE-SERVICES") && !partial.contains("*filter"), "{partial}");
 
         // Nothing changed: no restore at all.
         let before = p.runner().inputs.len();
@@ -378,6 +434,65 @@ mod tests {
         let partial = v4_inputs(&mut p).pop().unwrap();
         assert_eq!(partial.lines().filter(|l| l.starts_with("-X ")).count(), 4, "{partial}");
         assert!(!partial.contains("default/svc-20"));
+        // ... and its KUBE-SERVICES rule goes: the top-level chains are rewritten with every
+        // other Service's rules, and so is the filter table.
+        let cluster_ips = partial.lines().filter(|l| l.starts_with("-A KUBE-SERVICES") && l.contains("cluster IP"));
+        assert_eq!(cluster_ips.count(), 19, "{partial}");
+        assert!(partial.contains("*filter\n"), "{partial}");
+    }
+
+    /// 200 Services of `eps` endpoints, svc-1 with `first` endpoints.
+    fn endpoints_cluster(first: u8, eps: u8) -> Store {
+        let objects = (1..=200u8).flat_map(|n| {
+            crate::proxier::testing::service(&format!("svc-{n}"), n, if n == 1 { first } else { eps }, 0)
+        });
+        Store::from_objects(objects)
+    }
+
+    #[test]
+    fn crossing_a_thousand_endpoints_switches_large_cluster_mode_with_a_full_sync() {
+        let mut p = proxier();
+        p.sync(&endpoints_cluster(5, 5), &BTreeSet::new()).unwrap();
+        let full = v4_inputs(&mut p).pop().unwrap();
+        assert!(full.lines().filter(|l| l.starts_with("-A KUBE-SEP-")).all(|l| l.contains("--comment")));
+        let svc1 = BTreeSet::from([NamespacedName::new("default", "svc-1")]);
+        // 1,001 endpoints: every Service's chains lose their comments.
+        let report = p.sync(&endpoints_cluster(6, 5), &svc1).unwrap();
+        assert!(report.full, "{report:?}");
+        let full = v4_inputs(&mut p).pop().unwrap();
+        let sep_rules: Vec<&str> = full.lines().filter(|l| l.starts_with("-A KUBE-SEP-")).collect();
+        assert_eq!(sep_rules.len(), 2 * 1001);
+        assert!(sep_rules.iter().all(|l| !l.contains("comment")), "{full}");
+        let nat = full.split("*nat\n").nth(1).unwrap();
+        let cluster_ips: Vec<&str> = nat.lines().filter(|l| l.starts_with("-A KUBE-SERVICES -d 10.96")).collect();
+        assert!(cluster_ips.len() == 200 && cluster_ips.iter().all(|l| l.contains("cluster IP")), "{nat}");
+        // Staying above: partial syncs, still without comments.
+        let report = p.sync(&endpoints_cluster(7, 5), &svc1).unwrap();
+        assert!(!report.full);
+        let partial = v4_inputs(&mut p).pop().unwrap();
+        let commented = partial.lines().filter(|l| l.contains("comment"));
+        assert!(commented.clone().count() == 1 && commented.clone().all(|l| l.contains("cluster IP")), "{partial}");
+        // Back to 1,000: comments again, everywhere.
+        let report = p.sync(&endpoints_cluster(5, 5), &svc1).unwrap();
+        assert!(report.full);
+        let full = v4_inputs(&mut p).pop().unwrap();
+        assert!(full.lines().filter(|l| l.starts_with("-A KUBE-SEP-")).all(|l| l.contains("--comment")));
+    }
+
+    #[test]
+    fn a_split_full_sync_writes_what_one_restore_would() {
+        let store = cluster(30, 0);
+        let mut p = proxier();
+        p.runner().split = true;
+        p.sync(&store, &BTreeSet::new()).unwrap();
+        let plan = roadkeeper_rules::plan::NodePlan::new(&store, &p.cfg, &NodeInfo::default(), &[]);
+        let lines = |inputs: &[(IpFamily, String)]| -> BTreeSet<String> {
+            inputs.iter().flat_map(|(_, i)| i.lines().filter(|l| l.starts_with(['-', ':'])).map(String::from)).collect()
+        };
+        let (split, whole) = (p.runner().inputs.clone(), plan.iptables().restore_inputs());
+        // v4: KUBE-MARK-MASQ, the Services' chains (120 chains: one piece), the rest; v6: the rest.
+        assert_eq!(split.len(), 3 + 1);
+        assert_eq!(lines(&split), lines(&whole));
     }
 
     #[test]

@@ -196,6 +196,11 @@ pub trait IptablesRunner: Send {
     fn families(&self) -> Vec<IpFamily> {
         vec![IpFamily::V4, IpFamily::V6]
     }
+    /// True when a full sync goes faster as several restores of a few thousand chains each
+    /// (`iptables-nft-restore`; the legacy flavour replaces the whole table at every restore).
+    fn splits_full_syncs(&mut self) -> bool {
+        false
+    }
 }
 
 /// The host's iptables tools, of the detected flavour.
@@ -242,6 +247,10 @@ impl IptablesRunner for IptablesBinary {
 
     fn check_is_reliable(&mut self) -> bool {
         self.flavour() == Flavour::Legacy
+    }
+
+    fn splits_full_syncs(&mut self) -> bool {
+        self.flavour() == Flavour::Nft
     }
 
     fn service_chains(&mut self, family: IpFamily) -> Result<BTreeSet<String>, Error> {
@@ -306,6 +315,8 @@ pub struct Recorder {
     pub inputs: Vec<(IpFamily, String)>,
     /// The jumps asked about at the last full sync (all reported missing).
     pub jumps: Vec<(IpFamily, Jump)>,
+    /// Ask for split full syncs, as the nft flavour does.
+    pub split: bool,
 }
 
 impl Recorder {
@@ -348,6 +359,10 @@ impl IptablesRunner for Recorder {
 
     fn healthy(&mut self) -> Result<bool, Error> {
         Ok(true)
+    }
+
+    fn splits_full_syncs(&mut self) -> bool {
+        self.split
     }
 }
 

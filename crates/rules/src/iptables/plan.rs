@@ -72,6 +72,10 @@ pub struct PlanContext {
     /// Service CIDRs of this family (ServiceCIDR objects): new connections to addresses in them
     /// that no rule claimed are dropped, as the nftables mode does.
     pub service_cidrs: Vec<IpNet>,
+    /// Upstream's "large cluster mode" ([`is_large_cluster`]): the rules of the `KUBE-SVC-`,
+    /// `KUBE-SVL-` and `KUBE-SEP-` chains go without their comments, which are most of a rule's
+    /// size in the kernel (xt_comment keeps 256 bytes) and of the restore input.
+    pub large_cluster: bool,
 }
 
 impl Default for PlanContext {
@@ -85,8 +89,31 @@ impl Default for PlanContext {
             nodeports: NodePortDestinations::AllLocal,
             localhost_nodeports: true,
             service_cidrs: Vec::new(),
+            large_cluster: false,
         }
     }
+}
+
+/// Above this many endpoints in the service table, upstream's iptables proxier (and ours) drop
+/// the comments of the per-Service chains' rules (`largeClusterEndpointsThreshold`).
+pub const LARGE_CLUSTER_ENDPOINTS: usize = 1000;
+
+/// True when a service table of `endpoints` endpoints ([`endpoint_count`]) is planned in large
+/// cluster mode.
+pub fn is_large_cluster(endpoints: usize) -> bool {
+    endpoints > LARGE_CLUSTER_ENDPOINTS
+}
+
+/// The endpoints of some service ports, as large cluster mode counts them: each port's distinct
+/// endpoints (cluster-wide and local), the `KUBE-SEP-` chains it may need.
+pub fn endpoint_count(ports: &[ServicePort]) -> usize {
+    ports
+        .iter()
+        .map(|sp| {
+            let extra = sp.local_endpoints.iter().filter(|ep| !sp.cluster_endpoints.contains(ep)).count();
+            sp.cluster_endpoints.len() + extra
+        })
+        .sum()
 }
 
 impl PlanContext {
@@ -103,6 +130,12 @@ impl PlanContext {
 
     fn mark(&self) -> String {
         format!("{:#x}", self.masquerade_mark)
+    }
+
+    /// ` -m comment --comment "TEXT"` for a per-Service chain's rule, nothing in large cluster
+    /// mode.
+    fn chain_comment(&self, text: &str) -> String {
+        if self.large_cluster { String::new() } else { format!(" -m comment --comment \"{text}\"") }
     }
 }
 
@@ -349,11 +382,11 @@ fn plan_port(sp: &ServicePort, ctx: &PlanContext, out: &mut FamilyPlan) {
     // Endpoint selection.
     if uses_cluster {
         out.chains.entry(svc.clone()).or_default();
-        endpoint_rules(sp, &svc, &sp.cluster_endpoints, out);
+        endpoint_rules(sp, ctx, &svc, &sp.cluster_endpoints, out);
     }
     if uses_local {
         out.chains.entry(svl.clone()).or_default();
-        endpoint_rules(sp, &svl, &sp.local_endpoints, out);
+        endpoint_rules(sp, ctx, &svl, &sp.local_endpoints, out);
     }
 
     // Endpoint chains.
@@ -368,28 +401,26 @@ fn plan_port(sp: &ServicePort, ctx: &PlanContext, out: &mut FamilyPlan) {
     reachable.dedup();
     for ep in reachable {
         let sep = endpoint_chain(sp, ep);
-        out.push(&sep, format!("-A {sep} -s {} -m comment --comment \"{name}\" -j {KUBE_MARK_MASQ}", host(&ep.ip)));
+        let comment = ctx.chain_comment(&name);
+        out.push(&sep, format!("-A {sep} -s {}{comment} -j {KUBE_MARK_MASQ}", host(&ep.ip)));
         let affinity =
             if sp.affinity_timeout.is_some() { format!(" -m recent --set --name {sep}") } else { String::new() };
-        out.push(
-            &sep,
-            format!(
-                "-A {sep} -p {proto} -m comment --comment \"{name}\"{affinity} -m {proto} -j DNAT --to-destination {ep}"
-            ),
-        );
+        out.push(&sep, format!("-A {sep} -p {proto}{comment}{affinity} -m {proto} -j DNAT --to-destination {ep}"));
     }
 }
 
 /// Affinity lookups, then the probability ladder: endpoint i of n is taken with probability
 /// 1/(n-i), the last one unconditionally.
-fn endpoint_rules(sp: &ServicePort, chain: &str, eps: &[Endpoint], out: &mut FamilyPlan) {
+fn endpoint_rules(sp: &ServicePort, ctx: &PlanContext, chain: &str, eps: &[Endpoint], out: &mut FamilyPlan) {
     let name = in_comment(&sp.name);
     if let Some(timeout) = sp.affinity_timeout {
         for ep in eps {
             let sep = endpoint_chain(sp, ep);
-            out.push(chain, format!(
-                "-A {chain} -m comment --comment \"{name} -> {ep}\" -m recent --rcheck --seconds {timeout} --reap --name {sep} -j {sep}"
-            ));
+            let comment = ctx.chain_comment(&format!("{name} -> {ep}"));
+            out.push(
+                chain,
+                format!("-A {chain}{comment} -m recent --rcheck --seconds {timeout} --reap --name {sep} -j {sep}"),
+            );
         }
     }
     let n = eps.len();
@@ -400,7 +431,8 @@ fn endpoint_rules(sp: &ServicePort, chain: &str, eps: &[Endpoint], out: &mut Fam
         } else {
             String::new()
         };
-        out.push(chain, format!("-A {chain} -m comment --comment \"{name} -> {ep}\"{statistic} -j {sep}"));
+        let comment = ctx.chain_comment(&format!("{name} -> {ep}"));
+        out.push(chain, format!("-A {chain}{comment}{statistic} -j {sep}"));
     }
 }
 
@@ -436,9 +468,20 @@ fn nat_fixed(ctx: &PlanContext) -> (Vec<&'static str>, Vec<String>) {
         format!(
             "-A {KUBE_POSTROUTING} -m comment --comment \"kubernetes service traffic requiring SNAT\" -j MASQUERADE --random-fully"
         ),
-        format!("-A {KUBE_MARK_MASQ} -j MARK --or-mark {mark}"),
+        mark_masq_rule(ctx),
     ];
     (chains, rules)
+}
+
+/// `KUBE-MARK-MASQ`'s one rule.
+fn mark_masq_rule(ctx: &PlanContext) -> String {
+    format!("-A {KUBE_MARK_MASQ} -j MARK --or-mark {}", ctx.mark())
+}
+
+/// A restore input (re)writing `KUBE-MARK-MASQ` whole: what the Services' own chains need to
+/// exist before a split full sync writes them ([`crate::iptables::sync::split_full_inputs`]).
+pub fn mark_masq_input(ctx: &PlanContext) -> String {
+    format!("*nat\n:{KUBE_MARK_MASQ} - [0:0]\n{}\nCOMMIT\n", mark_masq_rule(ctx))
 }
 
 /// The last rules of nat `KUBE-SERVICES`: NodePort traffic goes to `KUBE-NODEPORTS`.
@@ -477,6 +520,12 @@ pub struct RestoreInput<'a> {
     /// Jumps from builtin chains to insert (those found missing), in the same transaction as
     /// their target chains: traffic never meets a half-built table.
     pub jumps: Vec<Jump>,
+    /// The filter table already holds these rules (no Service's share of it changed): it is left
+    /// out of the input.
+    pub filter_unchanged: bool,
+    /// The nat table's top-level chains already hold these rules: only the written and deleted
+    /// Service chains are in the input. A one-endpoint change then costs O(that Service) lines.
+    pub nat_top_level_unchanged: bool,
 }
 
 /// A chain line: declaring an existing user chain flushes it, even with `--noflush`.
@@ -493,10 +542,49 @@ pub fn restore_input(ctx: &PlanContext, input: &RestoreInput) -> String {
         out.push_str("COMMIT\n");
     }
 
+    if !input.filter_unchanged {
+        filter_table(ctx, input, &mut out);
+    }
+    let written_chains: BTreeSet<&String> = input.written.iter().flat_map(|s| s.chains.keys()).collect();
+    let deleted: Vec<&String> = input.deleted.iter().filter(|c| !written_chains.contains(c)).collect();
+    if input.nat_top_level_unchanged && written_chains.is_empty() && deleted.is_empty() {
+        return out;
+    }
+    out.push_str("*nat\n");
+    let (chains, rules) = if input.nat_top_level_unchanged { (Vec::new(), Vec::new()) } else { nat_fixed(ctx) };
+    for chain in chains {
+        chain_line(&mut out, chain);
+    }
+    for chain in written_chains.iter().chain(&deleted) {
+        chain_line(&mut out, chain);
+    }
+    let shared: &[&FamilyPlan] = if input.nat_top_level_unchanged { &[] } else { &input.services };
+    let service_rules = shared.iter().flat_map(|s| &s.nat_shared);
+    let chain_rules = input.written.iter().flat_map(|s| s.chains.values().flatten());
+    for rule in rules.iter().chain(service_rules).chain(chain_rules) {
+        out.push_str(rule);
+        out.push('\n');
+    }
+    if !input.nat_top_level_unchanged {
+        for rule in nodeport_tail(ctx) {
+            out.push_str(&rule);
+            out.push('\n');
+        }
+    }
+    for chain in deleted {
+        out.push_str(&format!("-X {chain}\n"));
+    }
+    insert_jumps(&mut out, "nat", &input.jumps);
+    out.push_str("COMMIT\n");
+    out
+}
+
+/// The filter table's part of a restore input: its chains rewritten whole.
+fn filter_table(ctx: &PlanContext, input: &RestoreInput, out: &mut String) {
     out.push_str("*filter\n");
     let (chains, rules) = filter_fixed(ctx);
     for chain in chains {
-        chain_line(&mut out, chain);
+        chain_line(out, chain);
     }
     for rule in rules.iter().chain(input.services.iter().flat_map(|s| &s.filter_shared)) {
         out.push_str(rule);
@@ -507,37 +595,8 @@ pub fn restore_input(ctx: &PlanContext, input: &RestoreInput) -> String {
             "-A {KUBE_SERVICES} -d {cidr} -m comment --comment \"drop traffic to unallocated ClusterIPs\" -j DROP\n"
         ));
     }
-    insert_jumps(&mut out, "filter", &input.jumps);
+    insert_jumps(out, "filter", &input.jumps);
     out.push_str("COMMIT\n");
-
-    out.push_str("*nat\n");
-    let (chains, rules) = nat_fixed(ctx);
-    for chain in chains {
-        chain_line(&mut out, chain);
-    }
-    let written_chains: BTreeSet<&String> = input.written.iter().flat_map(|s| s.chains.keys()).collect();
-    for chain in &written_chains {
-        chain_line(&mut out, chain);
-    }
-    for chain in input.deleted.iter().filter(|c| !written_chains.contains(c)) {
-        chain_line(&mut out, chain);
-    }
-    let service_rules = input.services.iter().flat_map(|s| &s.nat_shared);
-    let chain_rules = input.written.iter().flat_map(|s| s.chains.values().flatten());
-    for rule in rules.iter().chain(service_rules).chain(chain_rules) {
-        out.push_str(rule);
-        out.push('\n');
-    }
-    for rule in nodeport_tail(ctx) {
-        out.push_str(&rule);
-        out.push('\n');
-    }
-    for chain in input.deleted.iter().filter(|c| !written_chains.contains(c)) {
-        out.push_str(&format!("-X {chain}\n"));
-    }
-    insert_jumps(&mut out, "nat", &input.jumps);
-    out.push_str("COMMIT\n");
-    out
 }
 
 /// `-I CHAIN args` lines for the jumps of `table`, quoting arguments with spaces.
@@ -844,8 +903,7 @@ mod tests {
             services: vec![&a, &b],
             written: vec![&b],
             deleted: BTreeSet::from(["KUBE-SEP-GONE".to_string()]),
-            canary: false,
-            jumps: Vec::new(),
+            ..RestoreInput::default()
         };
         let text = restore_input(&ctx(), &input);
         // default/hello keeps its chains: only its shared rules are rewritten (nat KUBE-SERVICES,
@@ -866,6 +924,60 @@ mod tests {
         let nat = nat(&text);
         let last_rule = nat.lines().rfind(|l| l.starts_with("-A KUBE-SERVICES")).unwrap();
         assert!(last_rule.contains("-m addrtype --dst-type LOCAL -j KUBE-NODEPORTS"), "{last_rule}");
+    }
+
+    #[test]
+    fn unchanged_top_level_chains_are_left_out() {
+        let a = plan_ports(&[hello(3)], &ctx());
+        let b = plan_ports(&[hello(4)], &ctx());
+        let input = RestoreInput {
+            services: vec![&b],
+            written: vec![&b],
+            deleted: BTreeSet::from(["KUBE-SEP-GONE".to_string()]),
+            filter_unchanged: true,
+            nat_top_level_unchanged: true,
+            ..RestoreInput::default()
+        };
+        let text = restore_input(&ctx(), &input);
+        assert!(!text.contains("*filter") && !text.contains("KUBE-SERVICES") && !text.contains("KUBE-NODEPORTS"));
+        assert!(!text.contains(":KUBE-MARK-MASQ") && !text.contains(":KUBE-POSTROUTING"), "{text}");
+        let lines = b.chains.len() + b.chains.values().map(Vec::len).sum::<usize>() + 2 + 1 + 1;
+        assert_eq!(text.lines().count(), lines, "{text}");
+        assert!(text.starts_with("*nat\n") && text.ends_with("-X KUBE-SEP-GONE\nCOMMIT\n"), "{text}");
+        // Only the filter table unchanged: nat's top level is rewritten, filter left out.
+        let input =
+            RestoreInput { services: vec![&a], written: vec![&a], filter_unchanged: true, ..RestoreInput::default() };
+        let text = restore_input(&ctx(), &input);
+        assert!(!text.contains("*filter") && text.contains(":KUBE-SERVICES - [0:0]"), "{text}");
+    }
+
+    #[test]
+    fn large_cluster_mode_drops_the_service_chains_comments_only() {
+        let large = PlanContext { large_cluster: true, ..ctx() };
+        let mut sp = hello(3);
+        sp.affinity_timeout = Some(10800);
+        let (plan, small) = (plan_ports(std::slice::from_ref(&sp), &large), plan_ports(&[sp], &ctx()));
+        assert_eq!((plan.nat_shared.clone(), plan.filter_shared.clone()), (small.nat_shared, small.filter_shared));
+        assert_eq!(plan.chains.keys().collect::<Vec<_>>(), small.chains.keys().collect::<Vec<_>>());
+        let rules: Vec<&String> = plan.chains.values().flatten().collect();
+        assert_eq!(rules.len(), 1 + 3 + 3 + 3 * 2);
+        // The Service chain's masquerade rule keeps its "cluster IP" comment, as upstream's.
+        let (commented, bare): (Vec<&String>, Vec<&String>) = rules.iter().partition(|r| r.contains("comment"));
+        assert!(commented.len() == 1 && commented[0].ends_with("-j KUBE-MARK-MASQ"), "{commented:#?}");
+        assert_eq!(bare.len(), 12);
+        let sep = endpoint_chain(&hello(3), &ep(1, false));
+        assert_eq!(
+            plan.chains[&sep],
+            [
+                format!("-A {sep} -s 10.244.0.1/32 -j KUBE-MARK-MASQ"),
+                format!("-A {sep} -p tcp -m recent --set --name {sep} -m tcp -j DNAT --to-destination 10.244.0.1:8080"),
+            ]
+        );
+        assert!(!is_large_cluster(LARGE_CLUSTER_ENDPOINTS) && is_large_cluster(LARGE_CLUSTER_ENDPOINTS + 1));
+        let mut local = hello(3);
+        local.cluster_endpoints[0] = ep(1, true);
+        local.local_endpoints = vec![ep(1, true), ep(9, true)];
+        assert_eq!(endpoint_count(&[hello(3), local]), 3 + 4);
     }
 
     #[test]

@@ -246,7 +246,7 @@ impl Layout {
             };
             vec![Match::FibDaddrLocal, Match::DaddrNotIn(loopback)]
         } else {
-            vec![Match::DaddrInSet(Container::NodePortIps.name().into())]
+            vec![Match::DaddrInSet(Container::NodePortIps.name())]
         }
     }
 
