@@ -229,12 +229,16 @@ where
     })
 }
 
-/// The event with its object typed as an [`Object`].
+/// The event with its object typed as an [`Object`], [slimmed](crate::object::slim).
 fn typed<K>(event: Event<K>) -> Event<Object>
 where
+    K: Resource,
     Object: From<Arc<K>>,
 {
-    let object = |o| Object::from(Arc::new(o));
+    let object = |mut o: K| {
+        crate::object::slim(&mut o);
+        Object::from(Arc::new(o))
+    };
     match event {
         Event::Apply(o) => Event::Apply(object(o)),
         Event::Delete(o) => Event::Delete(object(o)),
@@ -303,6 +307,19 @@ mod tests {
         send(&tx, vec![Event::Delete(service("a", 81))]);
         source.next().await;
         assert_eq!(names(&source), ["c"]);
+    }
+
+    #[test]
+    fn objects_from_the_server_arrive_without_managed_fields() {
+        let value = serde_json::json!({
+            "metadata": {"name": "a", "namespace": "ns", "managedFields": [{"manager": "kube-controller-manager"}]},
+            "addressType": "IPv4",
+            "endpoints": [{"addresses": ["10.244.0.1"]}],
+        });
+        let slice: EndpointSlice = serde_json::from_value(value).unwrap();
+        assert!(slice.metadata.managed_fields.is_some());
+        let Event::InitApply(Object::EndpointSlice(slice)) = typed(Event::InitApply(slice)) else { panic!() };
+        assert_eq!(slice.metadata.managed_fields, None);
     }
 
     #[tokio::test]

@@ -38,6 +38,25 @@ pub enum Object {
     ConfigMap(Arc<ConfigMap>),
 }
 
+/// kubectl's annotation holding a copy of the whole object as last applied.
+const LAST_APPLIED: &str = "kubectl.kubernetes.io/last-applied-configuration";
+
+/// Drops what the API server and kubectl add to an object that nothing here reads and that
+/// costs memory at scale: the field-ownership records (`metadata.managedFields`; an
+/// EndpointSlice's name every endpoint again) and kubectl's `last-applied-configuration`
+/// annotation (a JSON copy of the object). Done to every object on arrival, from the API server
+/// or from manifests.
+pub(crate) fn slim<K: kube::Resource>(object: &mut K) {
+    let meta = object.meta_mut();
+    meta.managed_fields = None;
+    if let Some(annotations) = &mut meta.annotations {
+        annotations.remove(LAST_APPLIED);
+        if annotations.is_empty() {
+            meta.annotations = None;
+        }
+    }
+}
+
 impl Object {
     /// The object's identity; namespaced kinds without a namespace are in `default`.
     pub(crate) fn key(&self) -> ObjectKey {
@@ -176,6 +195,30 @@ impl fmt::Display for ObjectKey {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn slimming_drops_managed_fields_and_the_last_applied_copy_only() {
+        let mut svc: Service = serde_json::from_value(serde_json::json!({
+            "metadata": {
+                "name": "web", "namespace": "default",
+                "annotations": {LAST_APPLIED: "{\"kind\":\"Service\"}", "service.kubernetes.io/topology-mode": "Auto"},
+                "managedFields": [{"manager": "kubectl", "operation": "Apply", "fieldsType": "FieldsV1",
+                                   "fieldsV1": {"f:spec": {"f:ports": {}}}}],
+            },
+            "spec": {"clusterIP": "10.96.0.1"},
+        }))
+        .unwrap();
+        slim(&mut svc);
+        assert_eq!(svc.metadata.managed_fields, None);
+        let annotations = svc.metadata.annotations.clone().unwrap();
+        assert_eq!(annotations.keys().collect::<Vec<_>>(), ["service.kubernetes.io/topology-mode"]);
+        assert_eq!(svc.spec.unwrap().cluster_ip.as_deref(), Some("10.96.0.1"));
+        let mut only_last_applied: Service =
+            serde_json::from_value(serde_json::json!({"metadata": {"name": "a", "annotations": {LAST_APPLIED: "{}"}}}))
+                .unwrap();
+        slim(&mut only_last_applied);
+        assert_eq!(only_last_applied.metadata.annotations, None);
+    }
 
     #[test]
     fn kinds_and_keys() {

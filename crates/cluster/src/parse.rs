@@ -146,13 +146,17 @@ fn typed(kind: Kind, value: Value) -> Result<Object, Vec<FieldError>> {
     })
 }
 
-/// Deserializes `value`, turning every unknown field into an error naming its path.
-fn strict<T: DeserializeOwned>(value: Value) -> Result<T, Vec<FieldError>> {
+/// Deserializes `value`, turning every unknown field into an error naming its path, and
+/// [slims](crate::object::slim) it.
+fn strict<T: DeserializeOwned + kube::Resource>(value: Value) -> Result<T, Vec<FieldError>> {
     let mut unknown = Vec::new();
     let result = serde_ignored::deserialize(value, |path| unknown.push(field_path(&path)));
     match result {
         Err(e) => Err(vec![FieldError { field: None, message: e.to_string() }]),
-        Ok(object) if unknown.is_empty() => Ok(object),
+        Ok(mut object) if unknown.is_empty() => {
+            crate::object::slim(&mut object);
+            Ok(object)
+        }
         Ok(_) => Err(unknown
             .into_iter()
             .map(|field| FieldError { field: Some(field), message: "unknown field".into() })

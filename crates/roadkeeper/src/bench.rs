@@ -15,6 +15,7 @@ use roadkeeper_netlab::Netns;
 use roadkeeper_rules::config::{ProxyConfig, ProxyMode};
 use roadkeeper_rules::table::NodeInfo;
 
+use crate::bench_plot::{Series, line_chart};
 use crate::cli::BenchArgs;
 use crate::proxy_cmd::kernel_proxier;
 
@@ -332,19 +333,22 @@ fn measure(backend: Backend, services: usize, endpoints: usize, runs: usize) -> 
     Ok(Row { full: median(full), partial, own: median(own), added, deleted, connect })
 }
 
-/// Runs the benchmark for every requested backend and size and prints a Markdown table.
+/// Runs the benchmark for every requested backend and size and prints a Markdown table; with
+/// `--out`, also writes it and the plots there.
 pub fn run(args: BenchArgs) -> anyhow::Result<()> {
     let backends: Vec<Backend> = args.proxy_mode.iter().map(|m| m.parse()).collect::<Result<_, _>>()?;
-    println!(
-        "median of {} runs each, {} endpoints per Service, measured in one run of `roadkeeper bench proxy`",
+    if let Some(out) = &args.out {
+        std::fs::create_dir_all(out).with_context(|| format!("creating {}", out.display()))?;
+    }
+    let mut table = format!(
+        "median of {} runs each, {} endpoints per Service, measured in one run of `roadkeeper bench proxy`\n\n\
+         | Services | backend | full sync | one endpoint change (median / max) | of which roadkeeper (rest: kernel) | \
+         new Service (median / max) | deleted Service (median / max) | new connection to a ClusterIP \
+         (median / p99 / max, rate) | proxy --once peak RSS |\n|---|---|---|---|---|---|---|---|---|\n",
         args.runs, args.endpoints
     );
-    println!(
-        "| Services | backend | full sync | one endpoint change (median / max) | of which roadkeeper (rest: kernel) | \
-         new Service (median / max) | deleted Service (median / max) | new connection to a ClusterIP \
-         (median / p99 / max, rate) | proxy --once peak RSS |"
-    );
-    println!("|---|---|---|---|---|---|---|---|---|");
+    print!("{table}");
+    let mut results: Vec<(Backend, usize, Row, f64)> = Vec::new();
     for services in &args.services {
         let manifests = tempfile::tempdir()?;
         write_manifests(manifests.path(), *services, args.endpoints)?;
@@ -352,8 +356,8 @@ pub fn run(args: BenchArgs) -> anyhow::Result<()> {
             let row = measure(*backend, *services, args.endpoints, args.runs)?;
             let rss = proxy_peak_rss_mib(manifests.path(), *backend)?;
             let connect = &row.connect;
-            println!(
-                "| {services} | {} | {} | {} | {} | {} | {} | {} / {} / {}, {:.0}/s | {rss:.0} MiB |",
+            let line = format!(
+                "| {services} | {} | {} | {} | {} | {} | {} | {} / {} / {}, {:.0}/s | {rss:.0} MiB |\n",
                 backend.name(),
                 ms(row.full),
                 median_max(&row.partial),
@@ -365,7 +369,53 @@ pub fn run(args: BenchArgs) -> anyhow::Result<()> {
                 short(connect.max),
                 connect.per_second,
             );
+            print!("{line}");
+            table.push_str(&line);
+            results.push((*backend, *services, row, rss));
         }
     }
+    if let Some(out) = &args.out {
+        write_results(out, &table, &backends, &results)?;
+    }
+    Ok(())
+}
+
+/// Writes `results.md` and one SVG plot per figure into `out`.
+fn write_results(
+    out: &Path,
+    table: &str,
+    backends: &[Backend],
+    results: &[(Backend, usize, Row, f64)],
+) -> anyhow::Result<()> {
+    fn millis(d: Duration) -> f64 {
+        d.as_secs_f64() * 1e3
+    }
+    type Figure = fn(&Row, f64) -> f64;
+    let figures: [(&str, &str, &str, Figure); 5] = [
+        ("change.svg", "One endpoint change, synced (median)", "ms", |r, _| millis(median(r.partial.clone()))),
+        ("new-service.svg", "A new Service, synced (median)", "ms", |r, _| millis(median(r.added.clone()))),
+        ("full-sync.svg", "First full sync", "ms", |r, _| millis(r.full)),
+        ("connect.svg", "New connection to a ClusterIP (median)", "µs", |r, _| r.connect.median.as_secs_f64() * 1e6),
+        ("rss.svg", "proxy --once peak RSS", "MiB", |_, rss| rss),
+    ];
+    for (file, title, unit, figure) in figures {
+        let series: Vec<Series> = backends
+            .iter()
+            .map(|backend| Series {
+                name: backend.name().to_string(),
+                points: results
+                    .iter()
+                    .filter(|(b, ..)| b == backend)
+                    .map(|(_, services, row, rss)| (*services as f64, figure(row, *rss)))
+                    .collect(),
+            })
+            .collect();
+        let svg = line_chart(title, "Services (10 endpoints each)", unit, &series);
+        std::fs::write(out.join(file), svg).with_context(|| format!("writing {}", out.join(file).display()))?;
+    }
+    let plots: String =
+        figures.iter().map(|(file, title, ..)| format!("![{title}]({file})\n")).collect::<Vec<_>>().join("\n");
+    std::fs::write(out.join("results.md"), format!("{table}\n{plots}"))
+        .with_context(|| format!("writing {}", out.join("results.md").display()))?;
     Ok(())
 }

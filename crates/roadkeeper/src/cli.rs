@@ -226,6 +226,11 @@ pub struct BenchArgs {
     /// host would get), iptables-legacy (the legacy flavour, as on a host whose kubelet uses it).
     #[arg(long, value_delimiter = ',', default_value = "nftables,iptables,iptables-legacy")]
     pub proxy_mode: Vec<String>,
+    /// Also write the table (`results.md`) and SVG plots of each figure against the number of
+    /// Services, a line per backend (`change.svg`, `new-service.svg`, `full-sync.svg`,
+    /// `connect.svg`, `rss.svg`), into this folder (created if needed).
+    #[arg(long, value_name = "DIR")]
+    pub out: Option<std::path::PathBuf>,
 }
 
 /// Flags of `trace`.

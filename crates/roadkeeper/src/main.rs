@@ -1,6 +1,7 @@
 //! The `roadkeeper` binary: parses the command line and wires sources to components.
 
 mod bench;
+mod bench_plot;
 mod bench_dns;
 mod bench_ingress;
 mod cli;
