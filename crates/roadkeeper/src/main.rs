@@ -1,9 +1,9 @@
 //! The `roadkeeper` binary: parses the command line and wires sources to components.
 
 mod bench;
-mod bench_plot;
 mod bench_dns;
 mod bench_ingress;
+mod bench_plot;
 mod cli;
 mod deploy_check;
 mod dns_cmd;

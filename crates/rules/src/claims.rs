@@ -75,10 +75,12 @@ impl fmt::Display for Conflict {
 /// The frontends every Service claims and who owns each.
 #[derive(Debug, Default, Clone)]
 pub struct FrontendClaims {
-    /// Claimants of each frontend, oldest first.
-    by_frontend: BTreeMap<Frontend, BTreeSet<Claimant>>,
-    /// Each Service's claimant identity and frontends.
-    by_service: BTreeMap<NamespacedName, (Claimant, BTreeSet<Frontend>)>,
+    /// Claimants of each frontend, oldest first (sorted vectors: nearly always one claimant, and
+    /// a one-element `BTreeSet` allocates a whole B-tree node, which made these maps 2 KB per
+    /// Service).
+    by_frontend: BTreeMap<Frontend, Vec<Claimant>>,
+    /// Each Service's claimant identity and frontends (sorted, exactly sized).
+    by_service: BTreeMap<NamespacedName, (Claimant, Box<[Frontend]>)>,
     /// Claims skipped because an older Service owns the frontend.
     conflicts: usize,
 }
@@ -99,13 +101,15 @@ impl FrontendClaims {
         }
         for frontend in &frontends {
             let claimants = self.by_frontend.entry(frontend.clone()).or_default();
-            if !claimants.is_empty() {
-                self.conflicts += 1;
+            if let Err(at) = claimants.binary_search(&claimant) {
+                if !claimants.is_empty() {
+                    self.conflicts += 1;
+                }
+                claimants.insert(at, claimant.clone());
             }
-            claimants.insert(claimant.clone());
         }
         if !frontends.is_empty() {
-            self.by_service.insert(key.clone(), (claimant, frontends));
+            self.by_service.insert(key.clone(), (claimant, frontends.into_iter().collect()));
         }
         let mut affected = BTreeSet::new();
         for (frontend, before) in touched.iter().zip(owners_before) {
@@ -124,8 +128,11 @@ impl FrontendClaims {
 
     fn remove_claim(&mut self, frontend: &Frontend, claimant: &Claimant) {
         let Some(claimants) = self.by_frontend.get_mut(frontend) else { return };
-        if claimants.remove(claimant) && !claimants.is_empty() {
-            self.conflicts -= 1;
+        if let Ok(at) = claimants.binary_search(claimant) {
+            claimants.remove(at);
+            if !claimants.is_empty() {
+                self.conflicts -= 1;
+            }
         }
         if claimants.is_empty() {
             self.by_frontend.remove(frontend);

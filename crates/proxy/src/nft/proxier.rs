@@ -71,30 +71,34 @@ impl<R: NftRunner> Backend for NftProxier<R> {
     }
 
     /// Rewrites everything we own, the layout and every Service's objects, in one netlink
-    /// transaction.
+    /// transaction. The Services' objects live only while their ops are built: the ops (and the
+    /// batch encoded from them) are the one whole copy of the plan held while the kernel commits.
     fn full_sync(&mut self, store: &Store) -> Result<SyncReport, Error> {
         self.state.claims.clear();
         let keys: Vec<NamespacedName> = store.services().map(|(k, _)| k.clone()).collect();
-        let mut planned = self.plan(&keys, store);
+        let mut planned = self.state.plan_ports(&keys, store, &self.cfg);
         let existing = self.state.kernel.time(|| self.runner.existing())?;
         let layouts = layouts(&self.cfg, &self.state.node, &self.state.service_cidrs);
-        let ops_for = |planned: &BTreeMap<NamespacedName, (Vec<ServicePort>, Objects)>,
-                       only: Option<&[NamespacedName]>| {
+        let (cfg, node) = (&self.cfg, &self.state.node);
+        // The ops of a full sync of the Services in `only` (all: None), and what they share.
+        let ops_for = |planned: &BTreeMap<NamespacedName, Vec<ServicePort>>, only: Option<&[NamespacedName]>| {
             let only: Option<BTreeSet<&NamespacedName>> = only.map(|keys| keys.iter().collect());
             let included = |key: &NamespacedName| only.as_ref().is_none_or(|keys| keys.contains(key));
-            let objects = planned.iter().filter(|(k, _)| included(k)).map(|(_, (_, o))| o);
-            transaction::full_sync(&layouts, objects, &existing)
+            let objects: Vec<Objects> =
+                planned.iter().filter(|(k, _)| included(k)).map(|(_, ports)| objects(cfg, node, ports)).collect();
+            (transaction::full_sync(&layouts, objects.iter(), &existing), Shared::of(objects.iter()))
         };
         let mut refused = Vec::new();
-        let mut ops = ops_for(&planned, None);
+        let (mut ops, mut shared) = ops_for(&planned, None);
         if let Err(err) = self.state.kernel.time(|| self.runner.apply_ops(&ops)) {
             if !err.is_refusal() {
                 return Err(err);
             }
             tracing::warn!(error = %err, "full sync refused by the kernel; looking for the offending Services");
+            drop(ops);
             let (runner, kernel) = (&mut self.runner, &mut self.state.kernel);
             let bad = bisect(&keys, &mut |subset| {
-                let ops = ops_for(&planned, Some(subset));
+                let (ops, _) = ops_for(&planned, Some(subset));
                 kernel.time(|| runner.check_ops(&ops))
             });
             if bad.is_empty() {
@@ -102,20 +106,18 @@ impl<R: NftRunner> Backend for NftProxier<R> {
             }
             for (key, why) in bad {
                 tracing::error!(service = %key, error = %why, "kernel refused the rules of this Service; keeping its last good rules");
-                // Keep the last good ports and objects of a refused Service, if it had any.
-                let last_good = self.state.table.get(&key).cloned().unwrap_or_default();
-                let objects = self.applied(&key);
-                planned.insert(key.clone(), (last_good, objects));
+                // Keep the last good ports of a refused Service, if it had any.
+                planned.insert(key.clone(), self.state.table.get(&key).cloned().unwrap_or_default());
                 refused.push((key, why.to_string()));
             }
-            ops = ops_for(&planned, None);
+            (ops, shared) = ops_for(&planned, None);
             self.state.kernel.time(|| self.runner.apply_ops(&ops))?;
         }
         self.state.needs_full = false;
         self.state.table.clear();
-        self.shared = Shared::of(planned.values().map(|(_, objects)| objects));
+        self.shared = shared;
         let changed = planned.len();
-        for (key, (ports, _)) in planned {
+        for (key, ports) in planned {
             self.state.set_table(&key, ports);
         }
         Ok(SyncReport { full: true, services_changed: changed, ops: ops.len(), refused, ..SyncReport::default() })
