@@ -6,13 +6,13 @@
 #
 #   sudo bench/vs-upstream.sh [--services 1000,10000] [--runs 20] [--out bench/results]
 #                             [--proxies roadkeeper-nftables,kube-proxy-nftables,...]
-#                             [--cold-limit SECONDS]
+#                             [--cold-limit SECONDS] [--iptables-max 10000]
 #
 # Writes a Markdown table to stdout and, with --out, vs-upstream.md and SVG plots there.
 set -euo pipefail
 
 root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
-services=1000 runs=20 out="" proxies="" cold_limit=900
+services=1000 runs=20 out="" proxies="" cold_limit=900 iptables_max=10000
 while (($#)); do
     case $1 in
         --services) services=$2; shift 2 ;;
@@ -20,6 +20,7 @@ while (($#)); do
         --out) out=$(realpath -m "$2"); shift 2 ;;
         --proxies) proxies=$2; shift 2 ;;
         --cold-limit) cold_limit=$2; shift 2 ;;
+        --iptables-max) iptables_max=$2; shift 2 ;;
         -h|--help) sed -n '2,12p' "${BASH_SOURCE[0]}"; exit 0 ;;
         *) echo "vs-upstream.sh: unknown argument $1" >&2; exit 2 ;;
     esac
@@ -41,7 +42,7 @@ if [[ ! -x $bin/kube-proxy ]]; then
 fi
 
 export RK_KUBE_PROXY=$bin/kube-proxy RK_BENCH_SERVICES=$services RK_BENCH_RUNS=$runs
-export RK_BENCH_COLD_LIMIT=$cold_limit
+export RK_BENCH_COLD_LIMIT=$cold_limit RK_BENCH_IPTABLES_MAX=$iptables_max
 [[ -n $out ]] && export RK_BENCH_OUT=$out
 [[ -n $proxies ]] && export RK_BENCH_PROXIES=$proxies
 cd "$root"
