@@ -7,12 +7,14 @@
 #   sudo bench/vs-upstream.sh [--services 1000,10000] [--runs 20] [--out bench/results]
 #                             [--proxies roadkeeper-nftables,kube-proxy-nftables,...]
 #                             [--cold-limit SECONDS] [--iptables-max 10000]
+#   sudo bench/vs-upstream.sh --replot DIR/vs-upstream.md    (the plots of a table, again)
 #
-# Writes a Markdown table to stdout and, with --out, vs-upstream.md and SVG plots there.
+# Writes a Markdown table to stdout and, with --out, vs-upstream.md and SVG plots there, after
+# every row (a run stopped early keeps what it measured).
 set -euo pipefail
 
 root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
-services=1000 runs=20 out="" proxies="" cold_limit=900 iptables_max=10000
+services=1000 runs=20 out="" proxies="" cold_limit=900 iptables_max=10000 replot=""
 while (($#)); do
     case $1 in
         --services) services=$2; shift 2 ;;
@@ -21,7 +23,8 @@ while (($#)); do
         --proxies) proxies=$2; shift 2 ;;
         --cold-limit) cold_limit=$2; shift 2 ;;
         --iptables-max) iptables_max=$2; shift 2 ;;
-        -h|--help) sed -n '2,12p' "${BASH_SOURCE[0]}"; exit 0 ;;
+        --replot) replot=$(realpath "$2"); shift 2 ;;
+        -h|--help) sed -n '2,15p' "${BASH_SOURCE[0]}"; exit 0 ;;
         *) echo "vs-upstream.sh: unknown argument $1" >&2; exit 2 ;;
     esac
 done
@@ -45,5 +48,6 @@ export RK_KUBE_PROXY=$bin/kube-proxy RK_BENCH_SERVICES=$services RK_BENCH_RUNS=$
 export RK_BENCH_COLD_LIMIT=$cold_limit RK_BENCH_IPTABLES_MAX=$iptables_max
 [[ -n $out ]] && export RK_BENCH_OUT=$out
 [[ -n $proxies ]] && export RK_BENCH_PROXIES=$proxies
+[[ -n $replot ]] && export RK_BENCH_REPLOT=$replot
 cd "$root"
 exec cargo test --release -q -p roadkeeper --test bench_upstream -- --ignored --nocapture

@@ -11,7 +11,7 @@
 mod bench_plot;
 mod common;
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::BTreeSet;
 use std::net::{Ipv4Addr, SocketAddr};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -543,14 +543,21 @@ fn roadkeeper_and_kube_proxy_side_by_side() {
         .split(',')
         .map(|s| s.parse().expect("RK_BENCH_SERVICES: numbers"))
         .collect();
+    if let Some(table) = std::env::var_os("RK_BENCH_REPLOT").map(PathBuf::from) {
+        let text = std::fs::read_to_string(&table).expect("RK_BENCH_REPLOT: a vs-upstream.md");
+        plot_table(table.parent().unwrap_or(Path::new(".")), &text);
+        return;
+    }
     let runs: usize = env_or("RK_BENCH_RUNS", 20);
     let out: Option<PathBuf> = std::env::var_os("RK_BENCH_OUT").map(PathBuf::from);
+    if let Some(out) = &out {
+        std::fs::create_dir_all(out).unwrap();
+    }
     let mut table = format!(
         "{runs} runs of each change, {ENDPOINTS} endpoints per Service, measured in one run of `bench/vs-upstream.sh`\n\n\
          | Services | proxy | mode | cold start to synced | its CPU | endpoint change (median / max) | new Service | deleted Service | mean sync (own metric) | peak RSS | CPU in all | ruleset lines |\n\
          |---|---|---|---|---|---|---|---|---|---|---|---|\n"
     );
-    let mut results: BTreeMap<(String, usize), Row> = BTreeMap::new();
     for &n in &sizes {
         let ns = Netns::new("rk-bup").expect("namespace");
         ns.ip(["link", "add", "node0", "type", "veth", "peer", "name", "node0-peer"]).unwrap();
@@ -599,45 +606,78 @@ fn roadkeeper_and_kube_proxy_side_by_side() {
             );
             eprint!("{line}");
             table.push_str(&line);
-            results.insert((format!("{} {}", proxy.name, proxy.mode), n), row);
+            // Written after every row: a run stopped early keeps what it measured.
+            if let Some(out) = &out {
+                std::fs::write(out.join("vs-upstream.md"), &table).unwrap();
+                plot_table(out, &table);
+            }
         }
     }
     println!("{table}");
-    if let Some(out) = out {
-        std::fs::create_dir_all(&out).unwrap();
-        std::fs::write(out.join("vs-upstream.md"), &table).unwrap();
-        plots(&out, &results);
+}
+
+/// A duration as the table writes it (`12.3 ms`, `4.56 s`; the first of `median / max`), in
+/// milliseconds; NaN for anything else (`> 900`, `-`).
+fn millis(cell: &str) -> f64 {
+    let first = cell.split(" / ").next().unwrap_or_default().trim();
+    match first.split_once(' ') {
+        Some((value, "ms")) => value.parse().unwrap_or(f64::NAN),
+        Some((value, "s")) => value.parse::<f64>().map_or(f64::NAN, |s| s * 1e3),
+        _ => f64::NAN,
     }
 }
 
-/// SVG plots of the figures against the number of Services, a line per proxy and mode.
-fn plots(out: &Path, results: &BTreeMap<(String, usize), Row>) {
-    fn median(v: &[Duration]) -> f64 {
-        let mut v = v.to_vec();
-        v.sort();
-        v.get(v.len() / 2).map_or(f64::NAN, |d| d.as_secs_f64() * 1e3)
-    }
-    type Figure = fn(&Row) -> f64;
+/// SVG plots, into `out`, of the figures of a results table against the number of Services, a
+/// line per proxy and mode.
+fn plot_table(out: &Path, table: &str) {
+    // Columns: Services, proxy, mode, cold start, its CPU, change, new, deleted, sync, RSS, ...
+    let rows: Vec<Vec<&str>> = table
+        .lines()
+        .filter(|l| l.starts_with("| ") && l.as_bytes().get(2).is_some_and(u8::is_ascii_digit))
+        .map(|l| l.trim_matches('|').split('|').map(str::trim).collect())
+        .filter(|cells: &Vec<&str>| cells.len() >= 10)
+        .collect();
+    type Figure = fn(&[&str]) -> f64;
     let figures: [(&str, &str, &str, Figure); 4] = [
-        ("vs-upstream-change.svg", "Endpoint change visible in the kernel (median)", "ms", |r| median(&r.change)),
-        ("vs-upstream-cold-start.svg", "Cold start to synced", "s", |r| r.cold.map_or(f64::NAN, |d| d.as_secs_f64())),
-        ("vs-upstream-rss.svg", "Peak RSS", "MiB", |r| r.rss),
-        ("vs-upstream-new-service.svg", "New Service visible in the kernel (median)", "ms", |r| median(&r.added)),
+        ("vs-upstream-change.svg", "Endpoint change visible in the kernel (median)", "ms", |r| millis(r[5])),
+        ("vs-upstream-cold-start.svg", "Cold start to synced", "s", |r| millis(r[3]) / 1e3),
+        ("vs-upstream-rss.svg", "Peak RSS", "MiB", |r| r[9].trim_end_matches(" MiB").parse().unwrap_or(f64::NAN)),
+        ("vs-upstream-new-service.svg", "New Service visible in the kernel (median)", "ms", |r| millis(r[6])),
     ];
-    let names: BTreeSet<&String> = results.keys().map(|(name, _)| name).collect();
+    let names: BTreeSet<String> = rows.iter().map(|r| format!("{} {}", r[1], r[2])).collect();
     for (file, title, unit, figure) in figures {
         let series: Vec<bench_plot::Series> = names
             .iter()
             .map(|name| bench_plot::Series {
-                name: name.to_string(),
-                points: results
+                name: name.clone(),
+                points: rows
                     .iter()
-                    .filter(|((n, _), _)| n == *name)
-                    .map(|((_, services), row)| (*services as f64, figure(row)))
+                    .filter(|r| format!("{} {}", r[1], r[2]) == *name)
+                    .filter_map(|r| Some((r[0].parse::<f64>().ok()?, figure(r))))
                     .collect(),
             })
             .collect();
         let svg = bench_plot::line_chart(title, "Services (10 endpoints each)", unit, &series);
         std::fs::write(out.join(file), svg).unwrap();
     }
+}
+
+#[test]
+fn a_results_table_plots_a_line_per_proxy_and_mode() {
+    assert_eq!(millis("7.9 ms / 11.3 ms"), 7.9);
+    assert!((millis("2.03 s") - 2030.0).abs() < 1e-6);
+    assert!(millis("> 900").is_nan() && millis("-").is_nan());
+    let table = "| Services | proxy | mode | cold start to synced | its CPU | endpoint change (median / max) | new Service | deleted Service | mean sync (own metric) | peak RSS | CPU in all | ruleset lines |\n\
+                 |---|---|---|---|---|---|---|---|---|---|---|---|\n\
+                 | 1000 | roadkeeper | nftables | 0.25 s | 0.2 s | 7.9 ms / 11.3 ms | 17.0 ms / 28.3 ms | 26.4 ms / 33.3 ms | 0.3 ms | 84 MiB | 1.2 s | 33126 |\n\
+                 | 1000 | kube-proxy | nftables | 2.03 s | 0.3 s | 369.2 ms / 500.7 ms | 433.1 ms / 591.2 ms | 294.5 ms / 436.2 ms | 348.3 ms | 136 MiB | 6.0 s | 71129 |\n\
+                 | 10000 | roadkeeper | nftables | 5.91 s | 5.5 s | 11.5 ms / 70.5 ms | 41.8 ms / 60.1 ms | 53.7 ms / 90.9 ms | 0.9 ms | 391 MiB | 6.9 s | 326976 |\n";
+    let out = tempfile::tempdir().unwrap();
+    plot_table(out.path(), table);
+    let change = std::fs::read_to_string(out.path().join("vs-upstream-change.svg")).unwrap();
+    let lines: Vec<&str> = change.lines().filter(|l| l.starts_with("<polyline")).collect();
+    assert_eq!(lines.len(), 2, "{change}");
+    // kube-proxy (sorted first) has one point, roadkeeper two.
+    assert_eq!(lines.iter().map(|l| l.matches(',').count()).collect::<Vec<_>>(), [1, 2]);
+    assert!(change.contains(">kube-proxy nftables<") && change.contains(">roadkeeper nftables<"));
 }
