@@ -125,9 +125,10 @@ fn env_or<T: std::str::FromStr>(name: &str, default: T) -> T {
     std::env::var(name).ok().and_then(|v| v.parse().ok()).unwrap_or(default)
 }
 
-/// Synthetic Service `i`: 80% one TCP port, 15% two, 5% UDP; 5% NodePort (4% of them at 50,000:
-/// the NodePort range holds 2,768), 2% LoadBalancer with source ranges, 5% ClientIP affinity,
-/// 5% `externalTrafficPolicy: Local` (of the NodePort and LoadBalancer ones).
+/// Synthetic Service `i`: 80% one TCP port, 15% two, 5% UDP; 4% NodePort (the NodePort range
+/// holds 2,768 ports: 5% would not fit at 50,000 Services) and 2% LoadBalancer with source ranges
+/// and no NodePorts, a quarter and a half of them `externalTrafficPolicy: Local` (2% in all: the
+/// API allows it on those types only); 5% ClientIP affinity.
 fn synthetic_service(i: usize) -> Service {
     let kind = i % 100;
     let ports = match kind {
@@ -381,7 +382,7 @@ impl Listeners {
     }
 }
 
-/// A process's peak RSS (MiB) and CPU time so far.
+/// A process's peak RSS (MiB) and CPU time so far, its waited-for children's included.
 fn process_stats(pid: u32) -> (f64, Duration) {
     let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap_or_default();
     let hwm_kib: f64 = status
@@ -390,11 +391,11 @@ fn process_stats(pid: u32) -> (f64, Duration) {
         .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
         .unwrap_or(0.0);
     let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
-    // Fields after the command name (which may hold spaces): utime and stime are the 12th and
-    // 13th of them, in clock ticks.
+    // Fields after the command name (which may hold spaces): utime, stime, cutime and cstime
+    // are the 12th to 15th of them, in clock ticks. The children's times count the `nft` and
+    // `iptables-restore` processes the proxy ran and waited for.
     let rest: Vec<&str> = stat.rsplit_once(')').map(|(_, r)| r.split_whitespace().collect()).unwrap_or_default();
-    let ticks: u64 =
-        rest.get(11).and_then(|v| v.parse().ok()).unwrap_or(0) + rest.get(12).and_then(|v| v.parse().ok()).unwrap_or(0);
+    let ticks: u64 = (11..15).filter_map(|i| rest.get(i)?.parse::<u64>().ok()).sum();
     let hz = nix::unistd::sysconf(nix::unistd::SysconfVar::CLK_TCK).ok().flatten().unwrap_or(100) as u64;
     (hwm_kib / 1024.0, Duration::from_millis(ticks * 1000 / hz))
 }
