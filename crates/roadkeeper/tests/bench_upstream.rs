@@ -54,57 +54,41 @@ fn proxies(kubeconfig: &Path) -> Vec<Proxy> {
     let kubeconfig = kubeconfig.display().to_string();
     let roadkeeper = env!("CARGO_BIN_EXE_roadkeeper").to_string();
     let kube_proxy = std::env::var("RK_KUBE_PROXY").unwrap_or_default();
+    // The flags both take, with the same meaning.
+    let common = |mode: &str| -> Vec<String> {
+        ["--kubeconfig", &kubeconfig, "--hostname-override", "node-0", "--proxy-mode", mode]
+            .into_iter()
+            .chain(["--cluster-cidr", CLUSTER_CIDR, "--metrics-bind-address", "127.0.0.1:10249"])
+            .map(String::from)
+            .collect()
+    };
     let ours = |mode: &'static str| Proxy {
         name: "roadkeeper",
         mode,
-        args: [
-            &roadkeeper,
-            "proxy",
-            "--kubeconfig",
-            &kubeconfig,
-            "--hostname-override",
-            "node-0",
-            "--proxy-mode",
-            mode,
-        ]
-        .into_iter()
-        .map(String::from)
-        .chain([
-            "--cluster-cidr".into(),
-            CLUSTER_CIDR.into(),
-            "--metrics-bind-address".into(),
-            "127.0.0.1:10249".into(),
-        ])
-        .collect(),
+        args: [roadkeeper.clone(), "proxy".into()].into_iter().chain(common(mode)).collect(),
     };
     let upstream = |mode: &'static str| Proxy {
         name: "kube-proxy",
         mode,
-        args: [
-            kube_proxy.as_str(),
-            "--kubeconfig",
-            &kubeconfig,
-            "--hostname-override",
-            "node-0",
-            "--proxy-mode",
-            mode,
-            "--cluster-cidr",
-            CLUSTER_CIDR,
-            "--metrics-bind-address",
-            "127.0.0.1:10249",
-            "--healthz-bind-address",
-            "127.0.0.1:10256",
-            // Conntrack sysctls cannot be written outside the initial namespace; leave them.
-            "--conntrack-max-per-core",
-            "0",
-            "--conntrack-tcp-timeout-established",
-            "0",
-            "--conntrack-tcp-timeout-close-wait",
-            "0",
-        ]
-        .into_iter()
-        .map(String::from)
-        .collect(),
+        args: [kube_proxy.clone()]
+            .into_iter()
+            .chain(common(mode))
+            .chain(
+                [
+                    "--healthz-bind-address",
+                    "127.0.0.1:10256",
+                    // Conntrack sysctls cannot be written outside the initial namespace; leave
+                    // them as they are.
+                    "--conntrack-max-per-core",
+                    "0",
+                    "--conntrack-tcp-timeout-established",
+                    "0",
+                    "--conntrack-tcp-timeout-close-wait",
+                    "0",
+                ]
+                .map(String::from),
+            )
+            .collect(),
     };
     let wanted = std::env::var("RK_BENCH_PROXIES")
         .unwrap_or_else(|_| "roadkeeper-nftables,kube-proxy-nftables,roadkeeper-iptables,kube-proxy-iptables".into());
