@@ -174,16 +174,16 @@ fn slice_of(service: &str, ports: Vec<serde_json::Value>, endpoints: Vec<serde_j
     .expect("EndpointSlice")
 }
 
-/// A one-port TCP Service `name` (port 80) whose one endpoint is `endpoint:8080`.
-fn probe_objects(name: &str, endpoint: Ipv4Addr) -> (Service, EndpointSlice) {
-    let service = serde_json::from_value(json!({
+/// Probe Service `name`: one TCP port 80, no selector.
+fn probe_service(name: &str) -> Service {
+    serde_json::from_value(json!({
         "metadata": {"name": name, "namespace": "bench"},
         "spec": {"ports": [{"name": "http", "port": 80, "targetPort": 8080, "protocol": "TCP"}]},
     }))
-    .expect("probe Service");
-    (service, probe_slice(name, endpoint))
+    .expect("probe Service")
 }
 
+/// The EndpointSlice of probe Service `name`: its one endpoint at `endpoint:8080`.
 fn probe_slice(name: &str, endpoint: Ipv4Addr) -> EndpointSlice {
     slice_of(
         name,
@@ -266,13 +266,13 @@ impl Cluster {
     }
 
     fn create_probe_slice(&self, ns: &Netns, name: &str, endpoint: Ipv4Addr) {
-        let (_, slice) = probe_objects(name, endpoint);
+        let slice = probe_slice(name, endpoint);
         ns.run(|| self.rt.block_on(self.slices.create(&PostParams::default(), &slice)).expect("create probe slice"));
     }
 
     /// Creates the Service of probe `name`; its ClusterIP.
     fn create_probe_service(&self, ns: &Netns, name: &str) -> Ipv4Addr {
-        let (service, _) = probe_objects(name, LISTENERS[0]);
+        let service = probe_service(name);
         let created =
             ns.run(|| self.rt.block_on(self.services.create(&PostParams::default(), &service)).expect("create probe"));
         created.spec.and_then(|s| s.cluster_ip).and_then(|ip| ip.parse().ok()).expect("probe ClusterIP")

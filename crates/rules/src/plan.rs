@@ -154,7 +154,7 @@ pub struct NftPlan {
 impl NftPlan {
     /// The full sync from empty tables, as one transaction (`roadkeeper rules` prints it).
     pub fn ops(&self) -> Vec<Op> {
-        transaction::full_sync(&self.layouts, self.services.values(), &Existing::default())
+        transaction::full_sync(&self.layouts, self.services.values(), &Existing::default()).0
     }
 }
 

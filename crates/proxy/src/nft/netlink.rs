@@ -1921,7 +1921,7 @@ mod tests {
             sp.affinity_timeout = Some(30);
             sp.node_port = Some(30053);
             let objects = plan_service(&[sp], &PlanContext::default());
-            let ops = full_sync(&[full_layout(family, false)], std::iter::once(&objects), &Existing::default());
+            let (ops, _) = full_sync(&[full_layout(family, false)], std::iter::once(&objects), &Existing::default());
             let text = script(&ops);
             let reference = roadkeeper_netlab::Netns::new("rk-nlnref").expect("netns");
             let want = reference.run(|| {

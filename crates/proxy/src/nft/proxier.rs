@@ -86,7 +86,7 @@ impl<R: NftRunner> Backend for NftProxier<R> {
             let included = |key: &NamespacedName| only.as_ref().is_none_or(|keys| keys.contains(key));
             let objects: Vec<Objects> =
                 planned.iter().filter(|(k, _)| included(k)).map(|(_, ports)| objects(cfg, node, ports)).collect();
-            (transaction::full_sync(&layouts, objects.iter(), &existing), Shared::of(objects.iter()))
+            transaction::full_sync(&layouts, objects.iter(), &existing)
         };
         let mut refused = Vec::new();
         let (mut ops, mut shared) = ops_for(&planned, None);

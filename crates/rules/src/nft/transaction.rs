@@ -187,12 +187,13 @@ pub fn layout_ops(layouts: &[Layout]) -> Vec<Op> {
 /// A full sync as one transaction: the layout of both tables (shared maps emptied), every
 /// Service's chains, affinity sets (their contents kept) and map elements, and the deletion of
 /// whatever stale chains and sets `existing` lists. Applied atomically, traffic never sees a
-/// half-built table.
+/// half-built table. Also what the Services share once it is applied.
 pub fn full_sync<'a>(
     layouts: &[Layout],
     services: impl Iterator<Item = &'a Objects> + Clone,
     existing: &Existing,
-) -> Vec<Op> {
+) -> (Vec<Op>, Shared) {
+    let shared_state = Shared::of(services.clone());
     let mut ops = layout_ops(layouts);
     let mut wanted_chains: BTreeSet<(IpFamily, String)> = BTreeSet::new();
     let mut wanted_sets: BTreeSet<(IpFamily, String)> = BTreeSet::new();
@@ -207,7 +208,7 @@ pub fn full_sync<'a>(
         wanted_chains.extend(layout_chains.map(|name| (family, name)));
     }
     // The count sets in use, emptied (an existing one keeps elements otherwise), and their rules.
-    for (family, selection, n) in Shared::of(services.clone()).count_sets() {
+    for (family, selection, n) in shared_state.count_sets() {
         let [add, rule] = count_set_ops(family, selection, n);
         ops.push(add);
         ops.push(Op::FlushSet { family, container: Container::Count(selection, n) });
@@ -242,7 +243,7 @@ pub fn full_sync<'a>(
     for (family, name) in existing.sets.difference(&wanted_sets) {
         ops.push(Op::DeleteSet { family: *family, name: name.clone() });
     }
-    ops
+    (ops, shared_state)
 }
 
 /// The ops of one Service's partial sync, in the phases by which several Services' ops are
@@ -476,7 +477,7 @@ mod tests {
             nodeport_all_local: false,
             service_cidrs: Vec::new(),
         }];
-        let script = script(&full_sync(&layouts, std::iter::once(&objects), &existing));
+        let script = script(&full_sync(&layouts, std::iter::once(&objects), &existing).0);
         assert!(script.contains("delete chain ip roadkeeper service-OLD-default/gone/tcp/"));
         assert!(script.contains("delete set ip roadkeeper affinity-OLD"));
         assert!(!script.contains("delete chain ip roadkeeper services"));
