@@ -33,6 +33,14 @@ impl IpFamily {
         if ip.is_ipv4() { IpFamily::V4 } else { IpFamily::V6 }
     }
 
+    /// The family's unspecified address (`0.0.0.0`, `::`).
+    pub fn unspecified(self) -> IpAddr {
+        match self {
+            IpFamily::V4 => IpAddr::from([0u8; 4]),
+            IpFamily::V6 => IpAddr::from([0u8; 16]),
+        }
+    }
+
     /// Parses Kubernetes' `IPv4` / `IPv6` spelling.
     fn from_k8s(s: &str) -> Option<IpFamily> {
         match s {

@@ -33,7 +33,7 @@ use crate::netlink_socket::{
 };
 use roadkeeper_rules::nft::objects::{Container, DataKind, KeyKind, TABLE, TABLE_COMMENT, Value};
 use roadkeeper_rules::nft::rule::{
-    Action, AffinitySet, ChainType, ElementKey, HookPoint, LookupKey, Match, Op, Rule, Verdict,
+    AFFINITY, Action, AffinityKey, ChainType, ElementKey, HookPoint, LookupKey, Match, Op, Rule, Verdict,
 };
 use roadkeeper_rules::table::{IpFamily, Protocol};
 
@@ -101,8 +101,9 @@ const NFTA_SET_KEY_TYPE: u16 = 4;
 const NFTA_SET_KEY_LEN: u16 = 5;
 const NFTA_SET_DATA_TYPE: u16 = 6;
 const NFTA_SET_DATA_LEN: u16 = 7;
+const NFTA_SET_DESC: u16 = 9;
+const NFTA_SET_DESC_SIZE: u16 = 1;
 const NFTA_SET_ID: u16 = 10;
-const NFTA_SET_TIMEOUT: u16 = 11;
 const NFTA_SET_USERDATA: u16 = 13;
 const NFT_SET_INTERVAL: u32 = 0x4;
 const NFT_SET_MAP: u32 = 0x8;
@@ -133,6 +134,7 @@ const NFT_REG_VERDICT: u32 = 0;
 const NFT_REG_1: u32 = 1;
 const NFT_REG_2: u32 = 2;
 // 32-bit registers: NFT_REG32_00 is 8 and overlaps NFT_REG_1.
+const NFT_REG32_00: u32 = 8;
 const NFT_REG32_01: u32 = 9;
 const NFT_REG32_02: u32 = 10;
 const NFT_REG32_03: u32 = 11;
@@ -167,6 +169,7 @@ const NFTA_LOOKUP_DREG: u16 = 3;
 const NFTA_DYNSET_SET_NAME: u16 = 1;
 const NFTA_DYNSET_OP: u16 = 3;
 const NFTA_DYNSET_SREG_KEY: u16 = 4;
+const NFTA_DYNSET_TIMEOUT: u16 = 6;
 const NFT_DYNSET_OP_UPDATE: u32 = 1;
 // fib
 const NFTA_FIB_DREG: u16 = 1;
@@ -532,12 +535,6 @@ fn encode_op(b: &mut Buf, op: &Op, seq: u32, set_id: &mut u32) {
             encode_container(b, *family, *container, *set_id);
             b.end_msg(m);
         }
-        Op::AddSet { family, name, set } => {
-            *set_id += 1;
-            let m = b.begin_msg(nft_type(NFT_MSG_NEWSET), req | NLM_F_CREATE, seq, nfproto(*family), 0);
-            encode_affinity_set(b, *family, name, set, *set_id);
-            b.end_msg(m);
-        }
         Op::AddChain { family, name } => {
             let m = b.begin_msg(nft_type(NFT_MSG_NEWCHAIN), req | NLM_F_CREATE, seq, nfproto(*family), 0);
             b.str(NFTA_CHAIN_TABLE, TABLE);
@@ -594,25 +591,6 @@ fn encode_op(b: &mut Buf, op: &Op, seq: u32, set_id: &mut u32) {
     }
 }
 
-/// `type ipv4_addr ; flags dynamic,timeout ; timeout Ns ; comment "..."`, as nft sends it.
-fn encode_affinity_set(b: &mut Buf, family: IpFamily, name: &str, set: &AffinitySet, id: u32) {
-    let (key_type, key_len) = match family {
-        IpFamily::V4 => (NFT_TYPE_IPADDR, 4),
-        IpFamily::V6 => (NFT_TYPE_IP6ADDR, 16),
-    };
-    b.str(NFTA_SET_TABLE, TABLE);
-    b.str(NFTA_SET_NAME, name);
-    b.be32(NFTA_SET_FLAGS, NFT_SET_TIMEOUT | NFT_SET_EVAL);
-    b.be32(NFTA_SET_KEY_TYPE, key_type);
-    b.be32(NFTA_SET_KEY_LEN, key_len);
-    b.be32(NFTA_SET_ID, id);
-    b.be64(NFTA_SET_TIMEOUT, u64::from(set.timeout_secs) * 1000);
-    let mut ud = Vec::new();
-    udata(&mut ud, NFTNL_UDATA_SET_KEYBYTEORDER, &NFT_BYTEORDER_BIG_ENDIAN.to_ne_bytes());
-    ud.extend(comment_udata(NFTNL_UDATA_SET_COMMENT, &set.comment));
-    b.attr(NFTA_SET_USERDATA, &ud);
-}
-
 /// A shared set or map, declared as nft 1.0.6 declares it (see [`Container::declaration`]).
 fn encode_container(b: &mut Buf, family: IpFamily, container: Container, id: u32) {
     let (addr_type, addr_len) = match family {
@@ -629,6 +607,7 @@ fn encode_container(b: &mut Buf, family: IpFamily, container: Container, id: u32
         KeyKind::AddrProtoPortIndex => (concat(&[addr_type, proto, service, NFT_TYPE_INTEGER]), addr_len + 12),
         KeyKind::ProtoPortIndex => (concat(&[proto, service, NFT_TYPE_INTEGER]), 12),
         KeyKind::AddrPair => (concat(&[addr_type, addr_type]), 2 * addr_len),
+        KeyKind::Affinity => (concat(&[addr_type, addr_type, service, addr_type, service]), 3 * addr_len + 8),
     };
     let mut flags = 0;
     if container.data() != DataKind::None {
@@ -636,6 +615,9 @@ fn encode_container(b: &mut Buf, family: IpFamily, container: Container, id: u32
     }
     if container.key() == KeyKind::AddrRange {
         flags |= NFT_SET_INTERVAL;
+    }
+    if container.key() == KeyKind::Affinity {
+        flags |= NFT_SET_TIMEOUT | NFT_SET_EVAL;
     }
     b.str(NFTA_SET_TABLE, TABLE);
     b.str(NFTA_SET_NAME, &container.name());
@@ -654,6 +636,9 @@ fn encode_container(b: &mut Buf, family: IpFamily, container: Container, id: u32
         }
     }
     b.be32(NFTA_SET_ID, id);
+    if container.key() == KeyKind::Affinity {
+        b.nest(NFTA_SET_DESC, |b| b.be32(NFTA_SET_DESC_SIZE, Container::AFFINITY_SIZE));
+    }
     let mut ud = Vec::new();
     match (container.key(), container.data()) {
         (KeyKind::Addr | KeyKind::AddrRange, _) => {
@@ -987,6 +972,30 @@ fn immediate_verdict(b: &mut Buf, code: i32, chain: Option<&str>) {
     });
 }
 
+/// `ip saddr . <endpoint> . <port> . <ClusterIP> . <port>` into the registers from
+/// `NFT_REG_1` on: the source loaded from the packet, the rest immediates, each component at
+/// the next multiple of 4 bytes (a register is named as nft names it: by 16-byte register where
+/// the offset allows, else by 32-bit register).
+fn load_affinity_key(b: &mut Buf, family: IpFamily, key: &AffinityKey) {
+    let len = addr_len(family);
+    load_saddr(b, family, len);
+    let parts: [Vec<u8>; 4] = [
+        addr_bytes(key.endpoint),
+        key.endpoint_port.to_be_bytes().to_vec(),
+        addr_bytes(key.service),
+        key.service_port.to_be_bytes().to_vec(),
+    ];
+    let mut offset = len;
+    for part in parts {
+        let reg = if offset % 16 == 0 { NFT_REG_1 + offset / 16 } else { NFT_REG32_00 + offset / 4 };
+        b.expr("immediate", |b| {
+            b.be32(NFTA_IMMEDIATE_DREG, reg);
+            b.value(NFTA_IMMEDIATE_DATA, &part);
+        });
+        offset += (part.len() as u32).next_multiple_of(4);
+    }
+}
+
 fn encode_rule(b: &mut Buf, rule: &Rule) {
     let family = rule.family;
     for m in &rule.matches {
@@ -1000,11 +1009,11 @@ fn encode_rule(b: &mut Buf, rule: &Rule) {
                 cmp_eq(b, &addr_bytes(*addr));
             }
             Match::SaddrIn(net) => addr_in(b, family, false, NFT_CMP_EQ, net),
-            Match::SaddrInSet(set) => {
-                load_saddr(b, family, addr_len(family));
+            Match::Affinity(key) => {
+                load_affinity_key(b, family, key);
                 b.expr("lookup", |b| {
                     b.be32(NFTA_LOOKUP_SREG, NFT_REG_1);
-                    b.str(NFTA_LOOKUP_SET, set);
+                    b.str(NFTA_LOOKUP_SET, AFFINITY);
                 });
             }
             Match::FibSaddrLocal => {
@@ -1087,12 +1096,13 @@ fn encode_rule(b: &mut Buf, rule: &Rule) {
         Action::Goto(chain) => immediate_verdict(b, NFT_GOTO, Some(chain)),
         Action::Return => immediate_verdict(b, NFT_RETURN, None),
         Action::Drop => immediate_verdict(b, NF_DROP, None),
-        Action::UpdateSaddr(set) => {
-            load_saddr(b, family, addr_len(family));
+        Action::UpdateAffinity { key, timeout_secs } => {
+            load_affinity_key(b, family, key);
             b.expr("dynset", |b| {
                 b.be32(NFTA_DYNSET_SREG_KEY, NFT_REG_1);
                 b.be32(NFTA_DYNSET_OP, NFT_DYNSET_OP_UPDATE);
-                b.str(NFTA_DYNSET_SET_NAME, set);
+                b.be64(NFTA_DYNSET_TIMEOUT, u64::from(*timeout_secs) * 1000);
+                b.str(NFTA_DYNSET_SET_NAME, AFFINITY);
             });
         }
         Action::Dnat { protocol, ip, port } => {
@@ -1331,20 +1341,8 @@ mod tests {
         let add_rule = |chain: &str, rule: Rule| Op::AddRule { chain: chain.into(), rule };
         let cases: Vec<(Op, &str)> = vec![
             (
-                Op::AddSet {
-                    family: IpFamily::V4,
-                    name: "aff-x".into(),
-                    set: AffinitySet { timeout_secs: 10800, comment: "ns/svc:p".into() },
-                },
-                "74000000090a01040000000000000000020000000f000100726f61646b656570657200000a0002006166662d7800000008000300000000300800040000000007080005000000000408000a00000000010c000b000000000000a4cb8015000d0000040200000007096e732f7376633a7000000000",
-            ),
-            (
-                Op::AddSet {
-                    family: IpFamily::V6,
-                    name: "aff-y".into(),
-                    set: AffinitySet { timeout_secs: 5, comment: "ns/svc:p".into() },
-                },
-                "74000000090a010400000000000000000a0000000f000100726f61646b656570657200000a0002006166662d7900000008000300000000300800040000000008080005000000001008000a00000000010c000b00000000000000138815000d0000040200000007096e732f7376633a7000000000",
+                Op::AddContainer { family: IpFamily::V4, container: Container::Affinity },
+                "b4000000090a01040000000000000000020000000f000100726f61646b656570657200000d000200616666696e69747900000000080003000000003008000400071cd1cd080005000000001408000a00000000010c000980080001000008000052000d00000400000000030800040d0000000100073c73657373696f6e20616666696e6974793a2074686520656e64706f696e74206561636820636c69656e7420776173206c6173742073656e7420746f000000",
             ),
             (
                 Op::AddChain { family: IpFamily::V4, name: "svc-a".into() },
@@ -1396,6 +1394,28 @@ mod tests {
                 "300000000b0a01000000000000000000020000000f000100726f61646b656570657200000a0002006166662d78000000",
             ),
         ];
+        // nft also sends the set id of its cache in the dynset (NFTA_DYNSET_SET_ID; we refer to
+        // sets by name): its capture minus `08000200 00000001`, the enclosing lengths minus 8.
+        let update = add_rule(
+            "svc-a",
+            rule(
+                IpFamily::V4,
+                vec![],
+                Action::UpdateAffinity {
+                    key: AffinityKey {
+                        endpoint: v4("10.244.0.5"),
+                        endpoint_port: 8080,
+                        service: v4("10.96.0.10"),
+                        service_port: 80,
+                    },
+                    timeout_secs: 10800,
+                },
+            ),
+        );
+        assert_eq!(
+            messages(&encode(std::slice::from_ref(&update), 7))[1],
+            "68010000060a010c0000000000000000020000000f000100726f61646b656570657200000a0002007376632d6100000028010480340001800c0001007061796c6f6164002400028008000100000000010800020000000001080003000000000c08000400000000042c0001800e000100696d6d6564696174650000001800028008000100000000090c000280080001000af400052c0001800e000100696d6d65646961746500000018000280080001000000000a0c000280060001001f9000002c0001800e000100696d6d65646961746500000018000280080001000000000b0c000280080001000a60000a2c0001800e000100696d6d6564696174650000001800028008000100000000020c0002800600010000500000400001800b00010064796e736574000030000280080004000000000108000300000000010c0006000000000000a4cb800d000100616666696e697479000000000d00070000076e732f613a7000000000"
+        );
         let begin = "140000001000010000000000000000000000000a";
         let end = "140000001100010000000000000000000000000a";
         for (op, want) in cases {
@@ -1620,12 +1640,17 @@ mod tests {
         roadkeeper_rules::nft::objects::family_keyword(family)
     }
 
-    const AFF: &str = "affinity-ABC";
     const SVC: &str = "service-ABC-ns/web/tcp/http";
     const EXT: &str = "external-ABC-ns/web/tcp/http";
     const EP: &str = "endpoint-DEF-ns/web/tcp/http__10.244.1.5/8080";
 
-    /// Ops using every Match, Action, ElementKey, Verdict and Container.
+    fn affinity_key(family: IpFamily) -> AffinityKey {
+        let a = addrs(family);
+        AffinityKey { endpoint: a.endpoint, endpoint_port: 8080, service: a.service, service_port: 80 }
+    }
+
+    /// Ops using every Match, Action, ElementKey, Verdict and Container, but the affinity
+    /// lookup (nft 1.0.6 cannot parse constants in a lookup's key: see [`round_trip`]).
     fn install_ops(family: IpFamily) -> Vec<Op> {
         let a = addrs(family);
         let c = "ns/web:http";
@@ -1635,21 +1660,19 @@ mod tests {
         };
         let el = |container, key, value| Op::AddElement { family, container, key, value, comment: c.into() };
         vec![
-            Op::AddSet { family, name: AFF.into(), set: AffinitySet { timeout_secs: 10800, comment: c.into() } },
             Op::AddChain { family, name: SVC.into() },
             Op::AddChain { family, name: EXT.into() },
             Op::AddChain { family, name: EP.into() },
             r(SVC, vec![Match::DaddrIs(a.service)], Action::Jump("mark-for-masquerade".into())),
             r(SVC, vec![Match::SaddrIn(a.pods)], Action::Return),
             r(SVC, vec![Match::SaddrIn(a.wide)], Action::Jump("mark-for-masquerade".into())),
-            r(SVC, vec![Match::SaddrInSet(AFF.into())], Action::Goto(EP.into())),
             r(SVC, vec![Match::Random { modulus: 2, value: 0 }], Action::Goto(EP.into())),
             r(SVC, vec![], Action::Goto(EP.into())),
             r(EXT, vec![Match::FibSaddrLocal], Action::Jump("mark-for-masquerade".into())),
             r(EXT, vec![Match::SaddrIs(a.pod), Match::FibSaddrLocal], Action::Drop),
             r(EXT, vec![], Action::Goto(SVC.into())),
             r(EP, vec![Match::SaddrIs(a.endpoint)], Action::Jump("mark-for-masquerade".into())),
-            r(EP, vec![], Action::UpdateSaddr(AFF.into())),
+            r(EP, vec![], Action::UpdateAffinity { key: affinity_key(family), timeout_secs: 10800 }),
             r(EP, vec![], Action::Dnat { protocol: Protocol::Tcp, ip: a.endpoint, port: 8080 }),
             r(
                 EP,
@@ -1771,15 +1794,6 @@ mod tests {
                         || elements.contains(&format!(" {text} }}"));
                     assert!(hit, "element `{text}` not in:\n{listing}");
                 }
-                Op::AddSet { name, set, .. } => {
-                    let listing = nft(&["list", "set", family_kw(family), TABLE, name], None).unwrap();
-                    let addr = if family == IpFamily::V4 { "ipv4_addr" } else { "ipv6_addr" };
-                    for want in
-                        [format!("type {addr}"), "flags dynamic,timeout".into(), format!("comment \"{}\"", set.comment)]
-                    {
-                        assert!(listing.contains(&want), "`{want}` not in:\n{listing}");
-                    }
-                }
                 Op::AddChain { name, .. } => {
                     nft(&["list", "chain", family_kw(family), TABLE, name], None).expect("chain exists");
                 }
@@ -1824,7 +1838,6 @@ mod tests {
         for name in [SVC, EXT, EP] {
             remove.push(Op::DeleteChain { family, name: name.into() });
         }
-        remove.push(Op::DeleteSet { family, name: AFF.into() });
         for name in ["select-service-endpoint", "select-nodeport-cluster-endpoint"] {
             remove.push(Op::FlushChain { family, name: name.into() });
         }
@@ -1848,6 +1861,23 @@ mod tests {
                 eprintln!("{}", list_table(family));
             }
             assert_eq!(list_table(family), want_installed, "netlink and nft -f disagree");
+
+            // The affinity lookup, which nft 1.0.6 can neither read from a script nor list with
+            // its constants typed: the kernel takes it, and nft lists the key's constants raw.
+            let lookup = Op::AddRule {
+                chain: SVC.into(),
+                rule: Rule::when(family, vec![Match::Affinity(affinity_key(family))], Action::Goto(EP.into()), "c"),
+            };
+            apply(std::slice::from_ref(&lookup)).expect("apply the affinity lookup");
+            let listing = nft(&["list", "chain", family_kw(family), TABLE, SVC], None).unwrap();
+            let (saddr, endpoint, service) = match family {
+                IpFamily::V4 => ("ip saddr", "0xaf40105", "0xa60000a"),
+                IpFamily::V6 => ("ip6 saddr", "0xfd000010024400010000000000000005", "0xfd00001000960000000000000000000a"),
+            };
+            let raw = format!(
+                "{saddr} . {endpoint} [invalid type] . 0x1f90 [invalid type] . {service} [invalid type] . 0x50 [invalid type] @affinity goto {EP} comment \"c\""
+            );
+            assert!(listing.lines().any(|l| l.trim() == raw), "`{raw}` not in:\n{listing}");
 
             apply(&rewrite).expect("apply rewrite");
             assert_listed(family, &rewrite);
@@ -1922,6 +1952,9 @@ mod tests {
             sp.node_port = Some(30053);
             let objects = plan_service(&[sp], &PlanContext::default());
             let (ops, _) = full_sync(&[full_layout(family, false)], std::iter::once(&objects), &Existing::default());
+            // Without the affinity lookups, which nft cannot read (see `round_trip`).
+            let readable = |op: &Op| !matches!(op, Op::AddRule { rule, .. } if rule.matches.iter().any(|m| matches!(m, Match::Affinity(_))));
+            let ops: Vec<Op> = ops.into_iter().filter(readable).collect();
             let text = script(&ops);
             let reference = roadkeeper_netlab::Netns::new("rk-nlnref").expect("netns");
             let want = reference.run(|| {
@@ -1975,9 +2008,7 @@ mod tests {
             apply(&ops).expect("apply");
             let (chains, sets) = table_names(family).expect("dump");
             let added = |op: &Op| match op {
-                Op::AddChain { name, .. } | Op::AddBaseChain { name, .. } | Op::AddSet { name, .. } => {
-                    Some(name.clone())
-                }
+                Op::AddChain { name, .. } | Op::AddBaseChain { name, .. } => Some(name.clone()),
                 Op::AddContainer { container, .. } => Some(container.name().to_string()),
                 _ => None,
             };

@@ -268,14 +268,15 @@ impl Layout {
     }
 
     /// Every op that (re)writes this family's layout, in an order the kernel accepts within one
-    /// transaction: the table, the shared sets and maps (declared and emptied), the node sets'
-    /// elements, the helper chains (emptied, then their rules), then the base chains. Services'
+    /// transaction: the table, the shared sets and maps (declared and emptied, except the
+    /// affinity entries the packet path keeps), the node sets' elements, the helper chains (emptied, then their rules), then the base chains. Services'
     /// elements are added after these.
     pub fn ops(&self) -> Vec<Op> {
         let family = self.family;
         let mut ops = vec![Op::AddTable { family }];
         ops.extend(Container::FIXED.iter().map(|&container| Op::AddContainer { family, container }));
-        ops.extend(Container::FIXED.iter().map(|&container| Op::FlushSet { family, container }));
+        let emptied = Container::FIXED.iter().filter(|&&c| c != Container::Affinity);
+        ops.extend(emptied.map(|&container| Op::FlushSet { family, container }));
         for set in self.node_sets() {
             ops.extend(set.elements.into_iter().map(|key| Op::AddElement {
                 family,

@@ -5,7 +5,7 @@
 use std::collections::BTreeMap;
 use std::net::IpAddr;
 
-use super::rule::{AffinitySet, ElementKey, Rule, Verdict};
+use super::rule::{AFFINITY, ElementKey, Rule, Verdict};
 use crate::table::IpFamily;
 
 /// The nftables family keyword of a table (`ip` / `ip6`).
@@ -107,12 +107,18 @@ pub enum Container {
     /// `address . address` for every endpoint address: a DNATed packet from an endpoint to
     /// itself (hairpin) is masqueraded. Shared by every Service with that endpoint address.
     Hairpin,
+    /// `client . endpoint . port . ClusterIP . port`, with timeouts: which endpoint each client of
+    /// a session-affinity Service port was last sent to. Filled from the packet path (the
+    /// endpoint chains' `update`), looked up by the endpoint-set chains; never flushed by a sync.
+    /// One set rather than one per endpoint: the kernel finds a set by walking the table's list
+    /// of sets by name, so thousands of sets made each full sync quadratic.
+    Affinity,
 }
 
 impl Container {
     /// The shared containers of the layout, in declaration order (the count sets come and go
     /// with the endpoint counts in use).
-    pub const FIXED: [Container; 19] = [
+    pub const FIXED: [Container; 20] = [
         Container::ServiceIps,
         Container::ServiceNodePorts,
         Container::FirewallIps,
@@ -132,7 +138,13 @@ impl Container {
         Container::Endpoints(Selection::ServiceCluster),
         Container::Endpoints(Selection::NodePortCluster),
         Container::Hairpin,
+        Container::Affinity,
     ];
+
+    /// At most this many affinity entries per family: a bound on what clients can make the
+    /// kernel hold (upstream's per-endpoint sets hold 65,535 each). When it is full, new clients
+    /// are still served, without affinity until entries expire.
+    pub const AFFINITY_SIZE: u32 = 524_288;
 
     /// The set/map name in the table.
     pub fn name(self) -> String {
@@ -154,6 +166,7 @@ impl Container {
             Container::Endpoints(selection) => format!("{}s", selection.stem()),
             Container::Count(selection, n) => format!("{}s-{n}", selection.stem()),
             Container::Hairpin => "hairpin".into(),
+            Container::Affinity => AFFINITY.into(),
         }
     }
 
@@ -183,6 +196,7 @@ impl Container {
             Container::Endpoints(selection) if selection.by_address() => KeyKind::AddrProtoPortIndex,
             Container::Endpoints(_) => KeyKind::ProtoPortIndex,
             Container::Hairpin => KeyKind::AddrPair,
+            Container::Affinity => KeyKind::Affinity,
         }
     }
 
@@ -224,6 +238,7 @@ impl Container {
                 format!("frontends with {n} entries in {}", Container::Endpoints(selection).name())
             }
             Container::Hairpin => "endpoint addresses: traffic from an endpoint to itself is masqueraded".into(),
+            Container::Affinity => "session affinity: the endpoint each client was last sent to".into(),
         }
     }
 
@@ -245,6 +260,10 @@ impl Container {
                 format!("typeof meta l4proto . th dport . numgen random mod 1 : {ip} daddr . th dport")
             }
             (KeyKind::AddrPair, _) => format!("type {addr} . {addr}"),
+            (KeyKind::Affinity, _) => format!(
+                "type {addr} . {addr} . inet_service . {addr} . inet_service ; flags dynamic,timeout ; size {}",
+                Self::AFFINITY_SIZE
+            ),
             (KeyKind::AddrRange, _) => format!("type {addr} ; flags interval ; auto-merge"),
             (KeyKind::Addr, _) => format!("type {addr}"),
         };
@@ -269,6 +288,8 @@ pub enum KeyKind {
     ProtoPortIndex,
     /// `address . address`.
     AddrPair,
+    /// `address . address . port . address . port` (session affinity).
+    Affinity,
 }
 
 /// What the elements of a container map to.
@@ -309,13 +330,11 @@ pub struct ElementValue {
     pub comment: String,
 }
 
-/// Chains, owned sets and shared-container elements, keyed by family and name.
+/// Chains and shared-container elements, keyed by family and name.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct Objects {
     /// Regular chains and their rules.
     pub chains: BTreeMap<(IpFamily, String), Vec<Rule>>,
-    /// Session-affinity sets owned by this group of objects.
-    pub sets: BTreeMap<(IpFamily, String), AffinitySet>,
     /// Elements of shared containers, keyed by (family, container, key).
     pub elements: BTreeMap<(IpFamily, Container, ElementKey), ElementValue>,
 }
@@ -341,12 +360,11 @@ impl Objects {
     /// Moves everything of `other` into `self`.
     pub fn extend(&mut self, other: Objects) {
         self.chains.extend(other.chains);
-        self.sets.extend(other.sets);
         self.elements.extend(other.elements);
     }
 
     /// True when there is nothing.
     pub fn is_empty(&self) -> bool {
-        self.chains.is_empty() && self.sets.is_empty() && self.elements.is_empty()
+        self.chains.is_empty() && self.elements.is_empty()
     }
 }

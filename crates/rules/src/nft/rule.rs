@@ -1,5 +1,5 @@
 //! Typed form of every nftables object roadkeeper writes: the fixed layout (table, base chains,
-//! shared sets and maps, their rules) and the per-Service rules, map elements and affinity sets.
+//! shared sets and maps, their rules) and the per-Service rules and map elements.
 //!
 //! The planners build these; they render to nft syntax (for `nft -f`, `roadkeeper rules` and
 //! logs) through `Display`, and to netlink messages through `roadkeeper_proxy::nft::netlink`, which is how
@@ -21,8 +21,9 @@ pub enum Match {
     SaddrIs(IpAddr),
     /// `ip saddr 10.244.0.0/16`.
     SaddrIn(IpNet),
-    /// `ip saddr @<set>`: the source is in a named set.
-    SaddrInSet(String),
+    /// `ip saddr . <key> @affinity`: the client was sent to this endpoint of this Service port
+    /// within the affinity timeout.
+    Affinity(AffinityKey),
     /// `fib saddr type local`: the source address is local to this host.
     FibSaddrLocal,
     /// `numgen random mod <modulus> <value>`: true with probability 1/modulus (value is 0).
@@ -80,8 +81,14 @@ pub enum Action {
     Return,
     /// `drop`.
     Drop,
-    /// `update @<set> { ip saddr }`: add/refresh the source address in a dynamic set.
-    UpdateSaddr(String),
+    /// `update @affinity { ip saddr . <key> timeout <n>s }`: remembers (or refreshes) that the
+    /// client was sent to this endpoint of this Service port.
+    UpdateAffinity {
+        /// The endpoint and Service port.
+        key: AffinityKey,
+        /// Seconds the entry lives after its last update (the Service's timeout).
+        timeout_secs: u32,
+    },
     /// `meta l4proto <proto> dnat to <ip>:<port>`.
     Dnat {
         /// Transport protocol (a DNAT with a port needs one).
@@ -166,7 +173,7 @@ impl fmt::Display for Rule {
                     write!(f, "{ip} saddr {} ", net.addr())?
                 }
                 Match::SaddrIn(net) => write!(f, "{ip} saddr {} ", net.trunc())?,
-                Match::SaddrInSet(set) => write!(f, "{ip} saddr @{set} ")?,
+                Match::Affinity(key) => write!(f, "{ip} saddr . {key} @{AFFINITY} ")?,
                 Match::FibSaddrLocal => write!(f, "fib saddr type local ")?,
                 Match::Random { modulus, value } => write!(f, "numgen random mod {modulus} {value} ")?,
                 Match::CtStateNew => write!(f, "ct state new ")?,
@@ -189,7 +196,10 @@ impl fmt::Display for Rule {
             Action::Goto(chain) => write!(f, "goto {chain}")?,
             Action::Return => write!(f, "return")?,
             Action::Drop => write!(f, "drop")?,
-            Action::UpdateSaddr(set) => write!(f, "update @{set} {{ {ip} saddr }}")?,
+            Action::UpdateAffinity { key, timeout_secs } => {
+                let timeout = duration(*timeout_secs);
+                write!(f, "update @{AFFINITY} {{ {ip} saddr . {key} timeout {timeout} }}")?
+            }
             Action::Dnat { protocol, ip: IpAddr::V4(addr), port } => {
                 write!(f, "meta l4proto {} dnat to {addr}:{port}", protocol.as_str())?
             }
@@ -289,24 +299,36 @@ impl fmt::Display for Verdict {
     }
 }
 
-/// A session-affinity set: source addresses with a timeout, filled from the packet path.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct AffinitySet {
-    /// Seconds an entry lives after its last update.
-    pub timeout_secs: u32,
-    /// `namespace/name[:port]`.
-    pub comment: String,
+/// Seconds as nft lists them: `3h`, `1m30s`, `0s`.
+fn duration(secs: u32) -> String {
+    let parts = [(secs / 86_400, "d"), (secs / 3_600 % 24, "h"), (secs / 60 % 60, "m"), (secs % 60, "s")];
+    let text: String = parts.iter().filter(|(n, _)| *n > 0).map(|(n, unit)| format!("{n}{unit}")).collect();
+    if text.is_empty() { "0s".into() } else { text }
 }
 
-impl AffinitySet {
-    /// The declaration body for a family.
-    pub fn declaration(&self, family: IpFamily) -> String {
-        let addr = match family {
-            IpFamily::V4 => "ipv4_addr",
-            IpFamily::V6 => "ipv6_addr",
-        };
-        let comment = text::comment(&self.comment);
-        format!("type {addr} ; flags dynamic,timeout ; timeout {}s ; comment \"{comment}\" ;", self.timeout_secs)
+/// The name of the shared set of session-affinity entries (one per family).
+pub const AFFINITY: &str = "affinity";
+
+/// An entry of the shared affinity set, less the client's address: this endpoint of this
+/// Service port. The Service port is named by its ClusterIP (the unspecified address without
+/// one) and port, not its protocol: two ports that differ only in protocol and send a client to
+/// the same endpoint address and port share its entry, which sends it where either would.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct AffinityKey {
+    /// The endpoint's address.
+    pub endpoint: IpAddr,
+    /// The endpoint's port.
+    pub endpoint_port: u16,
+    /// The Service port's ClusterIP.
+    pub service: IpAddr,
+    /// The Service port's port.
+    pub service_port: u16,
+}
+
+impl fmt::Display for AffinityKey {
+    /// `<endpoint> . <port> . <ClusterIP> . <port>`, as nft lists the set's elements.
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{} . {} . {} . {}", self.endpoint, self.endpoint_port, self.service, self.service_port)
     }
 }
 
@@ -395,15 +417,6 @@ pub enum Op {
         /// Which shared set or map.
         container: super::objects::Container,
     },
-    /// `add set <family> roadkeeper <name> { <affinity declaration> }`.
-    AddSet {
-        /// Table family.
-        family: IpFamily,
-        /// Set name.
-        name: String,
-        /// Its definition.
-        set: AffinitySet,
-    },
     /// `add chain <family> roadkeeper <name>` (a regular chain).
     AddChain {
         /// Table family.
@@ -489,9 +502,6 @@ impl fmt::Display for Op {
                     container.declaration(*family)
                 )
             }
-            Op::AddSet { family, name, set } => {
-                write!(f, "add set {} {name} {{ {} }}", t(family), set.declaration(*family))
-            }
             Op::AddChain { family, name } => write!(f, "add chain {} {name}", t(family)),
             Op::FlushChain { family, name } => write!(f, "flush chain {} {name}", t(family)),
             Op::AddRule { chain, rule } => write!(f, "add rule {} {chain} {rule}", t(&rule.family)),
@@ -513,6 +523,19 @@ impl fmt::Display for Op {
                 write!(f, "flush {} {} {}", container.keyword(), t(family), container.name())
             }
             Op::DeleteSet { family, name } => write!(f, "delete set {} {name}", t(family)),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn timeouts_print_as_nft_lists_them() {
+        let cases = [(10_800, "3h"), (60, "1m"), (90, "1m30s"), (86_400 + 1, "1d1s"), (0, "0s")];
+        for (secs, want) in cases {
+            assert_eq!(duration(secs), want);
         }
     }
 }

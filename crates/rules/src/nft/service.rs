@@ -1,12 +1,12 @@
-//! Plans one Service's share of the nftables ruleset: its chains, affinity sets and the elements
-//! it adds to the shared dispatch maps. Pure: the same inputs always give the same objects.
+//! Plans one Service's share of the nftables ruleset: its chains and the elements it adds to the
+//! shared dispatch maps. Pure: the same inputs always give the same objects.
 
 use std::net::IpAddr;
 
 use ipnet::IpNet;
 
 use super::objects::{Container, Objects, Selection, Value};
-use super::rule::{Action, AffinitySet, ElementKey, Match, Rule, Verdict};
+use super::rule::{Action, AffinityKey, ElementKey, Match, Rule, Verdict};
 use crate::hash::nft_hash;
 use crate::table::{Endpoint, ServicePort};
 use crate::text;
@@ -51,14 +51,6 @@ impl ChainNames {
         let base = format!("{}__{ip}/{}", self.base, ep.port);
         text::identifier(&format!("endpoint-{}-", nft_hash(&base)), &base)
     }
-
-    /// The affinity set of an endpoint; the timeout is part of the hash so a changed timeout
-    /// yields a new set rather than an in-place redefinition.
-    fn affinity(&self, ep: &Endpoint, timeout: u32) -> String {
-        let ip = ep.ip.to_string().replace(':', ".");
-        let base = format!("{}__{ip}/{}", self.base, ep.port);
-        format!("affinity-{}", nft_hash(&format!("{base}/{timeout}")))
-    }
 }
 
 /// Plans the objects of every port of one Service (both families).
@@ -77,7 +69,8 @@ pub fn plan_service(ports: &[ServicePort], ctx: &PlanContext) -> Objects {
 /// masquerading classes, reject and drop sets). A change of their endpoints or a new Service adds
 /// no rule and no jump, so the kernel never re-validates the table for it: its cost does not
 /// grow with the number of Services. Ports with session affinity keep chains of their own
-/// (upstream's layout: a chain per endpoint with its affinity set), reached through the
+/// (upstream's layout: a chain per endpoint, which records the client in the shared affinity
+/// set), reached through the
 /// `service-ips` and `service-nodeports` verdict maps.
 fn plan_port(sp: &ServicePort, ctx: &PlanContext, out: &mut Objects) {
     let fam = sp.family;
@@ -220,7 +213,7 @@ fn firewall(sp: &ServicePort, ctx: &PlanContext, out: &mut Objects) {
 }
 
 /// The chain path of a port with session affinity: upstream's layout of a chain per endpoint
-/// set and per endpoint, with an affinity set per endpoint.
+/// set and per endpoint; the endpoint chains record the client in the shared affinity set.
 fn plan_chains(sp: &ServicePort, ctx: &PlanContext, out: &mut Objects) {
     let fam = sp.family;
     let names = ChainNames::new(sp);
@@ -237,10 +230,8 @@ fn plan_chains(sp: &ServicePort, ctx: &PlanContext, out: &mut Objects) {
     all_eps.dedup();
     for ep in &all_eps {
         let mut rules = Vec::new();
-        if let Some(timeout) = sp.affinity_timeout {
-            let set = names.affinity(ep, timeout);
-            out.sets.insert((fam, set.clone()), AffinitySet { timeout_secs: timeout, comment: comment.clone() });
-            rules.push(always(Action::UpdateSaddr(set)));
+        if let Some(timeout_secs) = sp.affinity_timeout {
+            rules.push(always(Action::UpdateAffinity { key: affinity_key(sp, ep), timeout_secs }));
         }
         rules.push(always(Action::Dnat { protocol: proto, ip: ep.ip, port: ep.port }));
         out.chain(fam, names.endpoint(ep), rules);
@@ -297,6 +288,16 @@ fn plan_chains(sp: &ServicePort, ctx: &PlanContext, out: &mut Objects) {
     }
 }
 
+/// The affinity entry of endpoint `ep` of port `sp` (see [`AffinityKey`]).
+fn affinity_key(sp: &ServicePort, ep: &Endpoint) -> AffinityKey {
+    AffinityKey {
+        endpoint: ep.ip,
+        endpoint_port: ep.port,
+        service: sp.cluster_ip.unwrap_or(sp.family.unspecified()),
+        service_port: sp.port,
+    }
+}
+
 /// The rules of an endpoint-set chain: affinity lookups, then a uniform random pick among `eps`.
 ///
 /// The pick is a ladder, as iptables' statistic rules: endpoint i of n is taken with probability
@@ -304,9 +305,9 @@ fn plan_chains(sp: &ServicePort, ctx: &PlanContext, out: &mut Objects) {
 fn selection_rules(sp: &ServicePort, names: &ChainNames, eps: &[Endpoint]) -> Vec<Rule> {
     let comment = sp.name.to_string();
     let mut rules = Vec::new();
-    if let Some(timeout) = sp.affinity_timeout {
+    if sp.affinity_timeout.is_some() {
         for ep in eps {
-            let m = Match::SaddrInSet(names.affinity(ep, timeout));
+            let m = Match::Affinity(affinity_key(sp, ep));
             rules.push(Rule::when(sp.family, vec![m], Action::Goto(names.endpoint(ep)), &comment));
         }
     }
@@ -360,7 +361,7 @@ mod tests {
         let mut sp = local_policy_port(vec![endpoint("10.244.0.11", true), endpoint("10.244.0.12", false)]);
         sp.external_policy_local = false;
         let objects = plan(sp);
-        assert!(objects.chains.is_empty() && objects.sets.is_empty(), "{objects:?}");
+        assert!(objects.chains.is_empty(), "{objects:?}");
         let endpoints = Container::Endpoints(Selection::Service);
         assert_eq!(value(&objects, endpoints, "10.96.0.80 . tcp . 80 . 0").as_deref(), Some("10.244.0.11 . 8080"));
         assert_eq!(value(&objects, endpoints, "10.96.0.80 . tcp . 80 . 1").as_deref(), Some("10.244.0.12 . 8080"));
@@ -388,7 +389,17 @@ mod tests {
         let objects = plan(sp);
         let service = format!("service-{}-default/web/tcp/", nft_hash("default/web/tcp/"));
         assert_eq!(value(&objects, Container::ServiceIps, "10.96.0.80 . tcp . 80"), Some(format!("goto {service}")));
-        assert_eq!(objects.sets.len(), 1);
+        // The endpoint chain records the client; the endpoint-set chain looks it up first.
+        let rules = |prefix: &str| -> Vec<String> {
+            let (_, rules) = objects.chains.iter().find(|((_, name), _)| name.starts_with(prefix)).unwrap();
+            rules.iter().map(|r| r.to_string()).collect()
+        };
+        let key = "10.244.0.11 . 8080 . 10.96.0.80 . 80";
+        assert_eq!(
+            rules("endpoint-")[0],
+            format!("update @affinity {{ ip saddr . {key} timeout 1m }} comment \"default/web\"")
+        );
+        assert!(rules("service-")[0].starts_with(&format!("ip saddr . {key} @affinity goto endpoint-")));
         assert!(!objects.elements.keys().any(|(_, c, _)| matches!(c, Container::Endpoints(_) | Container::Count(..))));
         assert!(value(&objects, Container::Hairpin, "10.244.0.11 . 10.244.0.11").is_some());
     }

@@ -185,7 +185,7 @@ pub fn layout_ops(layouts: &[Layout]) -> Vec<Op> {
 }
 
 /// A full sync as one transaction: the layout of both tables (shared maps emptied), every
-/// Service's chains, affinity sets (their contents kept) and map elements, and the deletion of
+/// Service's chains and map elements, and the deletion of
 /// whatever stale chains and sets `existing` lists. Applied atomically, traffic never sees a
 /// half-built table. Also what the Services share once it is applied.
 pub fn full_sync<'a>(
@@ -214,10 +214,6 @@ pub fn full_sync<'a>(
         ops.push(Op::FlushSet { family, container: Container::Count(selection, n) });
         ops.push(rule);
         wanted_sets.insert((family, Container::Count(selection, n).name()));
-    }
-    for ((family, name), set) in services.clone().flat_map(|o| &o.sets) {
-        ops.push(Op::AddSet { family: *family, name: name.clone(), set: set.clone() });
-        wanted_sets.insert((*family, name.clone()));
     }
     for (family, name) in services.clone().flat_map(|o| o.chains.keys()) {
         ops.push(Op::AddChain { family: *family, name: name.clone() });
@@ -283,11 +279,6 @@ pub fn join_partial<'a>(parts: impl Iterator<Item = &'a PartialOps> + Clone) -> 
 pub fn partial_sync(old: &Objects, new: &Objects) -> PartialOps {
     let mut out = PartialOps::default();
     let build = &mut out.phases[PartialOps::BUILD];
-    for ((family, name), set) in &new.sets {
-        if !old.sets.contains_key(&(*family, name.clone())) {
-            build.push(Op::AddSet { family: *family, name: name.clone(), set: set.clone() });
-        }
-    }
     let mut rewritten = Vec::new();
     for (key @ (family, name), rules) in &new.chains {
         match old.chains.get(key) {
@@ -324,11 +315,6 @@ pub fn partial_sync(old: &Objects, new: &Objects) -> PartialOps {
     }
     for (family, name) in &removed {
         tear_down.push(Op::DeleteChain { family: *family, name: name.clone() });
-    }
-    for (family, name) in old.sets.keys() {
-        if !new.sets.contains_key(&(*family, name.clone())) {
-            tear_down.push(Op::DeleteSet { family: *family, name: name.clone() });
-        }
     }
     out
 }
@@ -468,6 +454,7 @@ mod tests {
         existing.chains.insert((IpFamily::V4, "service-OLD-default/gone/tcp/".into()));
         existing.chains.insert((IpFamily::V4, "services".into()));
         existing.sets.insert((IpFamily::V4, "affinity-OLD".into()));
+        existing.sets.insert((IpFamily::V4, "affinity".into()));
         let layouts = [Layout {
             family: IpFamily::V4,
             cluster_cidrs: Vec::new(),
@@ -480,9 +467,15 @@ mod tests {
         let script = script(&full_sync(&layouts, std::iter::once(&objects), &existing).0);
         assert!(script.contains("delete chain ip roadkeeper service-OLD-default/gone/tcp/"));
         assert!(script.contains("delete set ip roadkeeper affinity-OLD"));
+        assert!(!script.contains("delete set ip roadkeeper affinity\n"));
         assert!(!script.contains("delete chain ip roadkeeper services"));
         assert!(script.contains("add element ip roadkeeper cluster-ips { 10.96.0.1 comment \"default/a\" }"));
         assert!(script.contains("add set ip roadkeeper service-endpoints-1 "), "{script}");
         assert!(script.contains("flush set ip roadkeeper service-endpoints-1\n"), "{script}");
+        // The affinity entries the packet path made outlive a full sync (as upstream's sets do);
+        // per-endpoint sets of an older roadkeeper are stale and go.
+        assert!(script.contains("add set ip roadkeeper affinity { "), "{script}");
+        assert!(!script.contains("flush set ip roadkeeper affinity\n"), "{script}");
+        assert!(script.contains("flush map ip roadkeeper service-ips\n"), "{script}");
     }
 }

@@ -206,7 +206,7 @@ impl Lab {
         Packet { entry, source, destination: to, protocol }
     }
 
-    /// What the kernel knows of the node: its addresses, and the affinity sets holding the source.
+    /// What the kernel knows of the node: its addresses, and the affinity entries holding the source.
     pub fn environment(&self, affinity: BTreeSet<String>) -> Environment {
         Environment { local_addresses: self.node().local_addresses, affinity }
     }

@@ -125,7 +125,7 @@ pub struct Environment {
     /// The node's own addresses (`fib ... type local`, `addrtype LOCAL`, and whether the
     /// destination is delivered locally); loopback addresses always are.
     pub local_addresses: Vec<IpAddr>,
-    /// Affinity sets (nftables) or recent lists (iptables) already holding the packet's source
+    /// Affinity entries (nftables) or recent lists (iptables) already holding the packet's source
     /// ([`Ruleset::affinity_sets`] names those of an endpoint).
     pub affinity: BTreeSet<String>,
 }
@@ -157,9 +157,9 @@ pub enum Effect {
         /// The new mark.
         mark: u32,
     },
-    /// Adds the source to an affinity set (nftables) or recent list (iptables).
+    /// Records the source in an affinity entry (nftables) or recent list (iptables).
     Affinity {
-        /// The set or list.
+        /// The entry (`affinity <endpoint> . <port> . <ClusterIP> . <port>`) or list.
         set: String,
     },
     /// Rewrites the destination and accepts (in this base chain).
@@ -350,7 +350,7 @@ pub struct Path {
     pub dnat: Option<SocketAddr>,
     /// Whether and why its source is masqueraded.
     pub masquerade: Option<Masquerade>,
-    /// The affinity sets or recent lists its source is added to.
+    /// The affinity entries or recent lists its source is added to.
     pub affinity: Vec<String>,
 }
 
@@ -450,7 +450,7 @@ impl Ruleset {
         }
     }
 
-    /// The affinity sets (nftables) or recent lists (iptables) that the rules DNATing `protocol`
+    /// The affinity entries (nftables) or recent lists (iptables) that the rules DNATing `protocol`
     /// to `endpoint` add sources to: what [`Environment::affinity`] holds for a source pinned to
     /// that endpoint (of every Service port sending there).
     pub fn affinity_sets(&self, protocol: Protocol, endpoint: SocketAddr) -> BTreeSet<String> {

@@ -1,6 +1,6 @@
 //! Our nftables tables as the kernel holds them after the transactions a sync sends, and how
 //! nf_tables evaluates them for one packet: base chains by hook and priority, verdict maps, set
-//! lookups (address sets, the interval set of service CIDRs, affinity sets), `fib ... type
+//! lookups (address sets, the interval set of service CIDRs, the affinity set), `fib ... type
 //! local`, `ct state new`, `numgen random`, marks, DNAT and masquerade.
 
 use std::collections::{BTreeMap, BTreeSet};
@@ -9,7 +9,9 @@ use std::net::{IpAddr, SocketAddr};
 use super::engine::{self, BaseChain, Evaluation, Model, Outcome, PacketState};
 use super::{Effect, Environment, Error, Packet, Trace};
 use crate::nft::objects::{Container, DataKind, ElementValue, TABLE, Value, family_keyword};
-use crate::nft::rule::{Action, ChainType, ElementKey, Hook, HookPoint, LookupKey, Match, Op, Rule, Verdict};
+use crate::nft::rule::{
+    Action, AffinityKey, ChainType, ElementKey, Hook, HookPoint, LookupKey, Match, Op, Rule, Verdict,
+};
 use crate::plan::NftPlan;
 use crate::table::{IpFamily, Protocol};
 
@@ -26,8 +28,6 @@ struct Table {
     chains: BTreeMap<String, Chain>,
     /// The shared sets and maps and their elements.
     containers: BTreeMap<Container, BTreeMap<ElementKey, ElementValue>>,
-    /// Affinity sets (their contents are the [`Environment`]'s).
-    sets: BTreeSet<String>,
 }
 
 /// Our tables (`ip roadkeeper`, `ip6 roadkeeper`) as the kernel holds them.
@@ -123,21 +123,11 @@ impl Tables {
                 let elements = table.containers.get_mut(container).ok_or_else(|| refused(op, "no such set"))?;
                 elements.remove(key).ok_or_else(|| refused(op, "no such element"))?;
             }
-            Op::AddSet { family, name, .. } => {
-                self.table(op, *family)?.sets.insert(name.clone());
-            }
             Op::DeleteSet { family, name } => {
                 let table = self.table(op, *family)?;
-                let removed = match table.containers.keys().find(|c| c.name() == *name).copied() {
-                    Some(container) => {
-                        table.containers.remove(&container);
-                        true
-                    }
-                    None => table.sets.remove(name),
-                };
-                if !removed {
-                    return Err(refused(op, "no such set"));
-                }
+                let container = table.containers.keys().find(|c| c.name() == *name).copied();
+                let container = container.ok_or_else(|| refused(op, "no such set"))?;
+                table.containers.remove(&container);
             }
         }
         Ok(())
@@ -148,7 +138,8 @@ impl Tables {
         engine::trace(self, packet, env)
     }
 
-    /// The affinity sets that the endpoint chains DNATing `protocol` to `endpoint` update.
+    /// The affinity entries (see [`affinity_entry`]) that the endpoint chains DNATing `protocol`
+    /// to `endpoint` update.
     pub fn affinity_sets(&self, protocol: Protocol, endpoint: SocketAddr) -> BTreeSet<String> {
         let mut sets = BTreeSet::new();
         for chain in self.tables.values().flat_map(|t| t.chains.values()) {
@@ -157,7 +148,7 @@ impl Tables {
             });
             if dnats {
                 sets.extend(chain.rules.iter().filter_map(|r| match &r.action {
-                    Action::UpdateSaddr(set) => Some(set.clone()),
+                    Action::UpdateAffinity { key, .. } => Some(affinity_entry(key)),
                     _ => None,
                 }));
             }
@@ -166,11 +157,8 @@ impl Tables {
     }
 
     /// A set lookup of `addr` in `set`: the element found, or `None` when the address is not in
-    /// it. Affinity sets hold what the environment says they hold.
-    fn lookup(&self, table: &Table, family: IpFamily, set: &str, addr: IpAddr, env: &Environment) -> Lookup {
-        if table.sets.contains(set) {
-            return if env.affinity.contains(set) { Lookup::Found(None) } else { Lookup::Missing };
-        }
+    /// it.
+    fn lookup(&self, table: &Table, family: IpFamily, set: &str, addr: IpAddr) -> Lookup {
         let Some(elements) = container(table, set) else {
             return Lookup::NoSet(Error::NoSuchSet { table: table_name(family), set: set.to_string() });
         };
@@ -200,6 +188,12 @@ impl Tables {
 }
 
 /// The elements of the shared set or map named `name`.
+/// How an entry of the affinity set is named in [`Environment::affinity`] and
+/// [`Effect::Affinity`]: `affinity <endpoint> . <port> . <ClusterIP> . <port>`.
+pub fn affinity_entry(key: &AffinityKey) -> String {
+    format!("{} {key}", Container::Affinity.name())
+}
+
 fn container<'a>(table: &'a Table, name: &str) -> Option<&'a BTreeMap<ElementKey, ElementValue>> {
     table.containers.iter().find(|(c, _)| c.name() == name).map(|(_, elements)| elements)
 }
@@ -304,17 +298,22 @@ impl Model for Tables {
                 Match::SaddrIn(net) => net.contains(&packet.source),
                 Match::DaddrIs(addr) => packet.destination.ip() == *addr,
                 Match::DaddrNotIn(net) => !net.contains(&packet.destination.ip()),
-                Match::SaddrInSet(set) | Match::DaddrInSet(set) => {
-                    let addr = if matches!(m, Match::SaddrInSet(_)) { packet.source } else { packet.destination.ip() };
-                    match self.lookup(table, packet.family, set, addr, env) {
-                        Lookup::Found(found) => {
-                            element = found.or(element);
-                            true
-                        }
-                        Lookup::Missing => false,
-                        Lookup::NoSet(error) => return Err(error),
+                // The affinity set holds what the environment says it holds.
+                Match::Affinity(key) => {
+                    if !table.containers.contains_key(&Container::Affinity) {
+                        let set = Container::Affinity.name();
+                        return Err(Error::NoSuchSet { table: table_name(packet.family), set });
                     }
+                    env.affinity.contains(&affinity_entry(key))
                 }
+                Match::DaddrInSet(set) => match self.lookup(table, packet.family, set, packet.destination.ip()) {
+                    Lookup::Found(found) => {
+                        element = found.or(element);
+                        true
+                    }
+                    Lookup::Missing => false,
+                    Lookup::NoSet(error) => return Err(error),
+                },
                 Match::FibSaddrLocal => env.is_local(packet.source),
                 Match::FibDaddrLocal => env.is_local(packet.destination.ip()),
                 Match::CtStateNew => true,
@@ -352,7 +351,7 @@ impl Model for Tables {
             Action::Goto(chain) => vec![Effect::Goto { chain: chain.clone() }],
             Action::Return => vec![Effect::Return],
             Action::Drop => vec![Effect::Drop],
-            Action::UpdateSaddr(set) => vec![Effect::Affinity { set: set.clone() }],
+            Action::UpdateAffinity { key, .. } => vec![Effect::Affinity { set: affinity_entry(key) }],
             // `meta l4proto <protocol>` is part of the statement.
             Action::Dnat { protocol, .. } if *protocol != packet.protocol => return Ok(Evaluation::NoMatch),
             Action::Dnat { ip, port, .. } => vec![Effect::Dnat { to: SocketAddr::new(*ip, *port) }],
