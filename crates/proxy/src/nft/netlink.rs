@@ -987,7 +987,7 @@ fn load_affinity_key(b: &mut Buf, family: IpFamily, key: &AffinityKey) {
     ];
     let mut offset = len;
     for part in parts {
-        let reg = if offset % 16 == 0 { NFT_REG_1 + offset / 16 } else { NFT_REG32_00 + offset / 4 };
+        let reg = if offset.is_multiple_of(16) { NFT_REG_1 + offset / 16 } else { NFT_REG32_00 + offset / 4 };
         b.expr("immediate", |b| {
             b.be32(NFTA_IMMEDIATE_DREG, reg);
             b.value(NFTA_IMMEDIATE_DATA, &part);
