@@ -269,8 +269,9 @@ impl Layout {
 
     /// Every op that (re)writes this family's layout, in an order the kernel accepts within one
     /// transaction: the table, the shared sets and maps (declared and emptied, except the
-    /// affinity entries the packet path keeps), the node sets' elements, the helper chains (emptied, then their rules), then the base chains. Services'
-    /// elements are added after these.
+    /// affinity entries the packet path keeps), the node sets' elements, the helper chains
+    /// (emptied, then their rules), then the base chains. Services' elements are added after
+    /// these.
     pub fn ops(&self) -> Vec<Op> {
         let family = self.family;
         let mut ops = vec![Op::AddTable { family }];

@@ -70,8 +70,7 @@ pub fn plan_service(ports: &[ServicePort], ctx: &PlanContext) -> Objects {
 /// no rule and no jump, so the kernel never re-validates the table for it: its cost does not
 /// grow with the number of Services. Ports with session affinity keep chains of their own
 /// (upstream's layout: a chain per endpoint, which records the client in the shared affinity
-/// set), reached through the
-/// `service-ips` and `service-nodeports` verdict maps.
+/// set), reached through the `service-ips` and `service-nodeports` verdict maps.
 fn plan_port(sp: &ServicePort, ctx: &PlanContext, out: &mut Objects) {
     let fam = sp.family;
     let comment = sp.name.to_string();
