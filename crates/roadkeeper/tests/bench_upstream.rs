@@ -374,14 +374,20 @@ fn process_stats(pid: u32) -> (f64, Duration) {
         .find_map(|l| l.strip_prefix("VmHWM:"))
         .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
         .unwrap_or(0.0);
-    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
-    // Fields after the command name (which may hold spaces): utime, stime, cutime and cstime
-    // are the 12th to 15th of them, in clock ticks. The children's times count the `nft` and
-    // `iptables-restore` processes the proxy ran and waited for.
-    let rest: Vec<&str> = stat.rsplit_once(')').map(|(_, r)| r.split_whitespace().collect()).unwrap_or_default();
+    // utime, stime, cutime and cstime are the 12th to 15th fields after the command name, in
+    // clock ticks. The children's times count the `nft` and `iptables-restore` processes the
+    // proxy ran and waited for.
+    let rest = stat_fields(pid);
     let ticks: u64 = (11..15).filter_map(|i| rest.get(i)?.parse::<u64>().ok()).sum();
     let hz = nix::unistd::sysconf(nix::unistd::SysconfVar::CLK_TCK).ok().flatten().unwrap_or(100) as u64;
     (hwm_kib / 1024.0, Duration::from_millis(ticks * 1000 / hz))
+}
+
+/// The fields of `/proc/<pid>/stat` after the command name (which may hold spaces); none when
+/// the process is gone.
+fn stat_fields(pid: u32) -> Vec<String> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
+    stat.rsplit_once(')').map(|(_, rest)| rest.split_whitespace().map(String::from).collect()).unwrap_or_default()
 }
 
 /// The processes `pid` started and that still run (kube-proxy's `nft`), with their peak RSS in
@@ -390,12 +396,8 @@ fn children(pid: u32) -> Vec<(u32, f64)> {
     let Ok(entries) = std::fs::read_dir("/proc") else { return Vec::new() };
     entries
         .filter_map(|e| e.ok()?.file_name().to_str()?.parse::<u32>().ok())
-        .filter(|child| {
-            let stat = std::fs::read_to_string(format!("/proc/{child}/stat")).unwrap_or_default();
-            let rest: Vec<&str> =
-                stat.rsplit_once(')').map(|(_, r)| r.split_whitespace().collect()).unwrap_or_default();
-            rest.get(1).and_then(|ppid| ppid.parse::<u32>().ok()) == Some(pid)
-        })
+        // The parent is the 2nd field after the command name.
+        .filter(|&child| stat_fields(child).get(1).and_then(|ppid| ppid.parse::<u32>().ok()) == Some(pid))
         .map(|child| (child, process_stats(child).0))
         .collect()
 }

@@ -184,9 +184,9 @@ pub fn layout_ops(layouts: &[Layout]) -> Vec<Op> {
     layouts.iter().flat_map(Layout::ops).collect()
 }
 
-/// A full sync as one transaction: the layout of both tables (shared maps emptied), every
-/// Service's chains and map elements, and the deletion of
-/// whatever stale chains and sets `existing` lists. Applied atomically, traffic never sees a
+/// A full sync as one transaction: the layout of both tables (shared maps emptied, but for the
+/// affinity set), every Service's chains and map elements, and the deletion of whatever stale
+/// chains and sets `existing` lists. Applied atomically, traffic never sees a
 /// half-built table. Also what the Services share once it is applied.
 pub fn full_sync<'a>(
     layouts: &[Layout],

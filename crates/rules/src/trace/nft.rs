@@ -168,7 +168,7 @@ impl Tables {
             _ => false,
         });
         match found {
-            Some((key, value)) => Lookup::Found(Some(element_text(key, value))),
+            Some((key, value)) => Lookup::Found(element_text(key, value)),
             None => Lookup::Missing,
         }
     }
@@ -187,13 +187,13 @@ impl Tables {
     }
 }
 
-/// The elements of the shared set or map named `name`.
 /// How an entry of the affinity set is named in [`Environment::affinity`] and
 /// [`Effect::Affinity`]: `affinity <endpoint> . <port> . <ClusterIP> . <port>`.
 pub fn affinity_entry(key: &AffinityKey) -> String {
     format!("{} {key}", Container::Affinity.name())
 }
 
+/// The elements of the shared set or map named `name`.
 fn container<'a>(table: &'a Table, name: &str) -> Option<&'a BTreeMap<ElementKey, ElementValue>> {
     table.containers.iter().find(|(c, _)| c.name() == name).map(|(_, elements)| elements)
 }
@@ -207,12 +207,10 @@ fn frontend_key(key: LookupKey, packet: &PacketState) -> ElementKey {
     }
 }
 
-impl Tables {}
-
 /// What a set lookup found.
 enum Lookup {
-    /// The key is in the set (with the element as listings show it, for named sets).
-    Found(Option<String>),
+    /// The key is in the set: the element as listings show it.
+    Found(String),
     /// It is not.
     Missing,
     /// There is no such set.
@@ -308,7 +306,7 @@ impl Model for Tables {
                 }
                 Match::DaddrInSet(set) => match self.lookup(table, packet.family, set, packet.destination.ip()) {
                     Lookup::Found(found) => {
-                        element = found.or(element);
+                        element = Some(found);
                         true
                     }
                     Lookup::Missing => false,
