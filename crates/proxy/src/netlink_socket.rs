@@ -134,22 +134,29 @@ impl NetfilterSocket {
 
     /// Sends one datagram to the kernel (retrying on EINTR); a short write is an error.
     pub(crate) fn send(&self, data: &[u8]) -> Result<(), SocketError> {
-        let addr = kernel_addr();
+        self.send_parts(&[data])
+    }
+
+    /// Sends `parts`, in order, as one datagram (one iovec each, at most `UIO_MAXIOV`); a short
+    /// write is an error.
+    pub(crate) fn send_parts(&self, parts: &[&[u8]]) -> Result<(), SocketError> {
+        let mut addr = kernel_addr();
+        let mut iov: Vec<libc::iovec> =
+            parts.iter().map(|p| libc::iovec { iov_base: p.as_ptr().cast_mut().cast(), iov_len: p.len() }).collect();
+        let len: usize = parts.iter().map(|p| p.len()).sum();
+        // SAFETY: a zeroed msghdr is valid; its pointers are set below.
+        let mut msg: libc::msghdr = unsafe { std::mem::zeroed() };
+        msg.msg_name = (&mut addr as *mut libc::sockaddr_nl).cast();
+        msg.msg_namelen = std::mem::size_of::<libc::sockaddr_nl>() as u32;
+        msg.msg_iov = iov.as_mut_ptr();
+        msg.msg_iovlen = iov.len();
         loop {
-            // SAFETY: data and addr are valid for the given lengths.
-            let n = unsafe {
-                libc::sendto(
-                    self.0.as_raw_fd(),
-                    data.as_ptr().cast(),
-                    data.len(),
-                    0,
-                    (&addr as *const libc::sockaddr_nl).cast(),
-                    std::mem::size_of::<libc::sockaddr_nl>() as u32,
-                )
-            };
+            // SAFETY: msg points at addr and at iovecs over `parts`, all alive for the call; the
+            // kernel only reads them.
+            let n = unsafe { libc::sendmsg(self.0.as_raw_fd(), &msg, 0) };
             if n >= 0 {
-                if n as usize != data.len() {
-                    let err = io::Error::other(format!("short write ({n} of {} bytes)", data.len()));
+                if n as usize != len {
+                    let err = io::Error::other(format!("short write ({n} of {len} bytes)"));
                     return Err(SocketError { call: "send", err });
                 }
                 return Ok(());

@@ -11,8 +11,6 @@ use std::io;
 
 use crate::netlink_socket::{NLMSG_ERROR, NLMSG_HDRLEN};
 
-use roadkeeper_rules::nft::rule::Op;
-
 /// `NLM_F_CAPPED`: the echoed request is only its header.
 const NLM_F_CAPPED: u16 = 0x100;
 /// `NLM_F_ACK_TLVS`: extended-ack attributes follow the echoed request.
@@ -180,23 +178,29 @@ pub(crate) fn parse_answers(buf: &[u8], out: &mut Vec<Answer>) {
     }
 }
 
-/// The outcome of the batch of `ops` whose BEGIN had sequence number `seq_start` (op `i` has
-/// `seq_start + 1 + i`, the END the one after the last op), from every answer the kernel sent.
-/// An error against an op refuses that op (the first one wins); an error against BEGIN or END
-/// refuses the batch as a whole. Answers to other sequence numbers are ignored.
-pub(crate) fn batch_outcome(answers: &[Answer], seq_start: u32, ops: &[Op]) -> Result<(), NetlinkError> {
-    let end_seq = seq_start.wrapping_add(1 + ops.len() as u32);
+/// The outcome of the batch of `ops` ops whose BEGIN had sequence number `seq_start` (op `i` has
+/// `seq_start + 1 + i`, the END the one after the last op), from every answer the kernel sent;
+/// `describe(i)` is op `i` in `nft` syntax. An error against an op refuses that op (the first one
+/// wins); an error against BEGIN or END refuses the batch as a whole. Answers to other sequence
+/// numbers are ignored.
+pub(crate) fn batch_outcome(
+    answers: &[Answer],
+    seq_start: u32,
+    ops: usize,
+    describe: &dyn Fn(usize) -> String,
+) -> Result<(), NetlinkError> {
+    let end_seq = seq_start.wrapping_add(1 + ops as u32);
     let op_index = |seq: u32| -> Option<usize> {
         let i = seq.wrapping_sub(seq_start).wrapping_sub(1) as usize;
-        (i < ops.len()).then_some(i)
+        (i < ops).then_some(i)
     };
     let error = |a: &Answer| KernelError { errno: a.errno, message: a.message.clone() };
     let failed = || answers.iter().filter(|a| a.errno != 0);
     if let Some((index, answer)) = failed().filter_map(|a| Some((op_index(a.seq)?, a))).min_by_key(|(i, _)| *i) {
-        return Err(NetlinkError::Refused { index, op: ops[index].to_string(), error: error(answer) });
+        return Err(NetlinkError::Refused { index, op: describe(index), error: error(answer) });
     }
     if let Some(answer) = failed().find(|a| a.seq == seq_start || a.seq == end_seq) {
-        return Err(NetlinkError::Batch { ops: ops.len(), error: error(answer) });
+        return Err(NetlinkError::Batch { ops, error: error(answer) });
     }
     Ok(())
 }
@@ -213,6 +217,7 @@ pub(crate) fn errno_text(errno: i32) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use roadkeeper_rules::nft::rule::Op;
     use roadkeeper_rules::table::IpFamily;
 
     fn hex(s: &str) -> Vec<u8> {
@@ -225,6 +230,11 @@ mod tests {
             parse_answers(&hex(d), &mut out);
         }
         out
+    }
+
+    /// `batch_outcome` of a batch of `ops`.
+    fn outcome(answers: &[Answer], seq_start: u32, ops: &[Op]) -> Result<(), NetlinkError> {
+        batch_outcome(answers, seq_start, ops.len(), &|i| ops[i].to_string())
     }
 
     fn one_op() -> Vec<Op> {
@@ -242,7 +252,7 @@ mod tests {
     fn an_error_against_begin_refuses_the_whole_batch() {
         let got = answers(&[WITHOUT_CAP_NET_ADMIN]);
         assert_eq!(got, [Answer { seq: 100, errno: libc::EPERM, message: None }]);
-        let err = batch_outcome(&got, 100, &one_op()).unwrap_err();
+        let err = outcome(&got, 100, &one_op()).unwrap_err();
         assert!(matches!(&err, NetlinkError::Batch { ops: 1, error } if error.errno == libc::EPERM), "{err:?}");
         assert_eq!(err.to_string(), "Operation not permitted: the kernel refused the batch of 1 ops as a whole");
         assert!(!err.caused_by_content(), "no choice of Services fixes a missing capability");
@@ -253,8 +263,8 @@ mod tests {
     fn the_ack_of_end_is_success() {
         let got = answers(&[COMMITTED]);
         assert_eq!(got, [Answer { seq: 202, errno: 0, message: None }]);
-        batch_outcome(&got, 200, &one_op()).unwrap();
-        batch_outcome(&[], 200, &one_op()).unwrap();
+        outcome(&got, 200, &one_op()).unwrap();
+        outcome(&[], 200, &one_op()).unwrap();
     }
 
     #[test]
@@ -262,14 +272,14 @@ mod tests {
         let ops = vec![Op::AddTable { family: IpFamily::V4 }, Op::AddTable { family: IpFamily::V6 }];
         let refused = |seq, errno| Answer { seq, errno, message: Some("why".into()) };
         let got = [refused(12, libc::ENOENT), refused(11, libc::EEXIST), refused(99, libc::EINVAL)];
-        let err = batch_outcome(&got, 10, &ops).unwrap_err();
+        let err = outcome(&got, 10, &ops).unwrap_err();
         assert!(matches!(&err, NetlinkError::Refused { index: 0, .. }), "{err:?}");
         assert_eq!(err.to_string(), format!("File exists (why): {}", ops[0]));
         assert!(err.caused_by_content());
         // An error at commit (against END) refuses the batch; one for another batch is not ours.
-        let err = batch_outcome(&[refused(13, libc::EINVAL)], 10, &ops).unwrap_err();
+        let err = outcome(&[refused(13, libc::EINVAL)], 10, &ops).unwrap_err();
         assert!(matches!(err, NetlinkError::Batch { .. }) && err.caused_by_content());
-        batch_outcome(&[refused(50, libc::EINVAL)], 10, &ops).unwrap();
+        outcome(&[refused(50, libc::EINVAL)], 10, &ops).unwrap();
     }
 
     #[test]

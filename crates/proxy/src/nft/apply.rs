@@ -6,6 +6,7 @@
 //! `roadkeeper cleanup` hands a script to `nft -f`. The `nft` syntax of the same ops stays the
 //! reference a reader can replay by hand (`roadkeeper rules`).
 
+use super::netlink::OpStream;
 use crate::Error;
 use crate::tool::ToolError;
 use roadkeeper_rules::nft::objects::Container;
@@ -22,6 +23,14 @@ pub trait NftRunner: Send {
     fn apply_ops(&mut self, ops: &[Op]) -> Result<(), Error>;
     /// Checks ops against the kernel without committing them.
     fn check_ops(&mut self, ops: &[Op]) -> Result<(), Error>;
+    /// Applies the ops `ops` emits, as one transaction (full syncs). The kernel's runner encodes
+    /// each as it comes, holding no list of them; this default collects them for
+    /// [`NftRunner::apply_ops`].
+    fn apply_stream(&mut self, ops: OpStream) -> Result<(), Error> {
+        let mut all = Vec::new();
+        ops(&mut |op| all.push(op.clone()));
+        self.apply_ops(&all)
+    }
     /// Checks a script against the kernel without committing it (`nft -c`).
     fn check(&mut self, script: &str) -> Result<(), Error>;
     /// Lists the chains and sets currently in our tables (missing tables are empty).
@@ -60,6 +69,10 @@ impl NftRunner for NftBinary {
 
     fn check_ops(&mut self, ops: &[Op]) -> Result<(), Error> {
         Ok(self.session.check(ops)?)
+    }
+
+    fn apply_stream(&mut self, ops: OpStream) -> Result<(), Error> {
+        Ok(self.session.apply_stream(ops)?)
     }
 
     fn existing(&mut self) -> Result<Existing, Error> {

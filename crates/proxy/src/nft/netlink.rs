@@ -370,19 +370,67 @@ fn dump(
 /// Encodes `ops` into one batch: BATCH_BEGIN (sequence `seq_start`), one message per op
 /// (`seq_start + 1 + index`), BATCH_END (`seq_start + 1 + ops.len()`).
 pub fn encode(ops: &[Op], seq_start: u32) -> Vec<u8> {
-    let mut b = encode_without_end(ops, seq_start);
-    batch_marker(&mut b, NFNL_MSG_BATCH_END, seq_start.wrapping_add(1 + ops.len() as u32));
-    b.data
+    let mut w = BatchWriter::new(seq_start);
+    ops.iter().for_each(|op| w.push(op));
+    w.end();
+    w.finish().concat()
 }
 
-fn encode_without_end(ops: &[Op], seq_start: u32) -> Buf {
-    let mut b = Buf::default();
-    batch_marker(&mut b, NFNL_MSG_BATCH_BEGIN, seq_start);
-    let mut set_id = 0;
-    for (i, op) in ops.iter().enumerate() {
-        encode_op(&mut b, op, seq_start.wrapping_add(1 + i as u32), &mut set_id);
+/// The ops of one transaction, produced on demand: called with a sink, it emits every op in
+/// order. It may be called again and emits the same ops each time (a refused op is described by
+/// emitting them again), so that the ops of a full sync need never be held all at once.
+pub type OpStream<'a> = &'a dyn Fn(&mut dyn FnMut(&Op));
+
+/// A batch is encoded in chunks of this capacity, cut between messages and sent as one datagram
+/// (an iovec each): a single buffer growing by doubling would hold up to three times the batch
+/// while it grows (~115 MB at 50,000 Services), and at most 1,024 iovecs of 4 MiB carry more than
+/// any send buffer allows. A chunk is cut once less than [`MESSAGE_ROOM`] is left, so that it
+/// never grows.
+const CHUNK: usize = 4 << 20;
+/// More than any one message of ours takes (the longest, a rule, is a few KiB).
+const MESSAGE_ROOM: usize = 64 << 10;
+
+/// One batch, encoded an op at a time: BATCH_BEGIN, then op `i` with sequence
+/// `seq_start + 1 + i`.
+struct BatchWriter {
+    /// Full chunks.
+    chunks: Vec<Vec<u8>>,
+    /// The chunk being filled.
+    b: Buf,
+    seq_start: u32,
+    ops: u32,
+    /// Ids of the anonymous sets the ops declare (none in ours, but the encoder counts them).
+    set_id: u32,
+}
+
+impl BatchWriter {
+    fn new(seq_start: u32) -> Self {
+        let mut b = Buf::default();
+        batch_marker(&mut b, NFNL_MSG_BATCH_BEGIN, seq_start);
+        BatchWriter { chunks: Vec::new(), b, seq_start, ops: 0, set_id: 0 }
     }
-    b
+
+    fn push(&mut self, op: &Op) {
+        self.ops += 1;
+        encode_op(&mut self.b, op, self.seq_start.wrapping_add(self.ops), &mut self.set_id);
+        if self.b.data.len() > CHUNK - MESSAGE_ROOM {
+            let full = std::mem::replace(&mut self.b.data, Vec::with_capacity(CHUNK));
+            self.chunks.push(full);
+        }
+    }
+
+    /// The chunks of the batch, in order.
+    fn finish(mut self) -> Vec<Vec<u8>> {
+        if !self.b.data.is_empty() {
+            self.chunks.push(self.b.data);
+        }
+        self.chunks
+    }
+
+    /// Appends BATCH_END (a check leaves it out).
+    fn end(&mut self) {
+        batch_marker(&mut self.b, NFNL_MSG_BATCH_END, self.seq_start.wrapping_add(1 + self.ops));
+    }
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -1224,19 +1272,30 @@ impl Session {
         self.transact(ops, false)
     }
 
+    /// Applies the ops `ops` emits as one transaction, encoding each as it comes (see
+    /// [`OpStream`]).
+    pub fn apply_stream(&mut self, ops: OpStream) -> Result<(), NetlinkError> {
+        self.stream(ops, true)
+    }
+
     fn transact(&mut self, ops: &[Op], commit: bool) -> Result<(), NetlinkError> {
-        if ops.is_empty() {
+        self.stream(&|sink| ops.iter().for_each(&mut *sink), commit)
+    }
+
+    fn stream(&mut self, ops: OpStream, commit: bool) -> Result<(), NetlinkError> {
+        let (batch, seq_start, count) = batch(ops, commit);
+        if count == 0 {
             return Ok(());
         }
-        let (batch, seq_start) = batch(ops, commit);
+        let len = batch.iter().map(Vec::len).sum();
         let sock = match self.sock.take() {
             Some(sock) => {
-                fit_send_buffer(&sock, batch.len());
+                fit_send_buffer(&sock, len);
                 sock
             }
-            None => open_socket(batch.len())?,
+            None => open_socket(len)?,
         };
-        let outcome = exchange(&sock, &batch, seq_start, ops);
+        let outcome = exchange(&sock, &batch, seq_start, count, &|index| nth_op(ops, index));
         // Kept unless the exchange itself failed: a refused batch leaves the socket drained.
         if !matches!(outcome, Err(NetlinkError::Socket { .. } | NetlinkError::AnswersLost { .. })) {
             self.sock = Some(sock);
@@ -1259,21 +1318,44 @@ fn transact(ops: &[Op], commit: bool) -> Result<(), NetlinkError> {
     Session::default().transact(ops, commit)
 }
 
-/// The batch of `ops` (ended unless it is a check) and its first sequence number.
-fn batch(ops: &[Op], commit: bool) -> (Vec<u8>, u32) {
+/// The batch of `ops` (ended unless it is a check) in chunks, its first sequence number and how
+/// many ops it holds.
+fn batch(ops: OpStream, commit: bool) -> (Vec<Vec<u8>>, u32, usize) {
     // Any start works on a private socket; a varying one keeps traces of runs apart.
     let seq_start =
         std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_secs() as u32).unwrap_or(1);
-    let mut b = encode_without_end(ops, seq_start);
+    let mut w = BatchWriter::new(seq_start);
+    ops(&mut |op| w.push(op));
     if commit {
-        batch_marker(&mut b, NFNL_MSG_BATCH_END, seq_start.wrapping_add(1 + ops.len() as u32));
+        w.end();
     }
-    (b.data, seq_start)
+    let count = w.ops as usize;
+    (w.finish(), seq_start, count)
+}
+
+/// Op `index` of `ops`, as `nft` syntax.
+fn nth_op(ops: OpStream, index: usize) -> String {
+    let (mut at, mut found) = (0, String::new());
+    ops(&mut |op| {
+        if at == index {
+            found = op.to_string();
+        }
+        at += 1;
+    });
+    found
 }
 
 /// Sends a batch and reads every answer to it.
-fn exchange(sock: &NetfilterSocket, batch: &[u8], seq_start: u32, ops: &[Op]) -> Result<(), NetlinkError> {
-    sock.send(batch).map_err(socket_error)?;
+/// `describe` names op `i` for an error.
+fn exchange(
+    sock: &NetfilterSocket,
+    batch: &[Vec<u8>],
+    seq_start: u32,
+    ops: usize,
+    describe: &dyn Fn(usize) -> String,
+) -> Result<(), NetlinkError> {
+    let parts: Vec<&[u8]> = batch.iter().map(Vec::as_slice).collect();
+    sock.send_parts(&parts).map_err(socket_error)?;
 
     // nfnetlink processes the whole batch inside sendmsg(2), so every answer is already queued:
     // an error for each refused op or for the batch as a whole, then the END's ack (recent
@@ -1291,7 +1373,7 @@ fn exchange(sock: &NetfilterSocket, batch: &[u8], seq_start: u32, ops: &[Op]) ->
         parse_answers(&buf[..n], &mut answers);
         errors.extend(answers.drain(..).filter(|a| a.errno != 0));
     }
-    batch_outcome(&errors, seq_start, ops)
+    batch_outcome(&errors, seq_start, ops, describe)
 }
 
 #[cfg(test)]
@@ -2126,13 +2208,14 @@ mod tests {
         });
     }
 
-    /// Thousands of acks must fit the receive buffer; the batch must fit one send.
+    /// Thousands of acks must fit the receive buffer; a batch of several chunks must go as one
+    /// send, in order.
     #[test]
     fn large_batch() {
         let ns = roadkeeper_netlab::Netns::new("rk-nlbig").expect("netns");
         ns.run(|| {
             install_base(IpFamily::V6);
-            let ops: Vec<Op> = (0..5000u32)
+            let ops: Vec<Op> = (0..40_000u32)
                 .map(|i| Op::AddElement {
                     family: IpFamily::V6,
                     container: Container::ServiceIps,
@@ -2145,9 +2228,11 @@ mod tests {
                     comment: format!("ns/svc-{i}:http"),
                 })
                 .collect();
+            let (chunks, _, count) = batch(&|sink| ops.iter().for_each(&mut *sink), true);
+            assert!(chunks.len() > 1 && count == ops.len(), "{} chunks", chunks.len());
             apply(&ops).expect("apply");
             let listing = nft(&["list", "map", "ip6", TABLE, "service-ips"], None).unwrap();
-            assert_eq!(listing.matches("goto reject-chain").count(), 5000);
+            assert_eq!(listing.matches("goto reject-chain").count(), 40_000);
         });
     }
 }

@@ -5,16 +5,18 @@
 //! transaction the kernel refuses is narrowed down to the offending Services, which keep their
 //! last good rules.
 
+use std::cell::RefCell;
 use std::collections::{BTreeMap, BTreeSet};
 
 use roadkeeper_cluster::{NamespacedName, Store};
 
 use crate::Error;
 use crate::nft::apply::NftRunner;
-use crate::proxier::{Backend, SyncReport, SyncState, bisect};
+use crate::proxier::{Backend, Stopwatch, SyncReport, SyncState, bisect};
 use roadkeeper_rules::config::ProxyConfig;
 use roadkeeper_rules::nft::node::{layouts, objects};
 use roadkeeper_rules::nft::objects::Objects;
+use roadkeeper_rules::nft::rule::Op;
 use roadkeeper_rules::nft::transaction::{self, PartialOps, Shared};
 use roadkeeper_rules::table::{NodeInfo, ServicePort};
 
@@ -71,8 +73,8 @@ impl<R: NftRunner> Backend for NftProxier<R> {
     }
 
     /// Rewrites everything we own, the layout and every Service's objects, in one netlink
-    /// transaction. The Services' objects live only while their ops are built: the ops (and the
-    /// batch encoded from them) are the one whole copy of the plan held while the kernel commits.
+    /// transaction. Each Service's objects are built only while its ops are encoded: the encoded
+    /// batch is the one copy of the plan held while the kernel commits.
     fn full_sync(&mut self, store: &Store) -> Result<SyncReport, Error> {
         self.state.claims.clear();
         let keys: Vec<NamespacedName> = store.services().map(|(k, _)| k.clone()).collect();
@@ -80,25 +82,39 @@ impl<R: NftRunner> Backend for NftProxier<R> {
         let existing = self.state.kernel.time(|| self.runner.existing())?;
         let layouts = layouts(&self.cfg, &self.state.node, &self.state.service_cidrs);
         let (cfg, node) = (&self.cfg, &self.state.node);
-        // The ops of a full sync of the Services in `only` (all: None), and what they share.
-        let ops_for = |planned: &BTreeMap<NamespacedName, Vec<ServicePort>>, only: Option<&[NamespacedName]>| {
+        // Emits the ops of a full sync of the Services in `only` (all: None); returns what they
+        // share and how many ops there were.
+        let stream = |planned: &BTreeMap<NamespacedName, Vec<ServicePort>>,
+                      only: Option<&[NamespacedName]>,
+                      emit: &mut dyn FnMut(&Op)| {
             let only: Option<BTreeSet<&NamespacedName>> = only.map(|keys| keys.iter().collect());
-            let included = |key: &NamespacedName| only.as_ref().is_none_or(|keys| keys.contains(key));
-            let objects: Vec<Objects> =
-                planned.iter().filter(|(k, _)| included(k)).map(|(_, ports)| objects(cfg, node, ports)).collect();
-            transaction::full_sync(&layouts, objects.iter(), &existing)
+            let services = planned
+                .iter()
+                .filter(|(k, _)| only.as_ref().is_none_or(|keys| keys.contains(k)))
+                .map(|(_, ports)| objects(cfg, node, ports));
+            let mut count = 0;
+            let shared = transaction::stream_full_sync(&layouts, services, &existing, &mut |op| {
+                count += 1;
+                emit(op);
+            });
+            (shared, count)
         };
+        // What the last stream of all Services shared, and its ops.
+        let outcome = RefCell::new((Shared::default(), 0));
+        let apply_all =
+            |runner: &mut R, kernel: &mut Stopwatch, planned: &BTreeMap<NamespacedName, Vec<ServicePort>>| {
+                kernel.time(|| runner.apply_stream(&|emit| *outcome.borrow_mut() = stream(planned, None, emit)))
+            };
         let mut refused = Vec::new();
-        let (mut ops, mut shared) = ops_for(&planned, None);
-        if let Err(err) = self.state.kernel.time(|| self.runner.apply_ops(&ops)) {
+        if let Err(err) = apply_all(&mut self.runner, &mut self.state.kernel, &planned) {
             if !err.is_refusal() {
                 return Err(err);
             }
             tracing::warn!(error = %err, "full sync refused by the kernel; looking for the offending Services");
-            drop(ops);
             let (runner, kernel) = (&mut self.runner, &mut self.state.kernel);
             let bad = bisect(&keys, &mut |subset| {
-                let (ops, _) = ops_for(&planned, Some(subset));
+                let mut ops = Vec::new();
+                stream(&planned, Some(subset), &mut |op| ops.push(op.clone()));
                 kernel.time(|| runner.check_ops(&ops))
             });
             if bad.is_empty() {
@@ -110,9 +126,9 @@ impl<R: NftRunner> Backend for NftProxier<R> {
                 planned.insert(key.clone(), self.state.table.get(&key).cloned().unwrap_or_default());
                 refused.push((key, why.to_string()));
             }
-            (ops, shared) = ops_for(&planned, None);
-            self.state.kernel.time(|| self.runner.apply_ops(&ops))?;
+            apply_all(&mut self.runner, &mut self.state.kernel, &planned)?;
         }
+        let (shared, ops) = outcome.into_inner();
         self.state.needs_full = false;
         self.state.table.clear();
         self.shared = shared;
@@ -120,7 +136,7 @@ impl<R: NftRunner> Backend for NftProxier<R> {
         for (key, ports) in planned {
             self.state.set_table(&key, ports);
         }
-        Ok(SyncReport { full: true, services_changed: changed, ops: ops.len(), refused, ..SyncReport::default() })
+        Ok(SyncReport { full: true, services_changed: changed, ops, refused, ..SyncReport::default() })
     }
 
     /// Applies only the differences of the `changed` Services, as one transaction of ops.

@@ -2,6 +2,7 @@
 //! own, and a partial sync that touches only what differs between two versions of some Services'
 //! objects. Both are sent as one netlink batch; [`script`] renders them for `nft -f`.
 
+use std::borrow::Borrow;
 use std::collections::{BTreeMap, BTreeSet};
 use std::fmt::Write;
 
@@ -75,15 +76,9 @@ fn shift<K: Ord>(map: &mut BTreeMap<K, usize>, key: K, delta: isize) {
 }
 
 impl Shared {
-    /// What a full sync of these Services' objects creates.
-    pub fn of<'a>(services: impl Iterator<Item = &'a Objects>) -> Shared {
-        let mut change = SharedChange::default();
-        for objects in services {
-            change.hold(objects, 1);
-        }
-        let mut shared = Shared::default();
-        shared.apply(change);
-        shared
+    /// The count sets in use.
+    fn count_sets(&self) -> impl Iterator<Item = (IpFamily, Selection, u32)> + '_ {
+        self.counts.keys().copied()
     }
 
     /// Records a change whose ops were applied.
@@ -94,11 +89,6 @@ impl Shared {
         for (id, delta) in change.holders {
             shift(&mut self.holders, id, delta);
         }
-    }
-
-    /// The count sets in use.
-    fn count_sets(&self) -> impl Iterator<Item = (IpFamily, Selection, u32)> + '_ {
-        self.counts.keys().copied()
     }
 
     /// The ops a partial sync of `changes` (each Service's applied and new objects) needs beyond
@@ -179,67 +169,99 @@ pub fn script(ops: &[Op]) -> String {
     ops.iter().map(|op| format!("{op}\n")).collect()
 }
 
-/// The fixed layout of both tables as ops (see [`Layout::ops`]): the first part of a full sync.
-pub fn layout_ops(layouts: &[Layout]) -> Vec<Op> {
-    layouts.iter().flat_map(Layout::ops).collect()
-}
-
 /// A full sync as one transaction: the layout of both tables (shared maps emptied, but for the
 /// affinity set), every Service's chains and map elements, and the deletion of whatever stale
 /// chains and sets `existing` lists. Applied atomically, traffic never sees a
 /// half-built table. Also what the Services share once it is applied.
-pub fn full_sync<'a>(
+///
+/// The ops go to `emit` one at a time, each Service's after the count sets it is the first to
+/// use, as its own chains (added and emptied), rules and elements: a caller that encodes them as
+/// they come and builds each Service's objects only when `services` yields them holds no other
+/// copy of the plan than its encoding.
+pub fn stream_full_sync(
     layouts: &[Layout],
-    services: impl Iterator<Item = &'a Objects> + Clone,
+    services: impl IntoIterator<Item = impl Borrow<Objects>>,
     existing: &Existing,
-) -> (Vec<Op>, Shared) {
-    let shared_state = Shared::of(services.clone());
-    let mut ops = layout_ops(layouts);
-    let mut wanted_chains: BTreeSet<(IpFamily, String)> = BTreeSet::new();
-    let mut wanted_sets: BTreeSet<(IpFamily, String)> = BTreeSet::new();
+    emit: &mut dyn FnMut(&Op),
+) -> Shared {
+    layouts.iter().flat_map(Layout::ops).for_each(|op| emit(&op));
+    // What `existing` holds and nothing wanted names, once every Service went by.
+    let mut stale_chains = existing.chains.clone();
+    let mut stale_sets = existing.sets.clone();
     for layout in layouts {
         let family = layout.family;
-        wanted_sets.extend(Container::FIXED.iter().map(|c| (family, c.name())));
         let layout_chains = layout
             .helper_chains()
             .into_iter()
             .map(|c| c.name)
             .chain(layout.base_chains().into_iter().map(|c| c.name.to_string()));
-        wanted_chains.extend(layout_chains.map(|name| (family, name)));
-    }
-    // The count sets in use, emptied (an existing one keeps elements otherwise), and their rules.
-    for (family, selection, n) in shared_state.count_sets() {
-        let [add, rule] = count_set_ops(family, selection, n);
-        ops.push(add);
-        ops.push(Op::FlushSet { family, container: Container::Count(selection, n) });
-        ops.push(rule);
-        wanted_sets.insert((family, Container::Count(selection, n).name()));
-    }
-    for (family, name) in services.clone().flat_map(|o| o.chains.keys()) {
-        ops.push(Op::AddChain { family: *family, name: name.clone() });
-        ops.push(Op::FlushChain { family: *family, name: name.clone() });
-        wanted_chains.insert((*family, name.clone()));
-    }
-    for ((_, name), rules) in services.clone().flat_map(|o| &o.chains) {
-        ops.extend(rules.iter().map(|rule| add_rule(name, rule)));
-    }
-    let mut shared = BTreeSet::new();
-    for (id @ (family, container, key), value) in services.flat_map(|o| &o.elements) {
-        if *container != Container::Hairpin || shared.insert(id) {
-            ops.push(add_element(*family, *container, key, value));
+        for name in layout_chains {
+            stale_chains.remove(&(family, name));
+        }
+        for container in Container::FIXED {
+            stale_sets.remove(&(family, container.name()));
         }
     }
-    let stale_chains: Vec<_> = existing.chains.difference(&wanted_chains).collect();
-    for (family, name) in &stale_chains {
-        ops.push(Op::FlushChain { family: *family, name: name.clone() });
+    let mut change = SharedChange::default();
+    for objects in services {
+        let objects = objects.borrow();
+        // The count sets in use, emptied (an existing one keeps elements otherwise), and their
+        // rules: before the first Service whose elements they hold.
+        let new_counts: BTreeSet<(IpFamily, Selection, u32)> = objects
+            .elements
+            .keys()
+            .filter_map(|(family, container, _)| match container {
+                Container::Count(selection, n) => Some((*family, *selection, *n)),
+                _ => None,
+            })
+            .filter(|count| !change.counts.contains_key(count))
+            .collect();
+        for (family, selection, n) in new_counts {
+            let [add, rule] = count_set_ops(family, selection, n);
+            emit(&add);
+            emit(&Op::FlushSet { family, container: Container::Count(selection, n) });
+            emit(&rule);
+            stale_sets.remove(&(family, Container::Count(selection, n).name()));
+        }
+        for (family, name) in objects.chains.keys() {
+            emit(&Op::AddChain { family: *family, name: name.clone() });
+            emit(&Op::FlushChain { family: *family, name: name.clone() });
+            stale_chains.remove(&(*family, name.clone()));
+        }
+        for ((_, name), rules) in &objects.chains {
+            rules.iter().for_each(|rule| emit(&add_rule(name, rule)));
+        }
+        for (id @ (family, container, key), value) in &objects.elements {
+            // A shared element goes in once, whichever Services hold it.
+            if *container != Container::Hairpin || !change.holders.contains_key(id) {
+                emit(&add_element(*family, *container, key, value));
+            }
+        }
+        change.hold(objects, 1);
     }
     for (family, name) in &stale_chains {
-        ops.push(Op::DeleteChain { family: *family, name: name.clone() });
+        emit(&Op::FlushChain { family: *family, name: name.clone() });
     }
-    for (family, name) in existing.sets.difference(&wanted_sets) {
-        ops.push(Op::DeleteSet { family: *family, name: name.clone() });
+    for (family, name) in stale_chains {
+        emit(&Op::DeleteChain { family, name });
     }
-    (ops, shared_state)
+    for (family, name) in stale_sets {
+        emit(&Op::DeleteSet { family, name });
+    }
+    let mut shared = Shared::default();
+    shared.apply(change);
+    shared
+}
+
+/// [`stream_full_sync`] collected: the ops of a full sync, and what the Services share.
+pub fn full_sync(
+    layouts: &[Layout],
+    services: impl IntoIterator<Item = impl Borrow<Objects>>,
+    existing: &Existing,
+) -> (Vec<Op>, Shared) {
+    let mut ops = Vec::new();
+    let shared = stream_full_sync(layouts, services, existing, &mut |op| ops.push(op.clone()));
+    (ops, shared)
 }
 
 /// The ops of one Service's partial sync, in the phases by which several Services' ops are
@@ -352,6 +374,15 @@ mod tests {
         sp
     }
 
+    /// What a full sync of one Service's objects leaves shared.
+    fn shared_of(objects: &Objects) -> Shared {
+        let mut change = SharedChange::default();
+        change.hold(objects, 1);
+        let mut shared = Shared::default();
+        shared.apply(change);
+        shared
+    }
+
     fn plan(sp: ServicePort) -> Objects {
         plan_service(&[sp], &PlanContext::default())
     }
@@ -373,7 +404,7 @@ mod tests {
              add element ip roadkeeper service-endpoints { 10.96.0.1 . tcp . 80 . 1 comment \"default/a:http\" : 10.244.0.3 . 8080 }\n"
         );
         // The hairpin pairs are shared: their changes come from `Shared`.
-        let mut state = Shared::of([&old].into_iter());
+        let mut state = shared_of(&old);
         let (shared, change) = state.partial(&[(&old, &new)]);
         assert_eq!(
             script(&shared.ops()),
@@ -381,7 +412,7 @@ mod tests {
              add element ip roadkeeper hairpin { 10.244.0.3 . 10.244.0.3 }\n"
         );
         state.apply(change);
-        assert_eq!(state, Shared::of([&new].into_iter()));
+        assert_eq!(state, shared_of(&new));
     }
 
     #[test]
@@ -389,7 +420,7 @@ mod tests {
         let two = plan(port("a", "10.96.0.1", &["10.244.0.1", "10.244.0.2"]));
         let three = plan(port("a", "10.96.0.1", &["10.244.0.1", "10.244.0.2", "10.244.0.3"]));
         let other_three = plan(port("b", "10.96.0.2", &["10.244.0.1", "10.244.0.2", "10.244.0.3"]));
-        let mut shared = Shared::of([&two].into_iter());
+        let mut shared = shared_of(&two);
         let (ops, change) = shared.partial(&[(&two, &three)]);
         shared.apply(change);
         let ops = script(&ops.ops());
@@ -445,6 +476,37 @@ mod tests {
         let deleted = ops.find(&format!("delete element ip roadkeeper service-endpoints {shared}")).expect(&ops);
         let added = ops.find(&format!("add element ip roadkeeper service-endpoints {shared}")).expect(&ops);
         assert!(deleted < added, "{ops}");
+    }
+
+    #[test]
+    fn a_full_sync_emits_each_services_ops_before_building_the_next() {
+        let services = [
+            plan(port("a", "10.96.0.1", &["10.244.0.1", "10.244.0.2"])),
+            plan(port("b", "10.96.0.2", &["10.244.0.1", "10.244.0.2"])),
+        ];
+        // Each op, with how many Services had been built when it came.
+        let built = std::cell::Cell::new(0);
+        let mut emitted: Vec<(String, usize)> = Vec::new();
+        let shared = stream_full_sync(
+            &[],
+            services.iter().inspect(|_| built.set(built.get() + 1)),
+            &Existing::default(),
+            &mut |op| emitted.push((op.to_string(), built.get())),
+        );
+        let when = |text: &str| -> Vec<usize> {
+            emitted.iter().filter(|(op, _)| op.starts_with(text)).map(|(_, n)| *n).collect()
+        };
+        assert_eq!(when("add element ip roadkeeper cluster-ips { 10.96.0.1 "), [1]);
+        assert_eq!(when("add element ip roadkeeper cluster-ips { 10.96.0.2 "), [2]);
+        // The count set of two endpoints and the hairpin pairs both hold go in once, with `a`.
+        assert_eq!(when("add set ip roadkeeper service-endpoints-2 "), [1]);
+        assert_eq!(when("add element ip roadkeeper hairpin { 10.244.0.1 . 10.244.0.1 }"), [1]);
+        let (collected, same) = full_sync(&[], services.iter(), &Existing::default());
+        assert_eq!(
+            collected.iter().map(|op| op.to_string()).collect::<Vec<_>>(),
+            emitted.into_iter().map(|(op, _)| op).collect::<Vec<_>>()
+        );
+        assert_eq!(shared, same);
     }
 
     #[test]
