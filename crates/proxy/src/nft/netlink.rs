@@ -399,7 +399,7 @@ struct BatchWriter {
     b: Buf,
     seq_start: u32,
     ops: u32,
-    /// Ids of the anonymous sets the ops declare (none in ours, but the encoder counts them).
+    /// The `NFTA_SET_ID` of the last set an op added (sets are numbered within a batch).
     set_id: u32,
 }
 

@@ -1,6 +1,7 @@
-//! Turns desired objects into transactions (`Op` lists): a full sync that rewrites everything we
-//! own, and a partial sync that touches only what differs between two versions of some Services'
-//! objects. Both are sent as one netlink batch; [`script`] renders them for `nft -f`.
+//! Turns desired objects into transactions of `Op`s: a full sync that rewrites everything we own
+//! (streamed op by op, [`stream_full_sync`]), and a partial sync that touches only what differs
+//! between two versions of some Services' objects. Both are sent as one netlink batch; [`script`]
+//! renders them for `nft -f`.
 
 use std::borrow::Borrow;
 use std::collections::{BTreeMap, BTreeSet};
@@ -76,11 +77,6 @@ fn shift<K: Ord>(map: &mut BTreeMap<K, usize>, key: K, delta: isize) {
 }
 
 impl Shared {
-    /// The count sets in use.
-    fn count_sets(&self) -> impl Iterator<Item = (IpFamily, Selection, u32)> + '_ {
-        self.counts.keys().copied()
-    }
-
     /// Records a change whose ops were applied.
     pub fn apply(&mut self, change: SharedChange) {
         for (key, delta) in change.counts {
@@ -89,6 +85,11 @@ impl Shared {
         for (id, delta) in change.holders {
             shift(&mut self.holders, id, delta);
         }
+    }
+
+    /// The count sets in use.
+    fn count_sets(&self) -> impl Iterator<Item = (IpFamily, Selection, u32)> + '_ {
+        self.counts.keys().copied()
     }
 
     /// The ops a partial sync of `changes` (each Service's applied and new objects) needs beyond
@@ -376,11 +377,7 @@ mod tests {
 
     /// What a full sync of one Service's objects leaves shared.
     fn shared_of(objects: &Objects) -> Shared {
-        let mut change = SharedChange::default();
-        change.hold(objects, 1);
-        let mut shared = Shared::default();
-        shared.apply(change);
-        shared
+        full_sync(&[], [objects], &Existing::default()).1
     }
 
     fn plan(sp: ServicePort) -> Objects {
