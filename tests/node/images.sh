@@ -7,6 +7,10 @@
 #   tests/node/images.sh         the node's images (below)
 #   tests/node/images.sh e2e     the images upstream's [sig-network] tests run, under the names
 #                                they expect (agnhost, jessie-dnsutils, nginx, busybox)
+#   tests/node/images.sh gateway the backends of the Gateway API conformance suite, under the
+#                                names its manifests use (images/echo-basic/NAME: one build
+#                                tagged as each release they name; images/coredns/NAME), from
+#                                the binaries tests/gateway/build.sh builds
 #
 #   debian:bookworm-slim                 debootstrap --variant=minbase (the base of the others)
 #   registry.k8s.io/pause:3.10.1         images/pause: pause.c, static, on an empty base
@@ -14,7 +18,8 @@
 #                                        $ROADKEEPER_BINARY, or a release build of the workspace
 #   docker.io/library/nginx:1.27         images/web: Debian's nginx, for examples/hello
 #
-# Needs root, buildah, debootstrap, gcc, and Debian's package mirror.
+# Needs root, buildah, debootstrap, gcc, and Debian's package mirror; the gateway images also Go
+# and its module proxy (tests/gateway/build.sh).
 set -euo pipefail
 here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 repo=$(cd "$here/../.." && pwd)
@@ -73,7 +78,16 @@ image() {
     current+=("$archive")
 }
 
-if [[ ${1:-} == e2e ]]; then
+if [[ ${1:-} == gateway ]]; then
+    bin=$("$repo/tests/gateway/build.sh")
+    for name in echo-basic coredns; do
+        mkdir -p "$work/$name"
+        cp "$bin/$name" "$work/$name/$name"
+        # One build, one archive per name: a docker archive written by buildah holds one tag.
+        mapfile -t tags <"$here/images/$name/NAME"
+        for tag in "${tags[@]}"; do image "$tag" "$work/$name" "$here/images/$name/Dockerfile"; done
+    done
+elif [[ ${1:-} == e2e ]]; then
     bin=$("$repo/tests/k8s/build.sh" e2e)
     mkdir -p "$work/agnhost"
     strip -o "$work/agnhost/agnhost" "$bin/agnhost"

@@ -27,6 +27,9 @@ KUBERNETES_SERVICE_IP=10.96.0.1
 CLUSTER_DNS=10.96.0.10
 CLUSTER_DOMAIN=cluster.local
 APISERVER_PORT=6443
+# The addresses roadkeeper's Gateway API implementation gives Gateways (deploy/gateway.yaml),
+# local on the node; gateway-conformance.sh routes them to the node in rkn-out.
+GATEWAY_POOL=192.168.235.0/24
 DAEMON_MARK=ROADKEEPER_NODE_DAEMON
 
 node_log() { echo "node: $*" >&2; }

@@ -5,7 +5,9 @@
 //! to [`ApiSource`], which applies them to the store on the caller's task. The store plays the
 //! part of kube-rs' reflector (a second, reflector-owned copy of every object would only double
 //! the memory): a relist is buffered from `Init` to `InitDone` and then swapped in, so objects
-//! that vanished while the watch was down are deleted and nothing is flushed in between.
+//! that vanished while the watch was down are deleted and nothing is flushed in between. A kind
+//! the server does not serve (the Gateway API's before their CRDs are installed) counts as listed
+//! and empty until it is served.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::fmt::Debug;
@@ -22,9 +24,14 @@ use kube::runtime::watcher::{self, Event};
 use kube::runtime::{WatchStreamExt, watcher as watch_stream};
 use kube::{Api, Client, Config, Resource};
 use serde::de::DeserializeOwned;
-use tokio::sync::mpsc;
+use tokio::sync::mpsc::{self, error::SendError};
 use tokio::task::JoinHandle;
 
+use crate::gateway_api::gatewayclasses::GatewayClass;
+use crate::gateway_api::gateways::Gateway;
+use crate::gateway_api::grpcroutes::GRPCRoute;
+use crate::gateway_api::httproutes::HTTPRoute;
+use crate::gateway_api::referencegrants::ReferenceGrant;
 use crate::object::{Kind, ObjectKey};
 use crate::store::Batch;
 use crate::validate::validate;
@@ -82,6 +89,11 @@ impl ApiSource {
                 Kind::IngressClass => spawn::<IngressClass>(&client, kind, watcher::Config::default(), &tx),
                 Kind::Deployment => spawn::<Deployment>(&client, kind, watcher::Config::default(), &tx),
                 Kind::ConfigMap => spawn::<ConfigMap>(&client, kind, watcher::Config::default(), &tx),
+                Kind::GatewayClass => spawn::<GatewayClass>(&client, kind, watcher::Config::default(), &tx),
+                Kind::Gateway => spawn::<Gateway>(&client, kind, watcher::Config::default(), &tx),
+                Kind::HttpRoute => spawn::<HTTPRoute>(&client, kind, watcher::Config::default(), &tx),
+                Kind::ReferenceGrant => spawn::<ReferenceGrant>(&client, kind, watcher::Config::default(), &tx),
+                Kind::GrpcRoute => spawn::<GRPCRoute>(&client, kind, watcher::Config::default(), &tx),
                 // Only TLS Secrets are read (certificates for Ingresses): the field selector keeps the
                 // others out of memory and off the wire.
                 Kind::Secret => {
@@ -199,34 +211,107 @@ async fn config(kubeconfig: Option<&Path>) -> Result<Config, Error> {
     }
 }
 
-/// Starts the watcher task of one kind, sending its events to `tx` and logging its errors
-/// (the watcher retries them with backoff). A kind the server does not serve (404, e.g.
-/// ServiceCIDRs before Kubernetes 1.33) is reported as listed and empty.
+/// Starts the watcher task of one kind, sending its events to `tx` through a [`Relay`] and
+/// logging its errors (the watcher retries them with backoff).
 fn spawn<K>(client: &Client, kind: Kind, config: watcher::Config, tx: &mpsc::UnboundedSender<Update>) -> JoinHandle<()>
 where
     K: Resource<DynamicType = ()> + Clone + DeserializeOwned + Debug + Send + Sync + 'static,
     Object: From<Arc<K>>,
 {
     let api: Api<K> = Api::all(client.clone());
-    let tx = tx.clone();
+    let mut relay = Relay::new::<K>(kind, tx.clone());
     tokio::spawn(async move {
         let mut events = std::pin::pin!(watch_stream(api, config).default_backoff());
         while let Some(event) = events.next().await {
-            match event {
-                Ok(event) => {
-                    if tx.send((kind, typed(event))).is_err() {
-                        return;
-                    }
-                }
-                Err(watcher::Error::InitialListFailed(kube::Error::Api(status))) if status.code == 404 => {
-                    tracing::info!(kind = kind.as_str(), "not served by this API server; none used");
-                    let _ = tx.send((kind, Event::Init)).and_then(|()| tx.send((kind, Event::InitDone)));
-                    return;
-                }
-                Err(err) => tracing::warn!(kind = kind.as_str(), "watching the API server: {err}; retrying"),
+            if relay.relay(event).is_err() {
+                return;
             }
         }
     })
+}
+
+/// The API group of the Gateway API, whose kinds are served only once its CRDs are installed.
+const GATEWAY_API_GROUP: &str = "gateway.networking.k8s.io";
+
+/// Passes one watcher's events on to the [`ApiSource`]. A kind the server does not serve (404,
+/// e.g. ServiceCIDRs before Kubernetes 1.33, or the Gateway API kinds before their CRDs are
+/// installed) is reported once as listed and empty, so that it never holds up
+/// [`Feed::open`](crate::Feed::open); the watcher keeps retrying with backoff and the kind is
+/// listed as soon as it is served. The watcher's `Init` is held back until what follows it, so
+/// that those retries wake nobody.
+struct Relay {
+    kind: Kind,
+    /// The resource as the CRD names it (`httproutes.gateway.networking.k8s.io`), for logs.
+    resource: String,
+    /// Whether it belongs to the Gateway API.
+    gateway_api: bool,
+    tx: mpsc::UnboundedSender<Update>,
+    /// A list started (`Init`) and not passed on yet.
+    init: bool,
+    /// Whether the server answered the last list with 404.
+    missing: bool,
+}
+
+impl Relay {
+    fn new<K: Resource<DynamicType = ()>>(kind: Kind, tx: mpsc::UnboundedSender<Update>) -> Self {
+        let (group, plural) = (K::group(&()), K::plural(&()));
+        let resource = if group.is_empty() { plural.into_owned() } else { format!("{plural}.{group}") };
+        Self { kind, resource, gateway_api: group == GATEWAY_API_GROUP, tx, init: false, missing: false }
+    }
+
+    /// Passes on one item of the watcher's stream; `Err` once the source is gone.
+    fn relay<K>(&mut self, item: Result<Event<K>, watcher::Error>) -> Result<(), SendError<Update>>
+    where
+        K: Resource,
+        Object: From<Arc<K>>,
+    {
+        match item {
+            Ok(Event::Init) => self.init = true,
+            Ok(event) => {
+                if std::mem::take(&mut self.missing) {
+                    tracing::info!(kind = self.kind.as_str(), resource = self.resource, "now served");
+                }
+                if std::mem::take(&mut self.init) {
+                    self.tx.send((self.kind, Event::Init))?;
+                }
+                self.tx.send((self.kind, typed(event)))?;
+            }
+            Err(err) if not_served(&err) => {
+                self.init = false;
+                if !std::mem::replace(&mut self.missing, true) {
+                    self.log_missing();
+                    self.tx.send((self.kind, Event::Init))?;
+                    self.tx.send((self.kind, Event::InitDone))?;
+                }
+            }
+            Err(err) => tracing::warn!(kind = self.kind.as_str(), "watching the API server: {err}; retrying"),
+        }
+        Ok(())
+    }
+
+    fn log_missing(&self) {
+        let (kind, resource) = (self.kind.as_str(), self.resource.as_str());
+        if self.gateway_api {
+            tracing::warn!(
+                kind,
+                resource,
+                "not served by the API server: install the Gateway API CRDs (standard channel) to use {kind}s; \
+                 none used until then, retrying"
+            );
+        } else {
+            tracing::info!(kind, resource, "not served by this API server; none used until it is");
+        }
+    }
+}
+
+/// Whether the server answered that it does not serve the resource at all.
+fn not_served(err: &watcher::Error) -> bool {
+    match err {
+        watcher::Error::InitialListFailed(kube::Error::Api(status))
+        | watcher::Error::WatchStartFailed(kube::Error::Api(status)) => status.code == 404,
+        watcher::Error::WatchError(status) => status.code == 404,
+        _ => false,
+    }
 }
 
 /// The event with its object typed as an [`Object`], [slimmed](crate::object::slim).
@@ -320,6 +405,73 @@ mod tests {
         assert!(slice.metadata.managed_fields.is_some());
         let Event::InitApply(Object::EndpointSlice(slice)) = typed(Event::InitApply(slice)) else { panic!() };
         assert_eq!(slice.metadata.managed_fields, None);
+    }
+
+    /// The events `rx` holds, by name.
+    fn received(rx: &mut mpsc::UnboundedReceiver<Update>) -> Vec<&'static str> {
+        std::iter::from_fn(|| rx.try_recv().ok())
+            .map(|(_, event)| match event {
+                Event::Init => "Init",
+                Event::InitApply(_) => "InitApply",
+                Event::InitDone => "InitDone",
+                Event::Apply(_) => "Apply",
+                Event::Delete(_) => "Delete",
+            })
+            .collect()
+    }
+
+    fn not_found() -> watcher::Error {
+        let status = kube::core::Status::failure("the server could not find the requested resource", "NotFound");
+        watcher::Error::InitialListFailed(kube::Error::Api(status.with_code(404).boxed()))
+    }
+
+    #[tokio::test]
+    async fn a_kind_not_served_is_listed_empty_once_then_listed_when_served() {
+        let (mut source, tx) = source();
+        source.unsynced = [Kind::HttpRoute].into();
+        let mut relay = Relay::new::<HTTPRoute>(Kind::HttpRoute, tx);
+        assert_eq!(relay.resource, "httproutes.gateway.networking.k8s.io");
+        // The watcher starts a list (Init) that fails, again and again with backoff.
+        for _ in 0..3 {
+            relay.relay::<HTTPRoute>(Ok(Event::Init)).unwrap();
+            relay.relay::<HTTPRoute>(Err(not_found())).unwrap();
+        }
+        let changes = source.next().await;
+        assert!(changes.is_empty() && source.synced(), "the first 404 completes the kind's list");
+        assert!(source.updates.is_empty(), "retries pass nothing on");
+
+        // The CRD is installed: the next list succeeds.
+        let mut route = HTTPRoute::new("web", Default::default());
+        route.metadata.namespace = Some("ns".into());
+        relay.relay::<HTTPRoute>(Ok(Event::Init)).unwrap();
+        relay.relay(Ok(Event::InitApply(route))).unwrap();
+        relay.relay::<HTTPRoute>(Ok(Event::InitDone)).unwrap();
+        assert_eq!(source.next().await.http_routes, [NamespacedName::new("ns", "web")].into());
+        assert!(source.store().http_route(&NamespacedName::new("ns", "web")).is_some());
+
+        // Removed again (the CRD deleted): the kind is empty, and said so once.
+        relay.relay::<HTTPRoute>(Err(not_found())).unwrap();
+        relay.relay::<HTTPRoute>(Err(not_found())).unwrap();
+        assert_eq!(source.next().await.http_routes, [NamespacedName::new("ns", "web")].into());
+        assert_eq!(source.store().http_routes().count(), 0);
+    }
+
+    #[test]
+    fn relay_holds_init_back_until_what_follows_it() {
+        let (tx, mut rx) = mpsc::unbounded_channel();
+        let mut relay = Relay::new::<Service>(Kind::Service, tx);
+        assert_eq!(relay.resource, "services");
+        relay.relay::<Service>(Ok(Event::Init)).unwrap();
+        assert!(received(&mut rx).is_empty());
+        let failed = watcher::Error::InitialListFailed(kube::Error::Api(
+            kube::core::Status::failure("etcd is down", "InternalError").with_code(500).boxed(),
+        ));
+        relay.relay::<Service>(Err(failed)).unwrap();
+        relay.relay::<Service>(Ok(Event::Init)).unwrap();
+        relay.relay::<Service>(Ok(Event::InitDone)).unwrap();
+        assert_eq!(received(&mut rx), ["Init", "InitDone"]);
+        drop(rx);
+        assert!(relay.relay::<Service>(Ok(Event::InitDone)).is_err(), "the source is gone");
     }
 
     #[tokio::test]

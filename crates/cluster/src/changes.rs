@@ -31,6 +31,16 @@ pub struct Changes {
     pub deployments: BTreeSet<NamespacedName>,
     /// ConfigMaps added, changed or removed.
     pub config_maps: BTreeSet<NamespacedName>,
+    /// Names of GatewayClasses added, changed or removed.
+    pub gateway_classes: BTreeSet<String>,
+    /// Gateways added, changed or removed.
+    pub gateways: BTreeSet<NamespacedName>,
+    /// HTTPRoutes added, changed or removed.
+    pub http_routes: BTreeSet<NamespacedName>,
+    /// ReferenceGrants added, changed or removed.
+    pub reference_grants: BTreeSet<NamespacedName>,
+    /// GRPCRoutes added, changed or removed.
+    pub grpc_routes: BTreeSet<NamespacedName>,
     /// Service objects added, changed or removed (kube-proxy's "service changes").
     pub service_updates: usize,
     /// EndpointSlices added, changed or removed, derived ones counted once per Service
@@ -54,6 +64,11 @@ impl Changes {
             && self.secrets.is_empty()
             && self.deployments.is_empty()
             && self.config_maps.is_empty()
+            && self.gateway_classes.is_empty()
+            && self.gateways.is_empty()
+            && self.http_routes.is_empty()
+            && self.reference_grants.is_empty()
+            && self.grpc_routes.is_empty()
     }
 
     /// Adds everything in `other` to `self`.
@@ -68,6 +83,11 @@ impl Changes {
         self.secrets.extend(other.secrets);
         self.deployments.extend(other.deployments);
         self.config_maps.extend(other.config_maps);
+        self.gateway_classes.extend(other.gateway_classes);
+        self.gateways.extend(other.gateways);
+        self.http_routes.extend(other.http_routes);
+        self.reference_grants.extend(other.reference_grants);
+        self.grpc_routes.extend(other.grpc_routes);
         self.service_updates += other.service_updates;
         self.endpoint_updates += other.endpoint_updates;
         self.trigger_times.extend(other.trigger_times);
@@ -96,5 +116,25 @@ mod tests {
         assert_eq!((&a.pods, &a.namespaces), (&b.pods, &b.namespaces));
         assert!(a.service_cidrs);
         assert_eq!((a.endpoint_updates, a.trigger_times.len()), (3, 1));
+    }
+
+    #[test]
+    fn gateway_api_changes_count_and_merge() {
+        let web = || [NamespacedName::new("default", "web")].into();
+        let each = [
+            Changes { gateway_classes: ["roadkeeper".to_owned()].into(), ..Changes::default() },
+            Changes { gateways: web(), ..Changes::default() },
+            Changes { http_routes: web(), ..Changes::default() },
+            Changes { reference_grants: web(), ..Changes::default() },
+            Changes { grpc_routes: web(), ..Changes::default() },
+        ];
+        let mut all = Changes::default();
+        for changes in each {
+            assert!(!changes.is_empty(), "{changes:?}");
+            all.merge(changes);
+        }
+        assert_eq!(all.gateway_classes, ["roadkeeper".to_owned()].into());
+        let merged = [&all.gateways, &all.http_routes, &all.reference_grants, &all.grpc_routes];
+        assert_eq!(merged, [&web(); 4]);
     }
 }

@@ -78,6 +78,17 @@ pub(crate) fn wildcard_subdomain(s: &str) -> Check {
     }
 }
 
+/// A domain-prefixed path of at most `max` characters (`example.com/ingress`): IngressClass and
+/// GatewayClass controllers.
+pub(crate) fn domain_prefixed_path(s: &str, max: usize) -> Check {
+    let path_char = |c: char| c.is_ascii_alphanumeric() || "/-._~%!$&'()*+,;=:".contains(c);
+    let valid = s.len() <= max
+        && s.split_once('/').is_some_and(|(domain, path)| {
+            dns1123_subdomain(domain).is_ok() && !path.is_empty() && path.chars().all(path_char)
+        });
+    if valid { Ok(()) } else { Err("must be a domain-prefixed path".into()) }
+}
+
 /// An IANA service name: container port names, named target ports, Ingress backend port names.
 pub(crate) fn port_name(s: &str) -> Check {
     if s.len() > PORT_NAME_MAX {
@@ -182,6 +193,10 @@ mod tests {
         }
         assert!(wildcard_subdomain("*.example.com").is_ok());
         assert!(wildcard_subdomain("*example.com").is_err() && wildcard_subdomain("a.*.com").is_err());
+        assert_eq!(domain_prefixed_path("roadkeeper.dev/gateway", 253), Ok(()));
+        for bad in ["roadkeeper", "roadkeeper.dev/", "Roadkeeper.dev/x", "a.dev/x y", "a.dev/xx"] {
+            assert!(domain_prefixed_path(bad, 7).is_err(), "{bad:?}");
+        }
     }
 
     #[test]

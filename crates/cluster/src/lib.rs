@@ -2,11 +2,12 @@
 //! Kubernetes API server, through one interface: [`Feed`].
 //!
 //! [`ManifestSource`] loads `*.yaml`, `*.yml` and `*.json` files into a [`Store`] of Services,
-//! EndpointSlices, Pods, Nodes, ServiceCIDRs, Namespaces, Ingresses, IngressClasses, Secrets and
-//! (for the lab) Deployments and ConfigMaps; [`watch`] reports changed files so that
-//! [`ManifestSource::reload`] can apply them incrementally. EndpointSlices for Services with a
-//! selector are derived from the Pods, like kube-controller-manager would. [`client`] connects to
-//! the API server a [`Feed`] reads from, for components that also write to it.
+//! EndpointSlices, Pods, Nodes, ServiceCIDRs, Namespaces, Ingresses, IngressClasses, Secrets, the
+//! Gateway API's GatewayClasses, Gateways, HTTPRoutes, ReferenceGrants and GRPCRoutes (types in
+//! [`gateway_api`]) and (for the lab) Deployments and ConfigMaps; [`watch`] reports changed files
+//! so that [`ManifestSource::reload`] can apply them incrementally. EndpointSlices for Services
+//! with a selector are derived from the Pods, like kube-controller-manager would. [`client`]
+//! connects to the API server a [`Feed`] reads from, for components that also write to it.
 
 mod api_source;
 mod changes;
@@ -14,6 +15,7 @@ mod endpointslices;
 mod error;
 mod feed;
 mod formats;
+pub mod gateway_api;
 mod index;
 mod names;
 mod object;

@@ -9,6 +9,11 @@ use k8s_openapi::api::discovery::v1::EndpointSlice;
 use k8s_openapi::api::networking::v1::{Ingress, IngressClass, ServiceCIDR};
 
 use crate::NamespacedName;
+use crate::gateway_api::gatewayclasses::GatewayClass;
+use crate::gateway_api::gateways::Gateway;
+use crate::gateway_api::grpcroutes::GRPCRoute;
+use crate::gateway_api::httproutes::HTTPRoute;
+use crate::gateway_api::referencegrants::ReferenceGrant;
 
 /// One supported Kubernetes object. Shared (`Arc`) so that the source's per-file bookkeeping and
 /// the store hold one copy between them.
@@ -36,7 +41,20 @@ pub enum Object {
     Deployment(Arc<Deployment>),
     /// `v1 ConfigMap` (read by the lab, which mounts them as files).
     ConfigMap(Arc<ConfigMap>),
+    /// `gateway.networking.k8s.io/v1 GatewayClass`.
+    GatewayClass(Arc<GatewayClass>),
+    /// `gateway.networking.k8s.io/v1 Gateway`.
+    Gateway(Arc<Gateway>),
+    /// `gateway.networking.k8s.io/v1 HTTPRoute`.
+    HttpRoute(Arc<HTTPRoute>),
+    /// `gateway.networking.k8s.io/v1 ReferenceGrant`.
+    ReferenceGrant(Arc<ReferenceGrant>),
+    /// `gateway.networking.k8s.io/v1 GRPCRoute`.
+    GrpcRoute(Arc<GRPCRoute>),
 }
+
+/// The `apiVersion` of the Gateway API kinds read.
+const GATEWAY_API_V1: &str = "gateway.networking.k8s.io/v1";
 
 /// kubectl's annotation holding a copy of the whole object as last applied.
 const LAST_APPLIED: &str = "kubectl.kubernetes.io/last-applied-configuration";
@@ -72,6 +90,11 @@ impl Object {
             Self::Secret(o) => (Kind::Secret, &o.metadata),
             Self::Deployment(o) => (Kind::Deployment, &o.metadata),
             Self::ConfigMap(o) => (Kind::ConfigMap, &o.metadata),
+            Self::GatewayClass(o) => (Kind::GatewayClass, &o.metadata),
+            Self::Gateway(o) => (Kind::Gateway, &o.metadata),
+            Self::HttpRoute(o) => (Kind::HttpRoute, &o.metadata),
+            Self::ReferenceGrant(o) => (Kind::ReferenceGrant, &o.metadata),
+            Self::GrpcRoute(o) => (Kind::GrpcRoute, &o.metadata),
         };
         let namespace = match &metadata.namespace {
             _ if !kind.namespaced() => "",
@@ -103,7 +126,12 @@ object_from!(
     IngressClass(IngressClass),
     Secret(Secret),
     Deployment(Deployment),
-    ConfigMap(ConfigMap)
+    ConfigMap(ConfigMap),
+    GatewayClass(GatewayClass),
+    Gateway(Gateway),
+    HttpRoute(HTTPRoute),
+    ReferenceGrant(ReferenceGrant),
+    GrpcRoute(GRPCRoute)
 );
 
 /// The kind of an [`Object`].
@@ -131,6 +159,16 @@ pub enum Kind {
     Deployment,
     /// `v1 ConfigMap`.
     ConfigMap,
+    /// `gateway.networking.k8s.io/v1 GatewayClass`.
+    GatewayClass,
+    /// `gateway.networking.k8s.io/v1 Gateway`.
+    Gateway,
+    /// `gateway.networking.k8s.io/v1 HTTPRoute`.
+    HttpRoute,
+    /// `gateway.networking.k8s.io/v1 ReferenceGrant`.
+    ReferenceGrant,
+    /// `gateway.networking.k8s.io/v1 GRPCRoute`.
+    GrpcRoute,
 }
 
 impl Kind {
@@ -148,13 +186,18 @@ impl Kind {
             ("v1", "Secret") => Self::Secret,
             ("apps/v1", "Deployment") => Self::Deployment,
             ("v1", "ConfigMap") => Self::ConfigMap,
+            (GATEWAY_API_V1, "GatewayClass") => Self::GatewayClass,
+            (GATEWAY_API_V1, "Gateway") => Self::Gateway,
+            (GATEWAY_API_V1, "HTTPRoute") => Self::HttpRoute,
+            (GATEWAY_API_V1, "ReferenceGrant") => Self::ReferenceGrant,
+            (GATEWAY_API_V1, "GRPCRoute") => Self::GrpcRoute,
             _ => return None,
         })
     }
 
     /// Whether objects of this kind live in a namespace.
     pub(crate) fn namespaced(self) -> bool {
-        !matches!(self, Self::Node | Self::ServiceCidr | Self::Namespace | Self::IngressClass)
+        !matches!(self, Self::Node | Self::ServiceCidr | Self::Namespace | Self::IngressClass | Self::GatewayClass)
     }
 
     /// The kind's name, as in manifests.
@@ -171,6 +214,11 @@ impl Kind {
             Self::Secret => "Secret",
             Self::Deployment => "Deployment",
             Self::ConfigMap => "ConfigMap",
+            Self::GatewayClass => "GatewayClass",
+            Self::Gateway => "Gateway",
+            Self::HttpRoute => "HTTPRoute",
+            Self::ReferenceGrant => "ReferenceGrant",
+            Self::GrpcRoute => "GRPCRoute",
         }
     }
 }
@@ -236,5 +284,29 @@ mod tests {
         n.metadata.name = Some("n1".into());
         n.metadata.namespace = Some("x".into());
         assert_eq!(Object::Node(n.into()).key(), node);
+    }
+
+    #[test]
+    fn gateway_api_kinds_and_keys() {
+        let kinds = [
+            ("GatewayClass", Kind::GatewayClass, false),
+            ("Gateway", Kind::Gateway, true),
+            ("HTTPRoute", Kind::HttpRoute, true),
+            ("ReferenceGrant", Kind::ReferenceGrant, true),
+            ("GRPCRoute", Kind::GrpcRoute, true),
+        ];
+        for (name, kind, namespaced) in kinds {
+            assert_eq!(Kind::from_type("gateway.networking.k8s.io/v1", name), Some(kind));
+            assert_eq!(Kind::from_type("gateway.networking.k8s.io/v1beta1", name), None);
+            assert_eq!((kind.as_str(), kind.namespaced()), (name, namespaced));
+        }
+        let mut route = HTTPRoute::default();
+        route.metadata.name = Some("web".into());
+        let key = Object::HttpRoute(route.into()).key();
+        assert_eq!(key.to_string(), "HTTPRoute default/web");
+        let mut class = GatewayClass::default();
+        class.metadata.name = Some("roadkeeper".into());
+        class.metadata.namespace = Some("x".into());
+        assert_eq!(Object::GatewayClass(class.into()).key().to_string(), "GatewayClass roadkeeper");
     }
 }

@@ -143,16 +143,35 @@ fn typed(kind: Kind, value: Value) -> Result<Object, Vec<FieldError>> {
         Kind::Secret => Object::Secret(Arc::new(strict(value)?)),
         Kind::Deployment => Object::Deployment(Arc::new(strict(value)?)),
         Kind::ConfigMap => Object::ConfigMap(Arc::new(strict(value)?)),
+        Kind::GatewayClass => Object::GatewayClass(Arc::new(custom(value)?)),
+        Kind::Gateway => Object::Gateway(Arc::new(custom(value)?)),
+        Kind::HttpRoute => Object::HttpRoute(Arc::new(custom(value)?)),
+        Kind::ReferenceGrant => Object::ReferenceGrant(Arc::new(custom(value)?)),
+        Kind::GrpcRoute => Object::GrpcRoute(Arc::new(custom(value)?)),
     })
 }
 
-/// Deserializes `value`, turning every unknown field into an error naming its path, and
-/// [slims](crate::object::slim) it.
+/// [`strict`] for a custom resource, whose type holds neither `apiVersion` nor `kind` (they were
+/// read to pick the type).
+fn custom<T: DeserializeOwned + kube::Resource>(mut value: Value) -> Result<T, Vec<FieldError>> {
+    if let Value::Object(map) = &mut value {
+        map.remove("apiVersion");
+        map.remove("kind");
+    }
+    strict(value)
+}
+
+/// Deserializes `value`, turning every unknown field into an error naming its path (as is a
+/// value of the wrong type), and [slims](crate::object::slim) it.
 fn strict<T: DeserializeOwned + kube::Resource>(value: Value) -> Result<T, Vec<FieldError>> {
     let mut unknown = Vec::new();
-    let result = serde_ignored::deserialize(value, |path| unknown.push(field_path(&path)));
+    let mut note = |path: serde_ignored::Path<'_>| unknown.push(field_path(&path));
+    let result = serde_path_to_error::deserialize(serde_ignored::Deserializer::new(value, &mut note));
     match result {
-        Err(e) => Err(vec![FieldError { field: None, message: e.to_string() }]),
+        Err(e) => {
+            let field = Some(e.path().to_string()).filter(|path| path != ".");
+            Err(vec![FieldError { field, message: e.into_inner().to_string() }])
+        }
         Ok(mut object) if unknown.is_empty() => {
             crate::object::slim(&mut object);
             Ok(object)
@@ -271,7 +290,7 @@ mod tests {
             ["m/a.yaml: Service default/hello: spec.ports[0].port: 70000 is out of range 1-65535"]
         );
         assert!(
-            messages(&entries[1])[0].starts_with("m/a.yaml: Service default/typed: invalid type"),
+            messages(&entries[1])[0].starts_with("m/a.yaml: Service default/typed: spec.ports[0].port: invalid type"),
             "{:?}",
             messages(&entries[1])
         );
@@ -279,6 +298,86 @@ mod tests {
         assert_eq!(messages(&entries[2]), ["m/a.yaml: metadata.name: is required"]);
         assert_eq!(messages(&entries[3]), ["m/a.yaml: expected an object, found a list"]);
         assert_eq!(messages(&entries[4]), ["m/a.yaml: apiVersion and kind are required"]);
+    }
+
+    const GATEWAY: &str = "apiVersion: gateway.networking.k8s.io/v1\nkind: Gateway\nmetadata: {name: web}\nspec:\n  \
+        gatewayClassName: roadkeeper\n  listeners:\n  - {name: http, port: 80, protocol: HTTP, hostname: '*.example.com'}\n  \
+        - {name: https, port: 443, protocol: HTTPS, tls: {certificateRefs: [{name: web-tls}]}, \
+        allowedRoutes: {namespaces: {from: All}}}\n";
+
+    #[test]
+    fn gateway_api_manifests() {
+        use crate::gateway_api::gateways::GatewayListenersAllowedRoutesNamespacesFrom;
+        use crate::gateway_api::httproutes::{HTTPRouteRulesFiltersType, HTTPRouteRulesMatchesPathType};
+        let route = "apiVersion: gateway.networking.k8s.io/v1\nkind: HTTPRoute\nmetadata: {name: web, namespace: team}\n\
+            spec:\n  parentRefs: [{name: web, namespace: default, sectionName: http}]\n  hostnames: [app.example.com]\n  \
+            rules:\n  - matches: [{path: {type: PathPrefix, value: /app}, headers: [{name: x-env, value: canary}]}]\n    \
+            filters: [{type: RequestHeaderModifier, requestHeaderModifier: {set: [{name: x-via, value: rk}]}}]\n    \
+            backendRefs: [{name: web, port: 8080, weight: 3}]\n";
+        let entries = parse(&format!("{GATEWAY}---\n{route}"));
+        assert_eq!(
+            entries.iter().map(|e| key(e).unwrap()).collect::<Vec<_>>(),
+            ["Gateway default/web", "HTTPRoute team/web"]
+        );
+        let Entry::Valid(_, Object::Gateway(gateway)) = &entries[0] else { panic!("{entries:?}") };
+        assert_eq!(gateway.metadata.namespace.as_deref(), Some("default"));
+        let [http, https] = &gateway.spec.listeners[..] else { panic!("{gateway:?}") };
+        assert_eq!((http.name.as_str(), http.port, http.hostname.as_deref()), ("http", 80, Some("*.example.com")));
+        let from = https.allowed_routes.as_ref().and_then(|a| a.namespaces.as_ref()?.from.clone());
+        assert_eq!(from, Some(GatewayListenersAllowedRoutesNamespacesFrom::All));
+        assert_eq!(https.tls.as_ref().unwrap().certificate_refs.as_ref().unwrap()[0].name, "web-tls");
+
+        let Entry::Valid(_, Object::HttpRoute(route)) = &entries[1] else { panic!("{entries:?}") };
+        let parent = &route.spec.parent_refs.as_ref().unwrap()[0];
+        assert_eq!((parent.namespace.as_deref(), parent.section_name.as_deref()), (Some("default"), Some("http")));
+        let rule = &route.spec.rules.as_ref().unwrap()[0];
+        let path = rule.matches.as_ref().unwrap()[0].path.as_ref().unwrap();
+        assert_eq!(
+            (&path.r#type, path.value.as_deref()),
+            (&Some(HTTPRouteRulesMatchesPathType::PathPrefix), Some("/app"))
+        );
+        assert_eq!(rule.filters.as_ref().unwrap()[0].r#type, HTTPRouteRulesFiltersType::RequestHeaderModifier);
+        let backend = &rule.backend_refs.as_ref().unwrap()[0];
+        assert_eq!((backend.name.as_str(), backend.port, backend.weight), ("web", Some(8080), Some(3)));
+    }
+
+    #[test]
+    fn gateway_api_errors_name_the_field() {
+        let route = |name: &str, spec: &str| {
+            format!(
+                "apiVersion: gateway.networking.k8s.io/v1\nkind: HTTPRoute\nmetadata: {{name: {name}}}\nspec: {spec}\n"
+            )
+        };
+        let text = [
+            route("regex", "{rules: [{matches: [{path: {type: Regex, value: /}}]}]}"),
+            route("typo", "{rules: [{backendRef: [{name: web, port: 80}]}]}"),
+            route("noport", "{rules: [{backendRefs: [{name: web}]}]}"),
+            GATEWAY.replace("name: web}", "name: bad}").replace("name: http,", "name: Http,").replace("port: 80,", "port: 70000,"),
+            "apiVersion: gateway.networking.k8s.io/v1\nkind: Gateway\nmetadata: {name: empty}\nspec: {gatewayClassName: a}\n".into(),
+            GATEWAY.replace("/v1\n", "/v1beta1\n"),
+        ];
+        let entries = parse(&text.join("---\n"));
+        let all: Vec<Vec<String>> = entries.iter().map(messages).collect();
+        assert_eq!(
+            all,
+            [
+                vec![
+                    "m/a.yaml: HTTPRoute default/regex: spec.rules[0].matches[0].path.type: unknown variant `Regex`, \
+                     expected one of `Exact`, `PathPrefix`, `RegularExpression`"
+                ],
+                vec!["m/a.yaml: HTTPRoute default/typo: spec.rules[0].backendRef: unknown field"],
+                vec![
+                    "m/a.yaml: HTTPRoute default/noport: spec.rules[0].backendRefs[0].port: is required for a Service"
+                ],
+                vec![
+                    "m/a.yaml: Gateway default/bad: spec.listeners[0].name: \"Http\" must be a lowercase RFC 1123 subdomain: \
+                     dot-separated labels of lowercase letters, digits and '-', each starting and ending with a letter or digit",
+                    "m/a.yaml: Gateway default/bad: spec.listeners[0].port: 70000 is out of range 1-65535",
+                ],
+                vec!["m/a.yaml: Gateway default/empty: spec: missing field `listeners`"],
+            ],
+            "the v1beta1 Gateway is not read"
+        );
     }
 
     #[test]

@@ -11,6 +11,11 @@ use k8s_openapi::api::discovery::v1::EndpointSlice;
 use k8s_openapi::api::networking::v1::{Ingress, IngressClass, ServiceCIDR};
 
 use crate::endpointslices::{derive, selects};
+use crate::gateway_api::gatewayclasses::GatewayClass;
+use crate::gateway_api::gateways::Gateway;
+use crate::gateway_api::grpcroutes::GRPCRoute;
+use crate::gateway_api::httproutes::HTTPRoute;
+use crate::gateway_api::referencegrants::ReferenceGrant;
 use crate::index::{self, Index};
 use crate::object::{Kind, ObjectKey};
 use crate::validate::SERVICE_NAME_LABEL;
@@ -39,6 +44,11 @@ pub struct Store {
     secrets: BTreeMap<NamespacedName, Arc<Secret>>,
     deployments: BTreeMap<NamespacedName, Arc<Deployment>>,
     config_maps: BTreeMap<NamespacedName, Arc<ConfigMap>>,
+    gateway_classes: BTreeMap<String, Arc<GatewayClass>>,
+    gateways: BTreeMap<NamespacedName, Arc<Gateway>>,
+    http_routes: BTreeMap<NamespacedName, Arc<HTTPRoute>>,
+    reference_grants: BTreeMap<NamespacedName, Arc<ReferenceGrant>>,
+    grpc_routes: BTreeMap<NamespacedName, Arc<GRPCRoute>>,
     /// Whether EndpointSlices are derived from Pods (a manifest folder has no controller to make
     /// them; an API server has).
     derive_slices: bool,
@@ -61,6 +71,11 @@ impl Default for Store {
             secrets: BTreeMap::new(),
             deployments: BTreeMap::new(),
             config_maps: BTreeMap::new(),
+            gateway_classes: BTreeMap::new(),
+            gateways: BTreeMap::new(),
+            http_routes: BTreeMap::new(),
+            reference_grants: BTreeMap::new(),
+            grpc_routes: BTreeMap::new(),
             derive_slices: true,
         }
     }
@@ -151,9 +166,73 @@ impl Store {
         self.ingress_classes.values()
     }
 
+    /// All GatewayClasses, ordered by name.
+    pub fn gateway_classes(&self) -> impl Iterator<Item = &Arc<GatewayClass>> {
+        self.gateway_classes.values()
+    }
+
+    /// One GatewayClass.
+    pub fn gateway_class(&self, name: &str) -> Option<&Arc<GatewayClass>> {
+        self.gateway_classes.get(name)
+    }
+
+    /// All Gateways, ordered by namespace and name.
+    pub fn gateways(&self) -> impl Iterator<Item = (&NamespacedName, &Arc<Gateway>)> {
+        self.gateways.iter()
+    }
+
+    /// One Gateway.
+    pub fn gateway(&self, key: &NamespacedName) -> Option<&Arc<Gateway>> {
+        self.gateways.get(key)
+    }
+
+    /// All HTTPRoutes, ordered by namespace and name.
+    pub fn http_routes(&self) -> impl Iterator<Item = (&NamespacedName, &Arc<HTTPRoute>)> {
+        self.http_routes.iter()
+    }
+
+    /// One HTTPRoute.
+    pub fn http_route(&self, key: &NamespacedName) -> Option<&Arc<HTTPRoute>> {
+        self.http_routes.get(key)
+    }
+
+    /// All ReferenceGrants, ordered by namespace and name.
+    pub fn reference_grants(&self) -> impl Iterator<Item = (&NamespacedName, &Arc<ReferenceGrant>)> {
+        self.reference_grants.iter()
+    }
+
+    /// The ReferenceGrants of `namespace` (those that let other namespaces refer to its
+    /// objects), ordered by name.
+    pub fn reference_grants_in<'a>(
+        &'a self,
+        namespace: &'a str,
+    ) -> impl Iterator<Item = (&'a NamespacedName, &'a Arc<ReferenceGrant>)> {
+        in_namespace(&self.reference_grants, namespace)
+    }
+
+    /// One ReferenceGrant.
+    pub fn reference_grant(&self, key: &NamespacedName) -> Option<&Arc<ReferenceGrant>> {
+        self.reference_grants.get(key)
+    }
+
+    /// All GRPCRoutes, ordered by namespace and name.
+    pub fn grpc_routes(&self) -> impl Iterator<Item = (&NamespacedName, &Arc<GRPCRoute>)> {
+        self.grpc_routes.iter()
+    }
+
+    /// One GRPCRoute.
+    pub fn grpc_route(&self, key: &NamespacedName) -> Option<&Arc<GRPCRoute>> {
+        self.grpc_routes.get(key)
+    }
+
     /// One Secret.
     pub fn secret(&self, key: &NamespacedName) -> Option<&Arc<Secret>> {
         self.secrets.get(key)
+    }
+
+    /// One Namespace.
+    pub fn namespace(&self, name: &str) -> Option<&Arc<Namespace>> {
+        self.namespaces.get(name)
     }
 
     /// Whether Namespace `name` exists.
@@ -212,6 +291,11 @@ impl Store {
             Kind::Secret => Object::Secret(self.secrets.get(name)?.clone()),
             Kind::Deployment => Object::Deployment(self.deployments.get(name)?.clone()),
             Kind::ConfigMap => Object::ConfigMap(self.config_maps.get(name)?.clone()),
+            Kind::GatewayClass => Object::GatewayClass(self.gateway_classes.get(&name.name)?.clone()),
+            Kind::Gateway => Object::Gateway(self.gateways.get(name)?.clone()),
+            Kind::HttpRoute => Object::HttpRoute(self.http_routes.get(name)?.clone()),
+            Kind::ReferenceGrant => Object::ReferenceGrant(self.reference_grants.get(name)?.clone()),
+            Kind::GrpcRoute => Object::GrpcRoute(self.grpc_routes.get(name)?.clone()),
         })
     }
 
@@ -230,6 +314,11 @@ impl Store {
             Kind::Secret => self.secrets.keys().cloned().collect(),
             Kind::Deployment => self.deployments.keys().cloned().collect(),
             Kind::ConfigMap => self.config_maps.keys().cloned().collect(),
+            Kind::GatewayClass => self.gateway_classes.keys().map(cluster_scoped).collect(),
+            Kind::Gateway => self.gateways.keys().cloned().collect(),
+            Kind::HttpRoute => self.http_routes.keys().cloned().collect(),
+            Kind::ReferenceGrant => self.reference_grants.keys().cloned().collect(),
+            Kind::GrpcRoute => self.grpc_routes.keys().cloned().collect(),
         };
         names.into_iter().map(|name| ObjectKey { kind, name }).collect()
     }
@@ -257,6 +346,19 @@ impl Store {
             (_, Some(Object::ConfigMap(c))) => {
                 set_keyed(&mut self.config_maps, name, Some(c), &mut batch.changes.config_maps)
             }
+            (_, Some(Object::GatewayClass(c))) => {
+                set_keyed(&mut self.gateway_classes, &name.name, Some(c), &mut batch.changes.gateway_classes)
+            }
+            (_, Some(Object::Gateway(g))) => set_keyed(&mut self.gateways, name, Some(g), &mut batch.changes.gateways),
+            (_, Some(Object::HttpRoute(r))) => {
+                set_keyed(&mut self.http_routes, name, Some(r), &mut batch.changes.http_routes)
+            }
+            (_, Some(Object::ReferenceGrant(g))) => {
+                set_keyed(&mut self.reference_grants, name, Some(g), &mut batch.changes.reference_grants)
+            }
+            (_, Some(Object::GrpcRoute(r))) => {
+                set_keyed(&mut self.grpc_routes, name, Some(r), &mut batch.changes.grpc_routes)
+            }
             (Kind::Service, None) => self.set_service(name, None, batch),
             (Kind::EndpointSlice, None) => self.set_slice(name, None, batch),
             (Kind::Pod, None) => self.set_pod(name, None, batch),
@@ -270,6 +372,15 @@ impl Store {
             (Kind::Secret, None) => set_keyed(&mut self.secrets, name, None, &mut batch.changes.secrets),
             (Kind::Deployment, None) => set_keyed(&mut self.deployments, name, None, &mut batch.changes.deployments),
             (Kind::ConfigMap, None) => set_keyed(&mut self.config_maps, name, None, &mut batch.changes.config_maps),
+            (Kind::GatewayClass, None) => {
+                set_keyed(&mut self.gateway_classes, &name.name, None, &mut batch.changes.gateway_classes)
+            }
+            (Kind::Gateway, None) => set_keyed(&mut self.gateways, name, None, &mut batch.changes.gateways),
+            (Kind::HttpRoute, None) => set_keyed(&mut self.http_routes, name, None, &mut batch.changes.http_routes),
+            (Kind::ReferenceGrant, None) => {
+                set_keyed(&mut self.reference_grants, name, None, &mut batch.changes.reference_grants)
+            }
+            (Kind::GrpcRoute, None) => set_keyed(&mut self.grpc_routes, name, None, &mut batch.changes.grpc_routes),
         }
     }
 
@@ -438,6 +549,11 @@ mod tests {
             "Ingress" => Object::Ingress(serde_json::from_value(value).unwrap()),
             "IngressClass" => Object::IngressClass(serde_json::from_value(value).unwrap()),
             "Secret" => Object::Secret(serde_json::from_value(value).unwrap()),
+            "GatewayClass" => Object::GatewayClass(serde_json::from_value(value).unwrap()),
+            "Gateway" => Object::Gateway(serde_json::from_value(value).unwrap()),
+            "HTTPRoute" => Object::HttpRoute(serde_json::from_value(value).unwrap()),
+            "ReferenceGrant" => Object::ReferenceGrant(serde_json::from_value(value).unwrap()),
+            "GRPCRoute" => Object::GrpcRoute(serde_json::from_value(value).unwrap()),
             _ => Object::ServiceCidr(serde_json::from_value(value).unwrap()),
         }
     }
@@ -541,6 +657,77 @@ mod tests {
         assert_eq!((store.ingresses().count(), store.ingress_classes().count()), (1, 1));
         assert_eq!(apply(&mut store, vec![(ingress, false)]).ingresses, [nn("web")].into());
         assert_eq!(store.ingresses().count(), 0);
+    }
+
+    /// A Gateway API object of `kind` named `name` (in `ns` unless a GatewayClass).
+    fn gateway_api(kind: &str, name: &str, spec: Value) -> Object {
+        let namespace = if kind == "GatewayClass" { None } else { Some("ns") };
+        object(json!({"apiVersion": "gateway.networking.k8s.io/v1", "kind": kind,
+            "metadata": {"name": name, "namespace": namespace}, "spec": spec}))
+    }
+
+    #[test]
+    fn gateway_api_objects_are_tracked() {
+        let class = gateway_api("GatewayClass", "roadkeeper", json!({"controllerName": "roadkeeper.dev/gateway"}));
+        let gateway = gateway_api(
+            "Gateway",
+            "web",
+            json!({"gatewayClassName": "roadkeeper",
+            "listeners": [{"name": "http", "port": 80, "protocol": "HTTP"}]}),
+        );
+        let route = |port: u16| {
+            gateway_api("HTTPRoute", "web", json!({"rules": [{"backendRefs": [{"name": "web", "port": port}]}]}))
+        };
+        let grant = gateway_api(
+            "ReferenceGrant",
+            "from-team",
+            json!({
+            "from": [{"group": "gateway.networking.k8s.io", "kind": "HTTPRoute", "namespace": "team"}],
+            "to": [{"group": "", "kind": "Service"}]}),
+        );
+        let grpc =
+            gateway_api("GRPCRoute", "api", json!({"rules": [{"backendRefs": [{"name": "api", "port": 9000}]}]}));
+        let mut store = Store::default();
+        let all = vec![(class.clone(), true), (gateway.clone(), true), (route(80), true), (grant, true), (grpc, true)];
+        let changes = apply(&mut store, all);
+        let expected = Changes {
+            gateway_classes: ["roadkeeper".to_owned()].into(),
+            gateways: [nn("web")].into(),
+            http_routes: [nn("web")].into(),
+            reference_grants: [nn("from-team")].into(),
+            grpc_routes: [nn("api")].into(),
+            ..Changes::default()
+        };
+        assert_eq!(changes, expected);
+        assert!(store.gateway_class("roadkeeper").is_some() && store.gateway(&nn("web")).is_some());
+        assert!(store.reference_grant(&nn("from-team")).is_some() && store.grpc_route(&nn("api")).is_some());
+        let counts = |s: &Store| {
+            [s.gateway_classes().count(), s.gateways().count(), s.http_routes().count(), s.grpc_routes().count()]
+        };
+        assert_eq!(counts(&store), [1; 4]);
+        assert_eq!((store.reference_grants().count(), store.reference_grants_in("ns").count()), (1, 1));
+        assert_eq!(store.reference_grants_in("team").count(), 0);
+        // What a relist goes through.
+        assert_eq!(store.keys(Kind::GatewayClass), [class.key()]);
+        assert_eq!(store.get(&gateway.key()), Some(gateway));
+
+        assert!(apply(&mut store, vec![(route(80), true)]).is_empty());
+        let changes = apply(&mut store, vec![(route(81), true)]);
+        assert_eq!(changes, Changes { http_routes: [nn("web")].into(), ..Changes::default() });
+        let port = |s: &Store| {
+            s.http_route(&nn("web")).unwrap().spec.rules.as_ref().unwrap()[0].backend_refs.as_ref().unwrap()[0].port
+        };
+        assert_eq!(port(&store), Some(81));
+
+        let changes = apply(&mut store, vec![(route(81), false), (class, false)]);
+        let expected = Changes {
+            gateway_classes: ["roadkeeper".to_owned()].into(),
+            http_routes: [nn("web")].into(),
+            ..Changes::default()
+        };
+        assert_eq!(changes, expected);
+        assert!(store.http_route(&nn("web")).is_none() && store.gateway_class("roadkeeper").is_none());
+        assert_eq!(counts(&store), [0, 1, 0, 1]);
     }
 
     #[test]

@@ -1,5 +1,8 @@
 //! Per-object validation of the fields the proxy, DNS and ingress rely on, as the API server
-//! validates them: names, namespaces and labels, port names, addresses, Ingress hosts and paths.
+//! validates them: names, namespaces and labels, port names, addresses, Ingress hosts and paths;
+//! the Gateway API kinds as their CRDs do ([`gateway`]).
+
+mod gateway;
 
 use std::collections::BTreeSet;
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
@@ -66,6 +69,26 @@ pub(crate) fn validate(object: &Object) -> Vec<FieldError> {
         Object::ConfigMap(c) => {
             metadata(&mut v, &c.metadata, formats::dns1123_subdomain, true);
             config_map(&mut v, c);
+        }
+        Object::GatewayClass(c) => {
+            metadata(&mut v, &c.metadata, formats::dns1123_subdomain, false);
+            gateway::gateway_class(&mut v, c);
+        }
+        Object::Gateway(g) => {
+            metadata(&mut v, &g.metadata, formats::dns1123_subdomain, true);
+            gateway::gateway(&mut v, g);
+        }
+        Object::HttpRoute(r) => {
+            metadata(&mut v, &r.metadata, formats::dns1123_subdomain, true);
+            gateway::http_route(&mut v, r);
+        }
+        Object::ReferenceGrant(g) => {
+            metadata(&mut v, &g.metadata, formats::dns1123_subdomain, true);
+            gateway::reference_grant(&mut v, g);
+        }
+        Object::GrpcRoute(r) => {
+            metadata(&mut v, &r.metadata, formats::dns1123_subdomain, true);
+            gateway::grpc_route(&mut v, r);
         }
     }
     v.0
@@ -423,15 +446,7 @@ fn ingress_backend(v: &mut Errors, at: &str, backend: &k8s_openapi::api::network
 fn ingress_class(v: &mut Errors, class: &IngressClass) {
     let controller = class.spec.as_ref().and_then(|s| s.controller.as_deref());
     if let Some(controller) = controller {
-        // A domain-prefixed path (`example.com/ingress`), as the API server requires.
-        let path_char = |c: char| c.is_ascii_alphanumeric() || "/-._~%!$&'()*+,;=:".contains(c);
-        let valid = controller.len() <= 250
-            && controller.split_once('/').is_some_and(|(domain, path)| {
-                formats::dns1123_subdomain(domain).is_ok() && !path.is_empty() && path.chars().all(path_char)
-            });
-        if !valid {
-            v.push("spec.controller", format!("{controller:?} must be a domain-prefixed path"));
-        }
+        v.check("spec.controller", controller, formats::domain_prefixed_path(controller, 250));
     }
 }
 

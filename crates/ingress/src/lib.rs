@@ -6,8 +6,10 @@
 //! ([`flood`]); [`status`] decides which Ingresses must carry our addresses in
 //! `status.loadBalancer` (pure).
 
+pub mod decision;
 pub mod flood;
 mod forwarded;
+pub mod gateway;
 pub mod host;
 pub mod path;
 mod pool;
@@ -24,7 +26,8 @@ use roadkeeper_cluster::NamespacedName;
 /// Where one request goes: what the route table decided.
 #[derive(Clone, Debug, PartialEq)]
 pub struct Target {
-    /// The Ingress whose rule (or default backend) matched, for logs and metrics.
+    /// The Ingress whose rule (or default backend) matched, or the HTTPRoute, for logs and
+    /// metrics.
     pub ingress: NamespacedName,
     /// The backend Service, for logs and metrics.
     pub service: NamespacedName,
@@ -33,12 +36,11 @@ pub struct Target {
     pub endpoints: Arc<[SocketAddr]>,
 }
 
-/// What the proxy asks of the cluster state. The route table implements it; tests use fixtures.
+/// What the proxy asks of the cluster state. The route tables implement it; tests use fixtures.
 pub trait Router: Send + Sync + 'static {
-    /// The target for `host` (lowercase, without port) and `path` (the URL path, decoded and
-    /// normalised by [`path::normalize`], without the query); `None` answers 404. Shared, so that a
-    /// lookup per request allocates nothing.
-    fn route(&self, host: &str, path: &str) -> Option<Arc<Target>>;
+    /// What to do with `request`; `None` answers 404. Targets are shared, so that a lookup per
+    /// request allocates nothing.
+    fn route(&self, request: &decision::Request<'_>) -> Option<decision::Decision>;
 }
 
 /// Runs every file of the fuzz corpus `fuzz/corpus/<target>` through the fuzz target's `check`, so

@@ -4,14 +4,44 @@
 //! One [`Proxy`] holds what every worker shares; each `serve_*` call is one worker's server, with
 //! its own backend connection [`Pool`], meant to run on its own single-threaded runtime (one per
 //! CPU, each with its own `SO_REUSEPORT` listener), so that a request and its backend connection
-//! never leave one thread. Per request the hot path takes no shared lock: the route, per-target
-//! state and endpoint health are read from immutable snapshots (`ArcSwap`), round robin is one
-//! atomic increment, and metric handles are registered once per target and status.
+//! never leave one thread. [`serve_http`] and [`serve_https`] serve one kind of listener (the
+//! Ingress ports); [`serve_listeners`] serves a port that many Gateways share, asking a
+//! [`Listeners`] per connection what its local address serves (plain HTTP, TLS with a given
+//! configuration, or nothing).
+//!
+//! Per request the router sees a [`decision::Request`] (local address, TLS or not, checked host,
+//! normalised path, query, method, header fields) and answers a [`Decision`]:
+//!
+//! - [`Decision::Respond`]: the proxy answers itself (a redirect with its `Location`, or an error
+//!   status) with a short plain-text body, counted and logged under the route's name.
+//! - [`Decision::Forward`]: the request goes to an endpoint of its target, with the forwarded path
+//!   replaced by [`Forward::path`] (a decoded path, as routers see paths: percent-encoded where a
+//!   path needs it; the query kept) and the forwarded `Host` by [`Forward::host`]
+//!   (`X-Forwarded-Host` keeps the client's). Then its [`Actions`](decision::Actions), if any:
+//!   - request header edits, applied to the client's fields before hop-by-hop fields are dropped
+//!     and ours (`Host`, `X-Forwarded-*`, `X-Real-IP`) are set, so edits of those, and of
+//!     `Content-Length` (the framing is the body's), have no effect;
+//!   - response header edits, applied likewise to an endpoint's response (not to the proxy's own
+//!     errors);
+//!   - mirrors: a copy of the head as forwarded, with an empty body, sent to one endpoint of each
+//!     mirror target from a task of its own on the worker's runtime, whose answer is read and
+//!     dropped; a mirror never delays nor fails its request, and a worker has at most
+//!     [`ProxyConfig::max_mirrors_in_flight`] (more are dropped and counted in
+//!     [`MIRRORS_DROPPED_TOTAL`]);
+//!   - a request timeout bounding the whole forward, retries included, and a backend timeout
+//!     replacing [`ProxyConfig::response_timeout`] for each attempt, both answering 504.
+//!
+//! The hot path takes no shared lock: the route, per-target state and endpoint health are read
+//! from immutable snapshots (`ArcSwap`), round robin is one atomic increment, and metric handles
+//! are registered once per target and status. A decision without actions costs nothing more than
+//! the choice of its target: nothing is copied or allocated for rewrites, edits or mirrors that
+//! are not there.
 
 use std::borrow::Cow;
 use std::collections::HashMap;
 use std::convert::Infallible;
 use std::error::Error;
+use std::fmt;
 use std::hash::{BuildHasher, RandomState};
 use std::io;
 use std::net::SocketAddr;
@@ -22,7 +52,7 @@ use std::task::{Context, Poll};
 use std::time::{Duration, Instant};
 
 use arc_swap::ArcSwap;
-use http_body_util::{Either, Empty, Full, LengthLimitError, Limited};
+use http_body_util::{BodyExt, Either, Empty, Full, LengthLimitError, Limited};
 use hyper::body::{Body, Bytes, Incoming};
 use hyper::header::{self, HeaderMap, HeaderName, HeaderValue};
 use hyper::http::request::Parts;
@@ -40,6 +70,7 @@ use tokio::net::{TcpListener, TcpStream};
 use tokio_rustls::TlsAcceptor;
 use tracing::{debug, warn};
 
+use crate::decision::{self, Decision, Forward, HeaderEdits, Listener, Listeners};
 use crate::flood::FrameBudget;
 use crate::host::request_host;
 use crate::path::normalize;
@@ -48,16 +79,22 @@ use crate::tls::Certificates;
 use crate::{Router, Target, forwarded};
 
 /// `roadkeeper_ingress_requests_total{ingress, service, status}`: requests answered, by status
-/// code; `ingress` and `service` are empty when no rule matched (404).
+/// code; `ingress` is the Ingress or route that decided (its target's, or a
+/// [`Decision::Respond`]'s route) and `service` the backend (empty for a `Respond`); both are
+/// empty when no rule matched (404).
 pub const REQUESTS_TOTAL: &str = "roadkeeper_ingress_requests_total";
 /// `roadkeeper_ingress_request_duration_seconds{ingress}`: from the request head to the response
 /// head (the body streams afterwards).
 pub const REQUEST_DURATION_SECONDS: &str = "roadkeeper_ingress_request_duration_seconds";
-/// `roadkeeper_ingress_upstream_errors_total{service, kind}`: failed attempts to forward, by kind:
-/// `connect` (no connection within the connect timeout), `busy` (the endpoint had
-/// `max_upstream_connections` busy connections for as long), `timeout` (no response head within
-/// the response timeout), `reset` (the connection failed after it was made).
+/// `roadkeeper_ingress_upstream_errors_total{service, kind}`: failed attempts to forward (mirrors
+/// included), by kind: `connect` (no connection within the connect timeout), `busy` (the endpoint
+/// had `max_upstream_connections` busy connections for as long), `timeout` (no response head
+/// within the response or backend timeout, or the request timeout ran out), `reset` (the
+/// connection failed after it was made).
 pub const UPSTREAM_ERRORS_TOTAL: &str = "roadkeeper_ingress_upstream_errors_total";
+/// `roadkeeper_ingress_mirrors_dropped_total{ingress, service}`: request mirrors not sent because
+/// their worker had [`ProxyConfig::max_mirrors_in_flight`] in flight; `service` is the mirror's.
+pub const MIRRORS_DROPPED_TOTAL: &str = "roadkeeper_ingress_mirrors_dropped_total";
 
 /// hyper's own limit of HTTP/1 request header fields.
 const HYPER_MAX_HEADERS: usize = 100;
@@ -67,6 +104,8 @@ const X_FORWARDED_FOR: HeaderName = HeaderName::from_static("x-forwarded-for");
 const X_FORWARDED_PROTO: HeaderName = HeaderName::from_static("x-forwarded-proto");
 const X_FORWARDED_HOST: HeaderName = HeaderName::from_static("x-forwarded-host");
 const X_REAL_IP: HeaderName = HeaderName::from_static("x-real-ip");
+/// `X-Forwarded-Proto` of plain and TLS connections.
+const PROTO: [HeaderValue; 2] = [HeaderValue::from_static("http"), HeaderValue::from_static("https")];
 /// Hop-by-hop fields (RFC 9110 §7.6.1 and their common non-standard relatives), besides
 /// `Connection` and `Upgrade`, which upgrades keep.
 const HOP_BY_HOP: [HeaderName; 7] = [
@@ -116,6 +155,9 @@ pub struct ProxyConfig {
     pub eject_after: u32,
     /// How long an ejected endpoint is skipped (10 s); one more failure after that ejects it again.
     pub eject_for: Duration,
+    /// Request mirrors in flight per worker server (each `serve_*` call) (128): a mirror beyond is
+    /// dropped (and counted in [`MIRRORS_DROPPED_TOTAL`]).
+    pub max_mirrors_in_flight: usize,
 }
 
 impl Default for ProxyConfig {
@@ -133,6 +175,7 @@ impl Default for ProxyConfig {
             trusted_proxies: Vec::new(),
             eject_after: 3,
             eject_for: Duration::from_secs(10),
+            max_mirrors_in_flight: 128,
         }
     }
 }
@@ -142,8 +185,11 @@ impl Default for ProxyConfig {
 /// its requests in progress (HTTP/2 with GOAWAY), and returns once all have closed; the caller
 /// bounds that wait.
 pub async fn serve_http(proxy: Arc<Proxy>, listener: TcpListener, stop: impl Future<Output = ()>) {
-    let worker = Arc::new(Worker::new(proxy, "http", None));
-    accept(listener, stop, move |tcp, peer, watcher| worker.clone().serve_connection(tcp, peer, None, watcher)).await
+    let worker = Arc::new(Worker::new(proxy, None));
+    accept(listener, stop, move |tcp, peer, local, watcher| {
+        worker.clone().serve_connection(tcp, peer, local, false, None, watcher)
+    })
+    .await
 }
 
 /// Serves HTTPS on `listener` as [`serve_http`] serves HTTP: the certificate is chosen by SNI
@@ -156,17 +202,39 @@ pub async fn serve_https(
     stop: impl Future<Output = ()>,
 ) {
     let acceptor = TlsAcceptor::from(tls.server_config());
-    let worker = Arc::new(Worker::new(proxy, "https", Some(tls)));
-    accept(listener, stop, move |tcp, peer, watcher| {
-        let (worker, acceptor) = (worker.clone(), acceptor.clone());
+    let worker = Arc::new(Worker::new(proxy, Some(tls)));
+    accept(listener, stop, move |tcp, peer, local, watcher| {
+        worker.clone().serve_tls(acceptor.clone(), tcp, peer, local, watcher)
+    })
+    .await
+}
+
+/// Serves a port shared by many Gateways on `listener` (typically bound to the wildcard address)
+/// as one worker of `proxy`, until `stop` completes, then drains as [`serve_http`] does. Each
+/// connection gets what `listeners` says its local address serves (an IPv4-mapped address asked
+/// as IPv4): `None` closes it at once; [`Listener::Http`] serves it as [`serve_http`] does;
+/// [`Listener::Https`] makes the TLS handshake with that configuration within
+/// `client_header_timeout`, then serves HTTP/2 or HTTP/1.1 (whichever the client speaks; the
+/// configuration's ALPN protocols are what clients are offered, so build it with
+/// [`crate::tls::server_config`] to offer `h2` and `http/1.1`). Its requests are `tls` for the
+/// router and `X-Forwarded-Proto: https` for the endpoints. There is no 421 check here: the
+/// certificates are the configuration's, unknown to the proxy.
+pub async fn serve_listeners(
+    proxy: Arc<Proxy>,
+    listener: TcpListener,
+    listeners: Arc<dyn Listeners>,
+    stop: impl Future<Output = ()>,
+) {
+    let worker = Arc::new(Worker::new(proxy, None));
+    accept(listener, stop, move |tcp, peer, local, watcher| {
+        let (worker, chosen) = (worker.clone(), listeners.listener(local));
         async move {
-            match tokio::time::timeout(worker.proxy.config.client_header_timeout, acceptor.accept(tcp)).await {
-                Ok(Ok(tls)) => {
-                    let sni = tls.get_ref().1.server_name().map(Box::from);
-                    worker.serve_connection(tls, peer, sni, watcher).await
+            match chosen {
+                None => debug!(%peer, %local, "no listener on this address: closed"),
+                Some(Listener::Http) => worker.serve_connection(tcp, peer, local, false, None, watcher).await,
+                Some(Listener::Https(config)) => {
+                    worker.serve_tls(TlsAcceptor::from(config), tcp, peer, local, watcher).await
                 }
-                Ok(Err(err)) => debug!(%peer, "TLS handshake failed: {err}"),
-                Err(_) => debug!(%peer, "TLS handshake timed out"),
             }
         }
     })
@@ -190,7 +258,8 @@ pub struct Proxy {
 }
 
 impl Proxy {
-    /// A proxy routing by `router`; serve it with [`serve_http`] and [`serve_https`].
+    /// A proxy routing by `router`; serve it with [`serve_http`], [`serve_https`] and
+    /// [`serve_listeners`].
     pub fn new(router: Arc<dyn Router>, config: ProxyConfig) -> Arc<Self> {
         Arc::new(Self {
             router,
@@ -205,16 +274,16 @@ impl Proxy {
 /// One listener's server on one worker runtime, with that worker's backend connections.
 struct Worker {
     proxy: Arc<Proxy>,
-    /// `X-Forwarded-Proto`.
-    proto: HeaderValue,
     /// The certificates of an HTTPS listener, for the 421 check.
     certificates: Option<Arc<Certificates>>,
     server: auto::Builder<TokioExecutor>,
     pool: Arc<Pool<UpstreamBody>>,
+    /// Request mirrors in flight.
+    mirrors: AtomicUsize,
 }
 
 impl Worker {
-    fn new(proxy: Arc<Proxy>, proto: &'static str, certificates: Option<Arc<Certificates>>) -> Self {
+    fn new(proxy: Arc<Proxy>, certificates: Option<Arc<Certificates>>) -> Self {
         let config = &proxy.config;
         let mut server = auto::Builder::new(TokioExecutor::new());
         let mut http1 = server.http1();
@@ -233,14 +302,41 @@ impl Worker {
             .max_concurrent_streams(config.max_concurrent_streams)
             .max_header_list_size(u32::try_from(config.max_request_head).unwrap_or(u32::MAX));
         let pool = Pool::new(config.connect_timeout, config.idle_timeout, config.max_upstream_connections);
-        Self { proto: HeaderValue::from_static(proto), certificates, server, pool, proxy }
+        Self { certificates, server, pool, proxy, mirrors: AtomicUsize::new(0) }
     }
 
-    /// Serves one client connection (with the SNI of its TLS handshake) until it ends, sends no
-    /// request within `client_header_timeout`, stays idle for `idle_timeout`, floods control
-    /// frames, or is closed gracefully through `watcher`.
-    async fn serve_connection<IO>(self: Arc<Self>, io: IO, peer: SocketAddr, sni: Option<Box<str>>, watcher: Watcher)
-    where
+    /// Makes the TLS handshake of `tcp` with `acceptor` within `client_header_timeout`, then
+    /// serves the connection.
+    async fn serve_tls(
+        self: Arc<Self>,
+        acceptor: TlsAcceptor,
+        tcp: TcpStream,
+        peer: SocketAddr,
+        local: SocketAddr,
+        watcher: Watcher,
+    ) {
+        match tokio::time::timeout(self.proxy.config.client_header_timeout, acceptor.accept(tcp)).await {
+            Ok(Ok(tls)) => {
+                let sni = tls.get_ref().1.server_name().map(Box::from);
+                self.serve_connection(tls, peer, local, true, sni, watcher).await
+            }
+            Ok(Err(err)) => debug!(%peer, "TLS handshake failed: {err}"),
+            Err(_) => debug!(%peer, "TLS handshake timed out"),
+        }
+    }
+
+    /// Serves one client connection to `local` (over TLS with `tls`, with the SNI of its
+    /// handshake) until it ends, sends no request within `client_header_timeout`, stays idle for
+    /// `idle_timeout`, floods control frames, or is closed gracefully through `watcher`.
+    async fn serve_connection<IO>(
+        self: Arc<Self>,
+        io: IO,
+        peer: SocketAddr,
+        local: SocketAddr,
+        tls: bool,
+        sni: Option<Box<str>>,
+        watcher: Watcher,
+    ) where
         IO: AsyncRead + AsyncWrite + Unpin + Send + 'static,
     {
         let activity = Arc::new(Activity::default());
@@ -248,6 +344,8 @@ impl Worker {
         let conn = Arc::new(Conn {
             worker: self.clone(),
             peer,
+            local,
+            tls,
             client_ip: HeaderValue::try_from(client_ip).expect("an IP address is a valid header value"),
             trusted: forwarded::is_trusted(peer.ip(), &self.proxy.config.trusted_proxies),
             sni,
@@ -271,14 +369,16 @@ impl Worker {
         }
     }
 
-    /// Sends `request` to `endpoint` within the response timeout; counts upstream errors.
+    /// Sends `request` to `endpoint` within `timeout` (to its response head); counts upstream
+    /// errors.
     async fn send(
         &self,
         endpoint: SocketAddr,
         request: Request<UpstreamBody>,
         labels: &Labels,
+        timeout: Duration,
     ) -> Result<Response<PooledBody<UpstreamBody>>, Failure> {
-        let sent = tokio::time::timeout(self.proxy.config.response_timeout, self.pool.send(endpoint, request)).await;
+        let sent = tokio::time::timeout(timeout, self.pool.send(endpoint, request)).await;
         let failure = match sent {
             Ok(Ok(response)) => return Ok(response),
             Err(_elapsed) => Failure::Timeout,
@@ -295,6 +395,22 @@ impl Worker {
         }
         Err(failure)
     }
+
+    /// A place for one more mirror in flight, if there is one.
+    fn mirror_slot(self: &Arc<Self>) -> Option<MirrorSlot> {
+        let max = self.proxy.config.max_mirrors_in_flight;
+        self.mirrors.fetch_update(Relaxed, Relaxed, |n| (n < max).then_some(n + 1)).ok()?;
+        Some(MirrorSlot(self.clone()))
+    }
+}
+
+/// One mirror in flight on its worker, until dropped.
+struct MirrorSlot(Arc<Worker>);
+
+impl Drop for MirrorSlot {
+    fn drop(&mut self) {
+        self.0.mirrors.fetch_sub(1, Relaxed);
+    }
 }
 
 /// Whether `E` is somewhere in the chain of `err`'s sources.
@@ -302,11 +418,12 @@ fn caused_by<E: Error + 'static>(err: &(dyn Error + 'static)) -> bool {
     std::iter::successors(Some(err), |&err| err.source()).any(|err| err.is::<E>())
 }
 
-/// Accepts connections until `stop` completes, with TCP_NODELAY, and runs `serve` for each on
-/// its own task; then closes the listener and shuts the connections down gracefully.
+/// Accepts connections until `stop` completes, with TCP_NODELAY, and runs `serve` for each (with
+/// its peer and local address, an IPv4-mapped one as IPv4) on its own task; then closes the
+/// listener and shuts the connections down gracefully.
 async fn accept<F, Fut>(listener: TcpListener, stop: impl Future<Output = ()>, serve: F)
 where
-    F: Fn(TcpStream, SocketAddr, Watcher) -> Fut,
+    F: Fn(TcpStream, SocketAddr, SocketAddr, Watcher) -> Fut,
     Fut: Future<Output = ()> + Send + 'static,
 {
     let graceful = GracefulShutdown::new();
@@ -318,10 +435,17 @@ where
         };
         match accepted {
             Ok((tcp, peer)) => {
+                let local = match tcp.local_addr() {
+                    Ok(local) => SocketAddr::new(local.ip().to_canonical(), local.port()),
+                    Err(err) => {
+                        debug!(%peer, "local address: {err}");
+                        continue;
+                    }
+                };
                 if let Err(err) = tcp.set_nodelay(true) {
                     debug!(%peer, "TCP_NODELAY: {err}");
                 }
-                tokio::spawn(serve(tcp, peer, graceful.watcher()));
+                tokio::spawn(serve(tcp, peer, local, graceful.watcher()));
             }
             Err(err) => {
                 // Out of file descriptors, most likely: give connections time to close.
@@ -373,6 +497,10 @@ impl Failure {
 struct Conn {
     worker: Arc<Worker>,
     peer: SocketAddr,
+    /// The address the client connected to.
+    local: SocketAddr,
+    /// Whether the connection is TLS: the router's `tls`, and `X-Forwarded-Proto`.
+    tls: bool,
     /// The client's address as a header value, for `X-Forwarded-For` and `X-Real-IP`.
     client_ip: HeaderValue,
     /// Whether the client is one of `trusted_proxies`.
@@ -382,8 +510,17 @@ struct Conn {
     activity: Arc<Activity>,
 }
 
+/// What decided a request, for its metrics and access log.
+enum Decided {
+    /// It was forwarded to this target.
+    Target(Arc<TargetState>),
+    /// The proxy answered it for this route.
+    Route(Arc<str>, Arc<Labels>),
+}
+
 impl Conn {
-    /// Answers one request: checks it, routes it, forwards it, and logs and counts the outcome.
+    /// Answers one request: checks it, routes it, forwards it or answers it as the router
+    /// decided, and logs and counts the outcome.
     async fn handle(&self, request: Request<Incoming>) -> Response<ProxyBody> {
         let started = Instant::now();
         let _waiting = self.activity.wait();
@@ -405,7 +542,7 @@ impl Conn {
         );
         let path = normalize(uri.path());
         let host_name = host.as_ref().map_or("", |host| &host.name);
-        let mut routed = None;
+        let mut decided = None;
         let (response, endpoint) = match (&method, &host, &path) {
             (&Method::CONNECT | &Method::TRACE, _, _) => (not_allowed(), None),
             (_, Err(err), _) => (text(StatusCode::BAD_REQUEST, format!("invalid host: {err}\n")), None),
@@ -413,29 +550,49 @@ impl Conn {
             (_, Ok(_), Ok(_)) if self.misdirected(host_name) => {
                 (text(StatusCode::MISDIRECTED_REQUEST, "misdirected request\n"), None)
             }
-            (_, Ok(host), Ok(path)) => match proxy.router.route(&host.name, &path.matched) {
-                None => (text(StatusCode::NOT_FOUND, "no route for this host and path\n"), None),
-                Some(target) => {
-                    let state = proxy.targets.get(&target);
-                    // The authority replaces any Host field (RFC 9112 §3.2.2, RFC 9113 §8.3.1).
-                    let forwarded_host = match authority {
-                        Some(authority) => HeaderValue::from_str(authority).ok(),
-                        None => fields[0].clone(),
-                    };
-                    let forwarded_path = match &path.forwarded {
-                        Cow::Owned(forwarded) => Some(forwarded.as_str()),
-                        Cow::Borrowed(_) => None,
-                    };
-                    let (response, endpoint) =
-                        self.forward(parts, body, forwarded_host, forwarded_path, &target, &state).await;
-                    routed = Some((target, state));
-                    (response, endpoint)
+            (_, Ok(host), Ok(path)) => {
+                let request = decision::Request {
+                    local: self.local,
+                    tls: self.tls,
+                    host: &host.name,
+                    path: &path.matched,
+                    query: uri.query(),
+                    method: &method,
+                    headers: &parts.headers,
+                };
+                match proxy.router.route(&request) {
+                    None => (text(StatusCode::NOT_FOUND, "no route for this host and path\n"), None),
+                    Some(Decision::Respond { route, status, location }) => {
+                        let labels = proxy.targets.route_labels(&route);
+                        decided = Some(Decided::Route(route, labels));
+                        (answer(status, location), None)
+                    }
+                    Some(Decision::Forward(forward)) => {
+                        let state = proxy.targets.get(&forward.target);
+                        // The authority replaces any Host field (RFC 9112 §3.2.2, RFC 9113 §8.3.1).
+                        let forwarded_host = match authority {
+                            Some(authority) => HeaderValue::from_str(authority).ok(),
+                            None => fields[0].clone(),
+                        };
+                        let forwarded_path = match &path.forwarded {
+                            Cow::Owned(forwarded) => Some(forwarded.as_str()),
+                            Cow::Borrowed(_) => None,
+                        };
+                        let (response, endpoint) =
+                            self.forward(parts, body, forwarded_host, forwarded_path, &forward, &state).await;
+                        decided = Some(Decided::Target(state));
+                        (response, endpoint)
+                    }
                 }
-            },
+            }
         };
         let elapsed = started.elapsed();
-        routed.as_ref().map_or(&proxy.unrouted, |(_, state)| &state.labels).record(response.status(), elapsed);
-        let target = routed.as_ref().map(|(target, _)| target);
+        let (labels, ingress, service): (_, Option<&dyn fmt::Display>, Option<&dyn fmt::Display>) = match &decided {
+            Some(Decided::Target(state)) => (&state.labels, Some(&state.ingress), Some(&state.service)),
+            Some(Decided::Route(route, labels)) => (&**labels, Some(route), None),
+            None => (&proxy.unrouted, None, None),
+        };
+        labels.record(response.status(), elapsed);
         tracing::info!(
             target: "access",
             client = %self.peer.ip().to_canonical(),
@@ -443,8 +600,8 @@ impl Conn {
             host = %host_name,
             path = uri.path(),
             status = response.status().as_u16(),
-            ingress = target.map(|t| tracing::field::display(&t.ingress)),
-            service = target.map(|t| tracing::field::display(&t.service)),
+            ingress = ingress.map(tracing::field::display),
+            service = service.map(tracing::field::display),
             endpoint = endpoint.map(tracing::field::display),
             duration = ?elapsed,
         );
@@ -458,19 +615,22 @@ impl Conn {
         self.sni.as_deref() != Some(host) && certificates.misdirected(self.sni.as_deref(), host)
     }
 
-    /// Checks limits, then sends the request to an endpoint (retrying a connect failure once on
-    /// another endpoint when the body is empty), and returns the response and endpoint. `host`
-    /// is the Host routed on, `path` the normalised path when it differs from the received one.
+    /// Checks limits, applies the request's header edits and sets the forwarded fields, rewrites
+    /// the path and `Host` as `forward` says, sends its mirrors, then sends the request to an
+    /// endpoint ([`Conn::attempts`]) within the request timeout, if there is one; returns the
+    /// response and the endpoint. `host` is the Host routed on, `path` the normalised path when
+    /// it differs from the received one.
     async fn forward(
         &self,
         mut parts: Parts,
         body: Incoming,
         host: Option<HeaderValue>,
         path: Option<&str>,
-        target: &Target,
+        forward: &Forward,
         state: &TargetState,
     ) -> (Response<ProxyBody>, Option<SocketAddr>) {
-        let (worker, proxy) = (&*self.worker, &*self.worker.proxy);
+        let proxy = &*self.worker.proxy;
+        let (target, actions) = (&*forward.target, forward.actions.as_deref());
         let limit = proxy.config.max_request_body.unwrap_or(usize::MAX);
         if parts.headers.len() > proxy.config.max_headers {
             return (text(StatusCode::REQUEST_HEADER_FIELDS_TOO_LARGE, "too many request header fields\n"), None);
@@ -483,15 +643,19 @@ impl Conn {
             return (text(StatusCode::SERVICE_UNAVAILABLE, message), None);
         }
 
+        if let Some(actions) = actions {
+            edit(&actions.request_headers, &mut parts.headers);
+        }
         let upgrade = strip_hop_by_hop(&mut parts.headers, true);
         let client_upgrade = if upgrade { parts.extensions.remove::<OnUpgrade>() } else { None };
-        self.add_forwarded(&mut parts.headers, host);
+        self.add_forwarded(&mut parts.headers, host, forward.host.clone());
         parts.version = Version::HTTP_11;
         // Origin form: the connection already goes to the endpoint.
-        parts.uri = match (path, parts.uri.path_and_query()) {
-            (None, Some(received)) => Uri::from(received.clone()),
-            (None, None) => Uri::from(PathAndQuery::from_static("/")),
-            (Some(path), received) => {
+        parts.uri = match (&forward.path, path, parts.uri.path_and_query()) {
+            (Some(rewritten), _, received) => rewritten_uri(rewritten, received.and_then(PathAndQuery::query)),
+            (None, None, Some(received)) => Uri::from(received.clone()),
+            (None, None, None) => Uri::from(PathAndQuery::from_static("/")),
+            (None, Some(path), received) => {
                 let forwarded = match received.and_then(PathAndQuery::query) {
                     Some(query) => PathAndQuery::try_from(format!("{path}?{query}")),
                     None => PathAndQuery::try_from(path),
@@ -500,6 +664,42 @@ impl Conn {
                 Uri::from(forwarded.expect("a normalised path is a valid path"))
             }
         };
+        if let Some(actions) = actions
+            && !actions.mirrors.is_empty()
+        {
+            let timeout = actions.backend_timeout.unwrap_or(proxy.config.response_timeout);
+            self.mirror(&parts, &actions.mirrors, actions.request_timeout.map_or(timeout, |limit| limit.min(timeout)));
+        }
+
+        let mut tried = None;
+        let attempts = self.attempts(parts, body, client_upgrade, forward, state, &mut tried);
+        let Some(limit) = actions.and_then(|actions| actions.request_timeout) else { return attempts.await };
+        match tokio::time::timeout(limit, attempts).await {
+            Ok(answered) => answered,
+            Err(_elapsed) => {
+                counter!(UPSTREAM_ERRORS_TOTAL, "service" => state.labels.service.clone(), "kind" => "timeout")
+                    .increment(1);
+                (text(StatusCode::GATEWAY_TIMEOUT, "upstream request timeout\n"), tried)
+            }
+        }
+    }
+
+    /// Sends the request to an endpoint of `forward`'s target, each attempt within the backend
+    /// timeout (else the response timeout), retrying a connect failure once on another endpoint
+    /// when the body is empty; notes each endpoint tried in `tried`.
+    async fn attempts(
+        &self,
+        parts: Parts,
+        body: Incoming,
+        client_upgrade: Option<OnUpgrade>,
+        forward: &Forward,
+        state: &TargetState,
+        tried: &mut Option<SocketAddr>,
+    ) -> (Response<ProxyBody>, Option<SocketAddr>) {
+        let (worker, proxy) = (&*self.worker, &*self.worker.proxy);
+        let (target, actions) = (&*forward.target, forward.actions.as_deref());
+        let timeout = actions.and_then(|actions| actions.backend_timeout).unwrap_or(proxy.config.response_timeout);
+        let limit = proxy.config.max_request_body.unwrap_or(usize::MAX);
         // Only an empty body can be sent twice: a body streams through without buffering, so a
         // request with one is not retried. A connect failure means the endpoint saw nothing,
         // so retrying is safe for every method. The copy is made only when a retry is possible.
@@ -513,15 +713,17 @@ impl Conn {
         let mut index = proxy.health.pick(endpoints, state.next.fetch_add(1, Relaxed), None).expect("endpoints");
         loop {
             let endpoint = endpoints[index];
+            *tried = Some(endpoint);
             if !request.headers().contains_key(header::HOST) {
                 // An HTTP/1.0 client may send none; HTTP/1.1 requires one.
                 let host = HeaderValue::try_from(endpoint.to_string()).expect("an address is a valid header value");
                 request.headers_mut().insert(header::HOST, host);
             }
-            let failure = match worker.send(endpoint, request, &state.labels).await {
+            let failure = match worker.send(endpoint, request, &state.labels, timeout).await {
                 Ok(response) => {
                     proxy.health.succeeded(endpoint);
-                    return (self.respond(response, client_upgrade), Some(endpoint));
+                    let edits = actions.map(|actions| &actions.response_headers);
+                    return (self.respond(response, client_upgrade, edits), Some(endpoint));
                 }
                 Err(failure) => failure,
             };
@@ -544,11 +746,55 @@ impl Conn {
         }
     }
 
-    /// Sets `Host` to `host`, and the forwarded fields: from a client that is not a trusted
-    /// proxy, `X-Forwarded-For` and `X-Real-IP` are its address, `X-Forwarded-Proto` our scheme
-    /// and `X-Forwarded-Host` `host`, whatever it sent; a trusted proxy's `X-Forwarded-For` is
-    /// appended to, `X-Real-IP` is the client it names, and its `-Proto` and `-Host` are kept.
-    fn add_forwarded(&self, headers: &mut HeaderMap, host: Option<HeaderValue>) {
+    /// Sends a copy of `parts` (the head as forwarded) with an empty body to one endpoint of each
+    /// of `mirrors`, each from a task of its own that reads the answer and drops it, all within
+    /// `timeout`; a mirror finding its worker's `max_mirrors_in_flight` taken is dropped and
+    /// counted. Mirrors do not count towards endpoint health.
+    fn mirror(&self, parts: &Parts, mirrors: &[Arc<Target>], timeout: Duration) {
+        let proxy = &*self.worker.proxy;
+        for target in mirrors.iter().filter(|target| !target.endpoints.is_empty()) {
+            let state = proxy.targets.get(target);
+            let Some(slot) = self.worker.mirror_slot() else {
+                state.labels.mirror_dropped();
+                continue;
+            };
+            let index = proxy.health.pick(&target.endpoints, state.next.fetch_add(1, Relaxed), None);
+            let endpoint = target.endpoints[index.expect("endpoints")];
+            let mut request = Request::new(Either::Right(Empty::new()));
+            *request.method_mut() = parts.method.clone();
+            *request.uri_mut() = parts.uri.clone();
+            let headers = request.headers_mut();
+            *headers = parts.headers.clone();
+            // The body is not sent, nor is an upgrade asked for.
+            for name in [header::CONTENT_LENGTH, header::EXPECT, header::CONNECTION, header::UPGRADE] {
+                headers.remove(name);
+            }
+            if !headers.contains_key(header::HOST) {
+                let host = HeaderValue::try_from(endpoint.to_string()).expect("an address is a valid header value");
+                headers.insert(header::HOST, host);
+            }
+            tokio::spawn(async move {
+                let MirrorSlot(worker) = &slot;
+                let drained = async {
+                    let response = worker.send(endpoint, request, &state.labels, timeout).await.ok()?;
+                    let mut body = response.into_body();
+                    while body.frame().await?.is_ok() {}
+                    Some(())
+                };
+                if tokio::time::timeout(timeout, drained).await.is_err() {
+                    debug!(%endpoint, "mirror timed out");
+                }
+            });
+        }
+    }
+
+    /// Sets `Host` to `rewritten`, else to `host`, and the forwarded fields: from a client that
+    /// is not a trusted proxy, `X-Forwarded-For` and `X-Real-IP` are its address,
+    /// `X-Forwarded-Proto` our scheme and `X-Forwarded-Host` `host`, whatever it sent; a trusted
+    /// proxy's `X-Forwarded-For` is appended to, `X-Real-IP` is the client it names, and its
+    /// `-Proto` and `-Host` are kept.
+    fn add_forwarded(&self, headers: &mut HeaderMap, host: Option<HeaderValue>, rewritten: Option<HeaderValue>) {
+        let proto = PROTO[usize::from(self.tls)].clone();
         let mut real_ip = self.client_ip.clone();
         if self.trusted {
             let mut forwarded_for = Vec::new();
@@ -564,7 +810,7 @@ impl Conn {
             let forwarded_for = HeaderValue::from_maybe_shared(Bytes::from(forwarded_for));
             headers.insert(X_FORWARDED_FOR, forwarded_for.expect("joined valid header values"));
             if !headers.contains_key(X_FORWARDED_PROTO) {
-                headers.insert(X_FORWARDED_PROTO, self.worker.proto.clone());
+                headers.insert(X_FORWARDED_PROTO, proto);
             }
             if let Some(host) = &host
                 && !headers.contains_key(X_FORWARDED_HOST)
@@ -573,25 +819,29 @@ impl Conn {
             }
         } else {
             headers.insert(X_FORWARDED_FOR, self.client_ip.clone());
-            headers.insert(X_FORWARDED_PROTO, self.worker.proto.clone());
+            headers.insert(X_FORWARDED_PROTO, proto);
             match &host {
                 Some(host) => headers.insert(X_FORWARDED_HOST, host.clone()),
                 None => headers.remove(X_FORWARDED_HOST),
             };
         }
         headers.insert(X_REAL_IP, real_ip);
-        if let Some(host) = host {
+        if let Some(host) = rewritten.or(host) {
             headers.insert(header::HOST, host);
         }
     }
 
-    /// Turns the endpoint's response into ours: strips hop-by-hop fields, and for a `101` to an
-    /// upgrade request joins the two upgraded connections.
+    /// Turns the endpoint's response into ours: applies `edits`, strips hop-by-hop fields, and
+    /// for a `101` to an upgrade request joins the two upgraded connections.
     fn respond(
         &self,
         mut response: Response<PooledBody<UpstreamBody>>,
         client_upgrade: Option<OnUpgrade>,
+        edits: Option<&HeaderEdits>,
     ) -> Response<ProxyBody> {
+        if let Some(edits) = edits {
+            edit(edits, response.headers_mut());
+        }
         let switching = client_upgrade.is_some() && response.status() == StatusCode::SWITCHING_PROTOCOLS;
         if strip_hop_by_hop(response.headers_mut(), switching)
             && let Some(client) = client_upgrade
@@ -601,6 +851,59 @@ impl Conn {
         }
         response.map(Either::Left)
     }
+}
+
+/// Applies header `edits` to a message's `headers`, but keeps its `Content-Length` (or its
+/// absence): the framing is the body's, not a rule's. The hop-by-hop fields are dropped after.
+fn edit(edits: &HeaderEdits, headers: &mut HeaderMap) {
+    if edits.is_empty() {
+        return;
+    }
+    let length = headers.get(header::CONTENT_LENGTH).cloned();
+    edits.apply(headers);
+    match length {
+        Some(length) => headers.insert(header::CONTENT_LENGTH, length),
+        None => headers.remove(header::CONTENT_LENGTH),
+    };
+}
+
+/// The origin-form target for a rewritten `path` (decoded, as routers see paths) and the
+/// received `query`: the bytes that a path cannot carry as they are (`%`, `?`, `#`, spaces,
+/// controls, non-ASCII, ...) percent-encoded, and a leading `/` added if missing.
+fn rewritten_uri(path: &str, query: Option<&str>) -> Uri {
+    let mut target = String::with_capacity(path.len() + 1 + query.map_or(0, |query| query.len() + 1));
+    if !path.starts_with('/') {
+        target.push('/');
+    }
+    for byte in path.bytes() {
+        match byte {
+            b'A'..=b'Z' | b'a'..=b'z' | b'0'..=b'9' | b'/' | b'-' | b'.' | b'_' | b'~' => target.push(char::from(byte)),
+            b'!' | b'$' | b'&' | b'\'' | b'(' | b')' | b'*' | b'+' | b',' | b';' | b'=' | b':' | b'@' => {
+                target.push(char::from(byte))
+            }
+            _ => {
+                const HEX: &[u8; 16] = b"0123456789ABCDEF";
+                target.extend(['%', char::from(HEX[usize::from(byte >> 4)]), char::from(HEX[usize::from(byte & 15)])]);
+            }
+        }
+    }
+    if let Some(query) = query {
+        target.push('?');
+        target.push_str(query);
+    }
+    // Path characters as RFC 3986 allows them, and a query as received.
+    Uri::from(PathAndQuery::try_from(target).expect("an encoded path and a received query are valid"))
+}
+
+/// The proxy's own answer to a [`Decision::Respond`]: `status` with its reason as a plain-text
+/// body, and `location` as `Location`.
+fn answer(status: StatusCode, location: Option<HeaderValue>) -> Response<ProxyBody> {
+    let reason = status.canonical_reason().unwrap_or("no reason").to_ascii_lowercase();
+    let mut response = text(status, format!("{reason}\n"));
+    if let Some(location) = location {
+        response.headers_mut().insert(header::LOCATION, location);
+    }
+    response
 }
 
 /// Copies bytes both ways between an upgraded client and endpoint connection until either side
@@ -673,14 +976,31 @@ fn now_ms() -> u64 {
     START.get_or_init(Instant::now).elapsed().as_millis() as u64
 }
 
-/// State per target, keyed by a hash of (ingress, service, endpoint port), created on first use.
+/// State per target, keyed by a hash of (ingress, service, endpoint port), and metric handles
+/// per route that answers itself ([`Decision::Respond`]), created on first use.
 #[derive(Default)]
 struct Targets {
     hasher: RandomState,
     states: ArcSwap<HashMap<u64, Arc<TargetState>>>,
+    routes: ArcSwap<HashMap<Arc<str>, Arc<Labels>>>,
 }
 
 impl Targets {
+    /// The metric handles of `route`'s own answers.
+    fn route_labels(&self, route: &Arc<str>) -> Arc<Labels> {
+        if let Some(labels) = self.routes.load().get(&**route) {
+            return labels.clone();
+        }
+        let labels = Arc::new(Labels::new(route.to_string(), String::new()));
+        self.routes.rcu(|routes| {
+            let mut routes = HashMap::clone(routes);
+            routes.entry(route.clone()).or_insert_with(|| labels.clone());
+            routes
+        });
+        // Another request may have added it first.
+        self.routes.load().get(&**route).cloned().unwrap_or(labels)
+    }
+
     fn get(&self, target: &Target) -> Arc<TargetState> {
         let port = target.endpoints.first().map_or(0, SocketAddr::port);
         let key = self.hasher.hash_one((&target.ingress, &target.service, port));
@@ -735,6 +1055,8 @@ struct Labels {
     duration: Histogram,
     /// Request counters by status code, added as codes appear.
     requests: ArcSwap<Vec<(StatusCode, Counter)>>,
+    /// Mirrors to this target dropped, registered at the first.
+    mirrors_dropped: OnceLock<Counter>,
 }
 
 impl Labels {
@@ -742,9 +1064,17 @@ impl Labels {
         Self {
             duration: histogram!(REQUEST_DURATION_SECONDS, "ingress" => ingress.clone()),
             requests: ArcSwap::default(),
+            mirrors_dropped: OnceLock::new(),
             ingress,
             service,
         }
+    }
+
+    fn mirror_dropped(&self) {
+        let counter = self.mirrors_dropped.get_or_init(
+            || counter!(MIRRORS_DROPPED_TOTAL, "ingress" => self.ingress.clone(), "service" => self.service.clone()),
+        );
+        counter.increment(1);
     }
 
     fn record(&self, status: StatusCode, elapsed: Duration) {

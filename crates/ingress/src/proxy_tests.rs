@@ -1,7 +1,7 @@
 //! The proxy over real sockets on 127.0.0.1: a fixture router, small hyper backends, raw TCP and
 //! hyper clients, rustls with certificates from rcgen.
 
-use std::net::SocketAddr;
+use std::net::{IpAddr, SocketAddr};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -22,14 +22,16 @@ use tokio_rustls::TlsConnector;
 use tokio_rustls::client::TlsStream;
 
 use super::*;
+use crate::decision::Actions;
 
 /// Routes by exact host and path prefix; the first match wins.
 struct Fixture(Vec<(&'static str, &'static str, Target)>);
 
 impl Router for Fixture {
-    fn route(&self, host: &str, path: &str) -> Option<Arc<Target>> {
-        let (_, _, target) = self.0.iter().find(|(h, prefix, _)| *h == host && path.starts_with(prefix))?;
-        Some(Arc::new(target.clone()))
+    fn route(&self, request: &decision::Request<'_>) -> Option<Decision> {
+        let matches = |(host, prefix, _): &&(_, &str, _)| *host == request.host && request.path.starts_with(prefix);
+        let (_, _, target) = self.0.iter().find(matches)?;
+        Some(Decision::Forward(Forward::to(Arc::new(target.clone()))))
     }
 }
 
@@ -65,8 +67,8 @@ async fn silent() -> SocketAddr {
 }
 
 /// An HTTP/1.1 backend that answers with JSON: its name, the method, the target, the request
-/// headers and the body length (after reading the whole body). An `Upgrade` request gets `101`,
-/// then every byte echoed.
+/// headers and the body length (after reading the whole body), and its name in `X-Backend`. An
+/// `Upgrade` request gets `101`, then every byte echoed.
 async fn backend(name: &'static str) -> SocketAddr {
     let (listener, addr) = listen().await;
     tokio::spawn(async move {
@@ -90,12 +92,17 @@ async fn echo(name: &str, mut request: Request<Incoming>) -> Result<Response<Ful
         let response = Response::builder().status(StatusCode::SWITCHING_PROTOCOLS);
         return Ok(response.header(UPGRADE, "echo").header(CONNECTION, "upgrade").body(Full::default()).unwrap());
     }
+    // Fields of one name joined by commas.
+    let value =
+        |name| request.headers().get_all(name).iter().map(|v| v.to_str().unwrap()).collect::<Vec<_>>().join(",");
     let headers: serde_json::Map<String, Value> =
-        request.headers().iter().map(|(name, value)| (name.to_string(), json!(value.to_str().unwrap()))).collect();
+        request.headers().keys().map(|name| (name.to_string(), json!(value(name)))).collect();
     let (method, path) = (request.method().to_string(), request.uri().to_string());
     let body = request.into_body().collect().await?.to_bytes();
     let reply = json!({"backend": name, "method": method, "path": path, "headers": headers, "body": body.len()});
-    Ok(Response::new(Full::new(Bytes::from(reply.to_string()))))
+    let mut response = Response::new(Full::new(Bytes::from(reply.to_string())));
+    response.headers_mut().insert("x-backend", HeaderValue::from_str(name).unwrap());
+    Ok(response)
 }
 
 /// Serves `routes` with [`serve_http`]; returns the proxy's address.
@@ -573,4 +580,460 @@ async fn proxy_closes_connections_that_send_no_request() {
     let mut tcp = TcpStream::connect(proxy).await.unwrap();
     let read = tokio::time::timeout(Duration::from_secs(5), tcp.read(&mut [0; 1])).await;
     assert_eq!(read.expect("closed before the idle timeout").unwrap(), 0);
+}
+
+/// What a [`Decide`] router was asked.
+#[derive(Clone, Debug)]
+struct Seen {
+    local: SocketAddr,
+    tls: bool,
+    host: String,
+    path: String,
+    query: Option<String>,
+    method: Method,
+    headers: HeaderMap,
+}
+
+/// Decides by exact host and path prefix (the first match wins) and records every request.
+struct Decide {
+    routes: Vec<(&'static str, &'static str, Decision)>,
+    seen: std::sync::Mutex<Vec<Seen>>,
+}
+
+impl Decide {
+    fn new(routes: Vec<(&'static str, &'static str, Decision)>) -> Arc<Self> {
+        Arc::new(Self { routes, seen: Default::default() })
+    }
+
+    fn seen(&self) -> Vec<Seen> {
+        self.seen.lock().unwrap().clone()
+    }
+}
+
+impl Router for Decide {
+    fn route(&self, request: &decision::Request<'_>) -> Option<Decision> {
+        self.seen.lock().unwrap().push(Seen {
+            local: request.local,
+            tls: request.tls,
+            host: request.host.to_owned(),
+            path: request.path.to_owned(),
+            query: request.query.map(str::to_owned),
+            method: request.method.clone(),
+            headers: request.headers.clone(),
+        });
+        let matches = |(host, prefix, _): &&(_, &str, _)| *host == request.host && request.path.starts_with(prefix);
+        self.routes.iter().find(matches).map(|(_, _, decision)| decision.clone())
+    }
+}
+
+/// Serves `router` with [`serve_http`]; returns the proxy's address.
+async fn start_router(router: Arc<Decide>, config: ProxyConfig) -> SocketAddr {
+    let (listener, addr) = listen().await;
+    tokio::spawn(serve_http(Proxy::new(router, config), listener, std::future::pending()));
+    addr
+}
+
+/// Forwarding to `target` with `actions`.
+fn forward_with(target: Target, actions: Actions) -> Decision {
+    Decision::Forward(Forward { actions: Some(Arc::new(actions)), ..Forward::to(Arc::new(target)) })
+}
+
+fn edits(
+    set: &[(&'static str, &'static str)],
+    add: &[(&'static str, &'static str)],
+    remove: &[&'static str],
+) -> HeaderEdits {
+    let pairs = |pairs: &[(&'static str, &'static str)]| {
+        pairs.iter().map(|&(name, value)| (HeaderName::from_static(name), HeaderValue::from_static(value))).collect()
+    };
+    HeaderEdits {
+        set: pairs(set),
+        add: pairs(add),
+        remove: remove.iter().map(|&name| HeaderName::from_static(name)).collect(),
+    }
+}
+
+/// Sends one request on a new HTTP/1.1 connection; returns the status, the header fields and
+/// the body as text.
+async fn exchange(proxy: SocketAddr, request: Request<Full<Bytes>>) -> (StatusCode, HeaderMap, String) {
+    let (mut sender, connection) =
+        http1::handshake(TokioIo::new(TcpStream::connect(proxy).await.unwrap())).await.unwrap();
+    tokio::spawn(connection);
+    let response = tokio::time::timeout(Duration::from_secs(10), sender.send_request(request)).await;
+    let (parts, body) = response.expect("answered within 10 s").unwrap().into_parts();
+    let body = body.collect().await.unwrap().to_bytes();
+    (parts.status, parts.headers, String::from_utf8(body.to_vec()).unwrap())
+}
+
+/// A backend that answers `after` each request head.
+async fn slow(after: Duration) -> SocketAddr {
+    let (listener, addr) = listen().await;
+    tokio::spawn(async move {
+        while let Ok((tcp, _)) = listener.accept().await {
+            let service = service_fn(move |_request| async move {
+                tokio::time::sleep(after).await;
+                Ok::<_, Infallible>(Response::new(Full::new(Bytes::from_static(b"slow"))))
+            });
+            tokio::spawn(hyper::server::conn::http1::Builder::new().serve_connection(TokioIo::new(tcp), service));
+        }
+    });
+    addr
+}
+
+/// A backend that answers as [`backend`] does and also sends each answer's JSON to the receiver.
+async fn recorder(name: &'static str) -> (SocketAddr, tokio::sync::mpsc::UnboundedReceiver<Value>) {
+    let (listener, addr) = listen().await;
+    let (sender, receiver) = tokio::sync::mpsc::unbounded_channel();
+    tokio::spawn(async move {
+        while let Ok((tcp, _)) = listener.accept().await {
+            let sender = sender.clone();
+            let service = service_fn(move |request| {
+                let sender = sender.clone();
+                async move {
+                    let response = echo(name, request).await?;
+                    let (parts, body) = response.into_parts();
+                    let body = body.collect().await.unwrap().to_bytes();
+                    let _ = sender.send(serde_json::from_slice::<Value>(&body).unwrap());
+                    Ok::<_, hyper::Error>(Response::from_parts(parts, Full::new(body)))
+                }
+            });
+            tokio::spawn(hyper::server::conn::http1::Builder::new().serve_connection(TokioIo::new(tcp), service));
+        }
+    });
+    (addr, receiver)
+}
+
+/// A backend that accepts connections, counts them and never answers.
+async fn counting_silent() -> (SocketAddr, Arc<AtomicUsize>) {
+    let (listener, addr) = listen().await;
+    let count = Arc::new(AtomicUsize::new(0));
+    let counted = count.clone();
+    tokio::spawn(async move {
+        let mut held = Vec::new();
+        while let Ok(connection) = listener.accept().await {
+            counted.fetch_add(1, Relaxed);
+            held.push(connection);
+        }
+    });
+    (addr, count)
+}
+
+#[tokio::test]
+async fn router_sees_the_local_address_and_the_checked_request() {
+    let router = Decide::new(vec![]);
+    let proxy = start_router(router.clone(), ProxyConfig::default()).await;
+    let request = Request::post("/a/./b%2Fc/../d?x=%2F&y").header("host", "A.Example:8080").header("x-one", "1");
+    let (status, _, _) = exchange(proxy, request.body(Full::default()).unwrap()).await;
+    assert_eq!(status, StatusCode::NOT_FOUND, "no decision is 404");
+    let seen = router.seen().pop().unwrap();
+    assert_eq!((seen.local, seen.tls), (proxy, false));
+    assert_eq!(
+        (seen.host.as_str(), seen.path.as_str(), seen.query.as_deref()),
+        ("a.example", "/a/b/d", Some("x=%2F&y"))
+    );
+    assert_eq!(seen.method, Method::POST);
+    assert_eq!(seen.headers.get("x-one").unwrap(), "1");
+    assert!(!seen.headers.contains_key(header::HOST), "the host is `host`");
+}
+
+#[tokio::test]
+async fn respond_redirects_and_answers_errors_itself() {
+    let redirect = Decision::Respond {
+        route: "default/redirect".into(),
+        status: StatusCode::FOUND,
+        location: Some(HeaderValue::from_static("https://b.example/new?q=1")),
+    };
+    let broken =
+        Decision::Respond { route: "default/broken".into(), status: StatusCode::INTERNAL_SERVER_ERROR, location: None };
+    let proxy = start_router(
+        Decide::new(vec![("a.example", "/old", redirect), ("a.example", "/", broken)]),
+        ProxyConfig::default(),
+    )
+    .await;
+
+    let (status, headers, body) = exchange(proxy, get("a.example", "/old/x")).await;
+    assert_eq!((status, body.as_str()), (StatusCode::FOUND, "found\n"));
+    assert_eq!(headers[header::LOCATION], "https://b.example/new?q=1");
+    let (status, headers, body) = exchange(proxy, get("a.example", "/x")).await;
+    assert_eq!((status, body.as_str()), (StatusCode::INTERNAL_SERVER_ERROR, "internal server error\n"));
+    assert!(!headers.contains_key(header::LOCATION));
+}
+
+#[tokio::test]
+async fn forward_edits_the_request_headers_before_setting_the_forwarded_ones() {
+    let actions = Actions {
+        request_headers: edits(
+            &[("x-set", "new"), ("x-real-ip", "198.51.100.1"), ("content-length", "99")],
+            &[("x-add", "2"), ("x-added", "a")],
+            &["x-remove"],
+        ),
+        ..Actions::default()
+    };
+    let routes = vec![("a.example", "/", forward_with(target("svc", &[backend("a").await]), actions))];
+    let proxy = start_router(Decide::new(routes), ProxyConfig::default()).await;
+    let request = Request::post("/")
+        .header("host", "a.example")
+        .header("x-set", "old")
+        .header("x-add", "1")
+        .header("x-remove", "gone")
+        .header("x-kept", "k")
+        .body(Full::from(&b"body"[..]))
+        .unwrap();
+    let (status, _, body) = exchange(proxy, request).await;
+    assert_eq!(status, StatusCode::OK, "{body}");
+    let reply: Value = serde_json::from_str(&body).unwrap();
+    let headers = &reply["headers"];
+    assert_eq!(
+        (&headers["x-set"], &headers["x-add"], &headers["x-added"]),
+        (&json!("new"), &json!("1,2"), &json!("a"))
+    );
+    assert!(headers.get("x-remove").is_none(), "{headers}");
+    assert_eq!(headers["x-kept"], "k");
+    assert_eq!(headers["x-real-ip"], "127.0.0.1", "ours, set after the edits");
+    assert_eq!((&headers["content-length"], &reply["body"]), (&json!("4"), &json!(4)), "the framing is kept");
+}
+
+#[tokio::test]
+async fn forward_edits_the_response_headers() {
+    let actions = Actions {
+        response_headers: edits(
+            &[("x-served-by", "roadkeeper"), ("content-length", "1")],
+            &[("x-served-by", "again")],
+            &["x-backend"],
+        ),
+        ..Actions::default()
+    };
+    let routes = vec![("a.example", "/", forward_with(target("svc", &[backend("a").await]), actions))];
+    let proxy = start_router(Decide::new(routes), ProxyConfig::default()).await;
+    let (status, headers, body) = exchange(proxy, get("a.example", "/")).await;
+    assert_eq!(status, StatusCode::OK);
+    assert_eq!(headers.get_all("x-served-by").iter().collect::<Vec<_>>(), ["roadkeeper", "again"]);
+    assert!(!headers.contains_key("x-backend"), "{headers:?}");
+    assert_eq!(serde_json::from_str::<Value>(&body).unwrap()["backend"], "a", "the whole body, whatever the edits say");
+
+    // Without actions, the backend's fields come through.
+    let proxy = start(vec![("a.example", "/", target("svc", &[backend("a").await]))], ProxyConfig::default()).await;
+    let (_, headers, _) = exchange(proxy, get("a.example", "/")).await;
+    assert_eq!(headers["x-backend"], "a");
+    assert!(!headers.contains_key("x-served-by"));
+}
+
+#[tokio::test]
+async fn forward_rewrites_the_path_and_host_and_keeps_the_query() {
+    let a = backend("a").await;
+    let rewrite = |path: &str, host: Option<&'static str>| {
+        Decision::Forward(Forward {
+            path: Some(path.to_owned()),
+            host: host.map(HeaderValue::from_static),
+            ..Forward::to(Arc::new(target("svc", &[a])))
+        })
+    };
+    let routes = vec![
+        ("a.example", "/old", rewrite("/new/p a?%", Some("b.example"))),
+        ("a.example", "/path-only", rewrite("/plain", None)),
+        ("a.example", "/", Decision::Forward(Forward::to(Arc::new(target("svc", &[a]))))),
+    ];
+    let proxy = start_router(Decide::new(routes), ProxyConfig::default()).await;
+
+    let reply = fetch_ok(proxy, get("a.example:8080", "/old/x?q=1&r=%2F")).await;
+    assert_eq!(reply["path"], "/new/p%20a%3F%25?q=1&r=%2F", "the decoded path encoded, the query as received");
+    assert_eq!(reply["headers"]["host"], "b.example");
+    assert_eq!(reply["headers"]["x-forwarded-host"], "a.example:8080", "the client's host");
+    let reply = fetch_ok(proxy, get("a.example", "/path-only")).await;
+    assert_eq!((&reply["path"], &reply["headers"]["host"]), (&json!("/plain"), &json!("a.example")));
+    let reply = fetch_ok(proxy, get("a.example", "/a%2e/../other?x")).await;
+    assert_eq!(reply["path"], "/other?x", "without a rewrite, the normalised path as received");
+}
+
+#[tokio::test]
+async fn request_and_backend_timeouts_answer_504() {
+    let (silent, slow) = (silent().await, slow(Duration::from_millis(400)).await);
+    let timeouts = |request: Option<u64>, backend: Option<u64>| Actions {
+        request_timeout: request.map(Duration::from_millis),
+        backend_timeout: backend.map(Duration::from_millis),
+        ..Actions::default()
+    };
+    let routes = vec![
+        ("a.example", "/request", forward_with(target("svc", &[silent]), timeouts(Some(300), Some(5_000)))),
+        ("a.example", "/backend", forward_with(target("svc", &[silent]), timeouts(Some(5_000), Some(300)))),
+        ("a.example", "/patient", forward_with(target("svc", &[slow]), timeouts(None, Some(5_000)))),
+        ("a.example", "/", Decision::Forward(Forward::to(Arc::new(target("svc", &[slow]))))),
+    ];
+    // The proxy's own response timeout would answer every one of them at 60 s, and the slow
+    // backend's at 100 ms.
+    let config = ProxyConfig { response_timeout: Duration::from_millis(100), ..ProxyConfig::default() };
+    let proxy = start_router(Decide::new(routes), config).await;
+    let timed = |path: &'static str| async move {
+        let started = Instant::now();
+        let (status, _, body) = exchange(proxy, get("a.example", path)).await;
+        (status, body, started.elapsed())
+    };
+
+    let (status, body, elapsed) = timed("/request").await;
+    assert_eq!((status, body.as_str()), (StatusCode::GATEWAY_TIMEOUT, "upstream request timeout\n"));
+    assert!(elapsed >= Duration::from_millis(300) && elapsed < Duration::from_secs(3), "{elapsed:?}");
+    let (status, body, elapsed) = timed("/backend").await;
+    assert_eq!((status, body.as_str()), (StatusCode::GATEWAY_TIMEOUT, "upstream response timeout\n"));
+    assert!(elapsed >= Duration::from_millis(300) && elapsed < Duration::from_secs(3), "{elapsed:?}");
+    let (status, body, _) = timed("/patient").await;
+    assert_eq!((status, body.as_str()), (StatusCode::OK, "slow"), "the backend timeout replaces the response timeout");
+    let (status, body, _) = timed("/").await;
+    assert_eq!((status, body.as_str()), (StatusCode::GATEWAY_TIMEOUT, "upstream response timeout\n"));
+}
+
+#[tokio::test]
+async fn request_timeout_covers_retries() {
+    // The first endpoint is busy (one connection, held by a request that never ends), the second
+    // silent: waiting for the first (connect timeout) then for the second outlasts the request
+    // timeout, though each alone stays within its own limit.
+    let (busy, silent) = (silent().await, silent().await);
+    let config = ProxyConfig {
+        connect_timeout: Duration::from_millis(300),
+        max_upstream_connections: 1,
+        ..ProxyConfig::default()
+    };
+    let actions = Actions {
+        request_timeout: Some(Duration::from_millis(500)),
+        backend_timeout: Some(Duration::from_millis(400)),
+        ..Actions::default()
+    };
+    let routes = vec![
+        ("a.example", "/hold", Decision::Forward(Forward::to(Arc::new(target("hold", &[busy]))))),
+        ("a.example", "/", forward_with(target("svc", &[busy, silent]), actions)),
+    ];
+    let proxy = start_router(Decide::new(routes), config).await;
+    tokio::spawn(exchange(proxy, get("a.example", "/hold")));
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    let started = Instant::now();
+    let (status, _, body) = exchange(proxy, get("a.example", "/")).await;
+    assert_eq!((status, body.as_str()), (StatusCode::GATEWAY_TIMEOUT, "upstream request timeout\n"));
+    // Per attempt, it would have been the second attempt's backend timeout, at 700 ms.
+    assert!(started.elapsed() < Duration::from_secs(3), "{:?}", started.elapsed());
+}
+
+#[tokio::test]
+async fn mirrors_get_the_head_and_the_client_the_first_answer() {
+    let (a, mirror) = (backend("a").await, recorder("mirror").await);
+    let (mirror, mut mirrored) = mirror;
+    let actions = Actions {
+        request_headers: edits(&[("x-edited", "yes")], &[], &[]),
+        mirrors: vec![Arc::new(target("mirror", &[mirror]))],
+        ..Actions::default()
+    };
+    let routes = vec![("a.example", "/", forward_with(target("svc", &[a]), actions))];
+    let proxy = start_router(Decide::new(routes), ProxyConfig::default()).await;
+    let request = Request::post("/m?q=1").header("host", "a.example").body(Full::from(&b"0123456789"[..])).unwrap();
+    let (status, _, body) = exchange(proxy, request).await;
+    assert_eq!(status, StatusCode::OK);
+    let reply: Value = serde_json::from_str(&body).unwrap();
+    assert_eq!((&reply["backend"], &reply["body"]), (&json!("a"), &json!(10)));
+
+    let copy = tokio::time::timeout(Duration::from_secs(5), mirrored.recv()).await.expect("mirrored").unwrap();
+    assert_eq!((&copy["method"], &copy["path"], &copy["body"]), (&json!("POST"), &json!("/m?q=1"), &json!(0)));
+    assert_eq!(copy["headers"]["x-edited"], "yes", "the head as forwarded");
+    assert_eq!(copy["headers"]["host"], "a.example");
+    assert_eq!(copy["headers"]["x-forwarded-for"], "127.0.0.1");
+    assert!(copy["headers"].get("content-length").is_none_or(|length| length == "0"), "{copy}");
+}
+
+#[tokio::test]
+async fn mirrors_beyond_the_bound_are_dropped_and_never_delay_the_request() {
+    let (mirror, connections) = counting_silent().await;
+    let actions = Actions { mirrors: vec![Arc::new(target("mirror", &[mirror]))], ..Actions::default() };
+    let routes = vec![("a.example", "/", forward_with(target("svc", &[backend("a").await]), actions))];
+    let config = ProxyConfig { max_mirrors_in_flight: 2, ..ProxyConfig::default() };
+    let proxy = start_router(Decide::new(routes), config).await;
+    let mut client: http1::SendRequest<Full<Bytes>> = {
+        let (sender, connection) =
+            http1::handshake(TokioIo::new(TcpStream::connect(proxy).await.unwrap())).await.unwrap();
+        tokio::spawn(connection);
+        sender
+    };
+    for _ in 0..4 {
+        // Each mirror waits for an answer that never comes (60 s): the first two hold the slots.
+        let response = tokio::time::timeout(Duration::from_secs(2), client.send_request(get("a.example", "/"))).await;
+        assert_eq!(response.expect("not delayed by its mirror").unwrap().status(), StatusCode::OK);
+    }
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert_eq!(connections.load(Relaxed), 2, "two mirrors in flight, two dropped");
+}
+
+/// What a fixed set of local addresses serve.
+struct Addresses(Vec<(IpAddr, Listener)>);
+
+impl Listeners for Addresses {
+    fn listener(&self, local: SocketAddr) -> Option<Listener> {
+        self.0.iter().find(|(ip, _)| *ip == local.ip()).map(|(_, listener)| listener.clone())
+    }
+}
+
+#[tokio::test]
+async fn serve_listeners_chooses_by_local_address() {
+    let pki = Pki::new();
+    let certificates = Arc::new(Certificates::new());
+    certificates.update(vec![pki.issue("a.example").1, pki.issue("b.example").1]);
+    let listeners = Addresses(vec![
+        ("127.0.0.1".parse().unwrap(), Listener::Http),
+        ("127.0.0.3".parse().unwrap(), Listener::Https(crate::tls::server_config(certificates))),
+    ]);
+    let a = backend("a").await;
+    let routes = vec![
+        ("a.example", "/", Decision::Forward(Forward::to(Arc::new(target("svc", &[a]))))),
+        ("b.example", "/", Decision::Forward(Forward::to(Arc::new(target("svc-b", &[a]))))),
+    ];
+    let router = Decide::new(routes);
+    let listener = TcpListener::bind("0.0.0.0:0").await.unwrap();
+    let port = listener.local_addr().unwrap().port();
+    let proxy = Proxy::new(router.clone(), ProxyConfig::default());
+    tokio::spawn(serve_listeners(proxy, listener, Arc::new(listeners), std::future::pending()));
+    let at = |ip: &str| SocketAddr::new(ip.parse().unwrap(), port);
+
+    // Plain HTTP on 127.0.0.1.
+    let reply = fetch_ok(at("127.0.0.1"), get("a.example", "/")).await;
+    assert_eq!((&reply["backend"], &reply["headers"]["x-forwarded-proto"]), (&json!("a"), &json!("http")));
+    let seen = router.seen().pop().unwrap();
+    assert_eq!((seen.local, seen.tls), (at("127.0.0.1"), false));
+
+    // Nothing on 127.0.0.2: closed at once.
+    let mut tcp = TcpStream::connect(at("127.0.0.2")).await.unwrap();
+    let _ = tcp.write_all(b"GET / HTTP/1.1\r\nHost: a.example\r\n\r\n").await;
+    let read = tokio::time::timeout(Duration::from_secs(2), tcp.read(&mut [0; 1])).await.expect("closed within 2 s");
+    assert!(matches!(read, Ok(0) | Err(_)), "{read:?}");
+
+    // HTTPS on 127.0.0.3, HTTP/2 by ALPN; no 421 for another host with a certificate of its own.
+    let tls = handshake(&pki.client(&[b"h2", b"http/1.1"]), at("127.0.0.3"), "a.example").await.unwrap();
+    assert_eq!(tls.get_ref().1.alpn_protocol(), Some(&b"h2"[..]));
+    let request = Request::get("https://b.example/x").body(Full::default()).unwrap();
+    let (status, body, version) = send(tls, true, request).await;
+    assert_eq!((status, version), (StatusCode::OK, Version::HTTP_2), "{body}");
+    assert_eq!(serde_json::from_str::<Value>(&body).unwrap()["headers"]["x-forwarded-proto"], "https");
+    let seen = router.seen().pop().unwrap();
+    assert_eq!((seen.local, seen.tls, seen.host.as_str()), (at("127.0.0.3"), true, "b.example"));
+
+    // HTTP/1.1 over TLS too.
+    let tls = handshake(&pki.client(&[b"http/1.1"]), at("127.0.0.3"), "a.example").await.unwrap();
+    assert_eq!(send(tls, false, get("a.example", "/")).await.0, StatusCode::OK);
+}
+
+#[tokio::test]
+async fn serve_https_tells_the_router_it_is_tls() {
+    let pki = Pki::new();
+    let certificates = Arc::new(Certificates::new());
+    certificates.update(vec![pki.issue("a.example").1]);
+    let router = Decide::new(vec![(
+        "a.example",
+        "/",
+        Decision::Forward(Forward::to(Arc::new(target("svc", &[backend("a").await])))),
+    )]);
+    let (listener, addr) = listen().await;
+    tokio::spawn(serve_https(
+        Proxy::new(router.clone(), ProxyConfig::default()),
+        listener,
+        certificates,
+        std::future::pending(),
+    ));
+    let tls = handshake(&pki.client(&[b"http/1.1"]), addr, "a.example").await.unwrap();
+    assert_eq!(send(tls, false, get("a.example", "/")).await.0, StatusCode::OK);
+    let seen = router.seen().pop().unwrap();
+    assert_eq!((seen.local, seen.tls), (addr, true));
 }

@@ -51,6 +51,7 @@ use roadkeeper_cluster::k8s_openapi::api::networking::v1::{
 use roadkeeper_cluster::k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, Time};
 use roadkeeper_cluster::{Changes, NamespacedName, Store};
 
+use crate::decision::{Decision, Forward, Request};
 use crate::{Router, Target};
 
 const DEFAULT_CLASS_ANNOTATION: &str = "ingressclass.kubernetes.io/is-default-class";
@@ -80,7 +81,7 @@ type Age = (Option<Time>, NamespacedName);
 
 /// A Service port as a backend names it.
 #[derive(Clone, Debug, PartialEq)]
-enum PortRef {
+pub(crate) enum PortRef {
     Number(i32),
     Name(String),
 }
@@ -273,15 +274,10 @@ impl RouteTable {
 }
 
 impl Router for RouteTable {
-    /// Tries the routes of the exact host, then of the wildcard covering its first label, then of
-    /// rules without a host, then the default backend. `host` must be lowercase, without port
-    /// (and without a trailing dot); `path` (normalised by the proxy) is compared as given,
-    /// case-sensitive.
-    fn route(&self, host: &str, path: &str) -> Option<Arc<Target>> {
-        match self.find(host, path) {
-            Some((_, route)) => Some(route.backend.target.clone()),
-            None => self.default.clone(),
-        }
+    /// Forwards to [`RouteTable::target`] of the request's host and path, unchanged (Ingress
+    /// rules neither rewrite, redirect nor edit headers).
+    fn route(&self, request: &Request<'_>) -> Option<Decision> {
+        self.target(request.host, request.path).map(|target| Decision::Forward(Forward::to(target)))
     }
 }
 
@@ -316,7 +312,18 @@ pub struct RouteMatch {
 }
 
 impl RouteTable {
-    /// The host keys [`Router::route`] tries for `host`, in order.
+    /// The target for `host` and `path`: tries the routes of the exact host, then of the wildcard
+    /// covering its first label, then of rules without a host, then the default backend. `host`
+    /// must be lowercase, without port (and without a trailing dot); `path` (normalised by the
+    /// proxy) is compared as given, case-sensitive. What [`Router::route`] answers.
+    pub fn target(&self, host: &str, path: &str) -> Option<Arc<Target>> {
+        match self.find(host, path) {
+            Some((_, route)) => Some(route.backend.target.clone()),
+            None => self.default.clone(),
+        }
+    }
+
+    /// The host keys [`RouteTable::target`] tries for `host`, in order.
     fn host_keys(host: &str) -> impl Iterator<Item = &str> {
         let exact = (!host.is_empty() && !host.starts_with('.')).then_some(host);
         let wildcard = host.find('.').filter(|&dot| dot > 0).map(|dot| &host[dot..]);
@@ -330,7 +337,7 @@ impl RouteTable {
             .find_map(|(key, routes)| routes.iter().find(|route| route.matches(path)).map(|route| (key, route)))
     }
 
-    /// How [`Router::route`] answers `host` and `path` (same arguments), step by step.
+    /// How [`RouteTable::target`] answers `host` and `path` (same arguments), step by step.
     pub fn explain(&self, host: &str, path: &str) -> RouteExplanation {
         let shown = |key: &str| match key {
             "" => "*".to_string(),
@@ -510,7 +517,11 @@ fn host_key(host: &str) -> String {
 
 /// The ready endpoints of `service`'s TCP port `port`, sorted; or the field at fault (relative
 /// to the backend) and why there are none.
-fn endpoints(store: &Store, key: &NamespacedName, port: &PortRef) -> Result<Arc<[SocketAddr]>, (&'static str, String)> {
+pub(crate) fn endpoints(
+    store: &Store,
+    key: &NamespacedName,
+    port: &PortRef,
+) -> Result<Arc<[SocketAddr]>, (&'static str, String)> {
     let service = store.service(key).ok_or_else(|| (".service.name", format!("Service {key} does not exist")))?;
     let ports = service.spec.as_ref().and_then(|spec| spec.ports.as_ref()).into_iter().flatten();
     let service_port = ports

@@ -78,7 +78,7 @@ fn table(objects: Vec<Object>) -> RouteTable {
 
 /// The backend Service's name for a request.
 fn to(table: &RouteTable, host: &str, path: &str) -> Option<String> {
-    table.route(host, path).map(|target| target.service.name.clone())
+    table.target(host, path).map(|target| target.service.name.clone())
 }
 
 fn endpoints(target: &Target) -> Vec<String> {
@@ -168,8 +168,8 @@ fn default_backend_and_not_found() {
     let rules = json!([rule("a.com", vec![path("/x", "Prefix", "x")])]);
     let without = table(vec![our_class(), ingress("web", 2024, json!({"rules": rules.clone()}))]);
     assert_eq!(to(&without, "a.com", "/x"), Some("x".into()));
-    assert_eq!(without.route("a.com", "/y"), None);
-    assert_eq!(without.route("b.com", "/"), None);
+    assert_eq!(without.target("a.com", "/y"), None);
+    assert_eq!(without.target("b.com", "/"), None);
 
     let default = |service: &str| json!({"defaultBackend": backend(service, json!({"number": 80}))});
     let with = table(vec![
@@ -178,7 +178,7 @@ fn default_backend_and_not_found() {
         ingress("newer", 2025, default("newer-default")),
         ingress("older", 2023, default("older-default")),
     ]);
-    let target = with.route("a.com", "/y").unwrap();
+    let target = with.target("a.com", "/y").unwrap();
     assert_eq!((&target.ingress, &target.service), (&nn("older"), &nn("older-default")));
     assert_eq!(to(&with, "b.com", "/"), Some("older-default".into()));
     assert_eq!(to(&with, "a.com", "/x"), Some("x".into()));
@@ -238,7 +238,7 @@ fn backends_resolve_to_ready_endpoints_of_the_slice_port() {
         ])]}),
     ));
     let (table, warnings) = RouteTable::build(&Store::from_objects(objects), &ClassConfig::default());
-    let at = |path: &str| endpoints(&table.route("a.com", path).unwrap());
+    let at = |path: &str| endpoints(&table.target("a.com", path).unwrap());
     let web = ["10.0.0.1:8080", "10.0.0.2:8080", "[fd00::1]:8080"];
     assert_eq!(at("/by-name"), web);
     assert_eq!(at("/by-number"), web);
@@ -249,7 +249,7 @@ fn backends_resolve_to_ready_endpoints_of_the_slice_port() {
         assert_eq!(at(missing), Vec::<String>::new(), "{missing}");
     }
     for skipped in ["/no-port", "/bucket", "/regex"] {
-        assert_eq!(table.route("a.com", skipped), None, "{skipped}");
+        assert_eq!(table.target("a.com", skipped), None, "{skipped}");
     }
     let field = |j: usize| format!("Ingress ns/web: spec.rules[0].http.paths[{j}]");
     assert_eq!(
@@ -328,7 +328,7 @@ fn ingress_classes_decide_which_ingresses_are_ours() {
                 "tls": [{"hosts": ["b.com"], "secretName": "b"}]}),
         ),
     ]);
-    assert_eq!((table.route("b.com", "/"), table.tls_hosts(), table.ingresses()), (None, vec![], vec![]));
+    assert_eq!((table.target("b.com", "/"), table.tls_hosts(), table.ingresses()), (None, vec![], vec![]));
 }
 
 #[test]
@@ -357,11 +357,11 @@ fn rules_of_several_ingresses_merge_and_the_oldest_wins() {
         ingress("b-same", 2023, json!({"rules": [rule("c.com", vec![path("/", "Prefix", "b")])]})),
         ingress("a-same", 2023, json!({"rules": [rule("c.com", vec![path("/", "Prefix", "a")])]})),
     ]);
-    let target = table.route("a.com", "/shared/x").unwrap();
+    let target = table.target("a.com", "/shared/x").unwrap();
     assert_eq!((&target.ingress, target.service.name.as_str()), (&nn("old"), "old-shared"));
     assert_eq!(to(&table, "a.com", "/shared").as_deref(), Some("new-exact"));
     assert_eq!(to(&table, "a.com", "/old").as_deref(), Some("old"));
-    let target = table.route("a.com", "/new/x").unwrap();
+    let target = table.target("a.com", "/new/x").unwrap();
     assert_eq!((&target.ingress, target.service.name.as_str()), (&nn("new"), "new"));
     assert_eq!(to(&table, "c.com", "/").as_deref(), Some("a"));
     assert_eq!(table.ingresses(), [nn("a-same"), nn("b-same"), nn("new"), nn("old")]);
@@ -417,7 +417,7 @@ fn incremental_apply_equals_a_fresh_build() {
 
     // Added.
     let (_, table) = apply_matches_build(&base, &one, ingress_changes(&["web"]));
-    assert_eq!(endpoints(&table.route("a.com", "/").unwrap()), ["10.0.0.1:8080", "10.0.0.2:8080", "[fd00::1]:8080"]);
+    assert_eq!(endpoints(&table.target("a.com", "/").unwrap()), ["10.0.0.1:8080", "10.0.0.2:8080", "[fd00::1]:8080"]);
     // Changed: another path, another host, a default backend.
     let changed = with(vec![ingress(
         "web",
@@ -476,7 +476,7 @@ fn a_service_change_refreshes_only_its_backends() {
     let after = web_and_api(json!([{"addresses": ["10.0.1.1"]}, {"addresses": ["10.0.1.2"]}]));
     let changes = Changes { services: [nn("api")].into(), ..Changes::default() };
     let (old, new) = apply_matches_build(&before, &after, changes);
-    let at = |table: &RouteTable, path: &str| table.route("a.com", path).unwrap();
+    let at = |table: &RouteTable, path: &str| table.target("a.com", path).unwrap();
     assert_eq!(endpoints(&at(&new, "/api")), ["10.0.1.1:9000", "10.0.1.2:9000"]);
     assert_eq!(endpoints(&at(&new, "/nothing")), ["10.0.1.1:9000", "10.0.1.2:9000"]);
     assert_eq!(endpoints(&at(&old, "/api")), ["10.0.1.1:9000"]);
@@ -525,4 +525,25 @@ fn explain_names_the_host_keys_tried_and_the_rule_that_served() {
     let default = t.explain("b.test", "/").matched.unwrap();
     assert_eq!((default.field.as_str(), default.service, default.host), ("spec.defaultBackend", nn("default"), None));
     assert_eq!(table(vec![our_class()]).explain("b.test", "/").matched, None);
+}
+
+#[test]
+fn router_forwards_to_the_target_unchanged() {
+    let table = table(vec![
+        our_class(),
+        ingress("web", 2024, json!({"rules": [rule("a.com", vec![path("/", "Prefix", "root")])]})),
+    ]);
+    let headers = hyper::HeaderMap::new();
+    let request = |host| Request {
+        local: "10.0.0.1:80".parse().unwrap(),
+        tls: false,
+        host,
+        path: "/x",
+        query: Some("q=1"),
+        method: &hyper::Method::GET,
+        headers: &headers,
+    };
+    let target = table.target("a.com", "/x").unwrap();
+    assert_eq!(Router::route(&table, &request("a.com")), Some(Decision::Forward(Forward::to(target))));
+    assert_eq!(Router::route(&table, &request("b.com")), None);
 }

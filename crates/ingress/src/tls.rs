@@ -100,14 +100,7 @@ impl Certificates {
 
     /// Parses a PEM chain and key and checks that the key belongs to the leaf certificate.
     fn load(&self, cert: &[u8], key: &[u8]) -> Result<CertifiedKey, String> {
-        let chain = CertificateDer::pem_slice_iter(cert)
-            .collect::<Result<Vec<_>, _>>()
-            .map_err(|err| format!("tls.crt: {err}"))?;
-        if chain.is_empty() {
-            return Err("tls.crt: no certificate".into());
-        }
-        let key = PrivateKeyDer::from_pem_slice(key).map_err(|err| format!("tls.key: {err}"))?;
-        CertifiedKey::from_der(chain, key, &self.provider).map_err(|err| err.to_string())
+        load_with(&self.provider, cert, key)
     }
 
     /// Whether a request for `host` (lowercase) on a connection whose handshake named `sni` went
@@ -122,14 +115,41 @@ impl Certificates {
     /// A server configuration (TLS 1.2 and 1.3, ring) that takes its certificates from `self`
     /// and offers ALPN `h2` and `http/1.1`.
     pub fn server_config(self: &Arc<Self>) -> Arc<ServerConfig> {
-        let mut config = ServerConfig::builder_with_provider(self.provider.clone())
-            .with_safe_default_protocol_versions()
-            .expect("ring supports the default protocol versions")
-            .with_no_client_auth()
-            .with_cert_resolver(self.clone());
-        config.alpn_protocols = vec![b"h2".to_vec(), b"http/1.1".to_vec()];
-        Arc::new(config)
+        config_with(self.provider.clone(), self.clone())
     }
+}
+
+/// The certificate chain and private key of PEM `cert` and `key` (a `kubernetes.io/tls` Secret's
+/// `tls.crt` and `tls.key`), or what is wrong with them.
+pub fn certified_key(cert: &[u8], key: &[u8]) -> Result<CertifiedKey, String> {
+    load_with(&rustls::crypto::ring::default_provider(), cert, key)
+}
+
+fn load_with(provider: &CryptoProvider, cert: &[u8], key: &[u8]) -> Result<CertifiedKey, String> {
+    let chain =
+        CertificateDer::pem_slice_iter(cert).collect::<Result<Vec<_>, _>>().map_err(|err| format!("tls.crt: {err}"))?;
+    if chain.is_empty() {
+        return Err("tls.crt: no certificate".into());
+    }
+    let key = PrivateKeyDer::from_pem_slice(key).map_err(|err| format!("tls.key: {err}"))?;
+    CertifiedKey::from_der(chain, key, provider).map_err(|err| err.to_string())
+}
+
+/// A server configuration as [`Certificates::server_config`] makes (TLS 1.2 and 1.3, ring, no
+/// client authentication, ALPN `h2` and `http/1.1`) with the certificates of `resolver`: what a
+/// [`crate::decision::Listener::Https`] is meant to carry.
+pub fn server_config(resolver: Arc<dyn ResolvesServerCert>) -> Arc<ServerConfig> {
+    config_with(Arc::new(rustls::crypto::ring::default_provider()), resolver)
+}
+
+fn config_with(provider: Arc<CryptoProvider>, resolver: Arc<dyn ResolvesServerCert>) -> Arc<ServerConfig> {
+    let mut config = ServerConfig::builder_with_provider(provider)
+        .with_safe_default_protocol_versions()
+        .expect("ring supports the default protocol versions")
+        .with_no_client_auth()
+        .with_cert_resolver(resolver);
+    config.alpn_protocols = vec![b"h2".to_vec(), b"http/1.1".to_vec()];
+    Arc::new(config)
 }
 
 impl Default for Certificates {

@@ -64,6 +64,12 @@ pub enum Command {
     /// Service, endpoint and duration, on stderr) is off by default, as its cost shows at high
     /// rates: turn it on with `RUST_LOG=warn,roadkeeper=info,access=info` (or `-v`).
     Ingress(IngressArgs),
+    /// Run the Gateway API implementation: the Gateways of the GatewayClasses whose
+    /// `controllerName` is ours (default roadkeeper.dev/gateway), each on an address of
+    /// --address-pool, their HTTP and HTTPS listeners routing by the HTTPRoutes attached to them,
+    /// on the same reverse proxy as `ingress`; the classes', Gateways' and routes' status is
+    /// written back. The access log is turned on as for `ingress`.
+    Gateway(GatewayArgs),
 }
 
 /// Where the cluster state comes from, for every command that reads it.
@@ -487,6 +493,38 @@ pub struct IngressArgs {
     /// Address of the Prometheus metrics server (`/metrics`); empty disables it.
     #[arg(long, value_name = "IP:PORT", default_value = "0.0.0.0:10254")]
     pub metrics_bind_address: String,
+    /// Limits and timeouts of the reverse proxy.
+    #[command(flatten)]
+    pub proxy: HttpProxyArgs,
+}
+
+/// Flags of `gateway`.
+#[derive(Debug, Args, Clone)]
+pub struct GatewayArgs {
+    /// Where the cluster state comes from.
+    #[command(flatten)]
+    pub source: SourceArgs,
+    /// GatewayClasses whose `spec.controllerName` is this are served.
+    #[arg(long, value_name = "NAME", default_value = roadkeeper_ingress::gateway::DEFAULT_CONTROLLER)]
+    pub controller_name: String,
+    /// Addresses for the Gateways (a CIDR): each Gateway of ours gets one (the one its
+    /// `spec.addresses` asks for, if any), written to its `status.addresses`. This host must
+    /// receive the range's traffic and treat it as local (`ip route add local CIDR dev lo`, with
+    /// the network routing the range to this node), since listeners are told apart by the address
+    /// a client reached.
+    #[arg(long, value_name = "CIDR")]
+    pub address_pool: ipnet::IpNet,
+    /// Address of the Prometheus metrics server (`/metrics`); empty disables it.
+    #[arg(long, value_name = "IP:PORT", default_value = "0.0.0.0:10254")]
+    pub metrics_bind_address: String,
+    /// Limits and timeouts of the reverse proxy.
+    #[command(flatten)]
+    pub proxy: HttpProxyArgs,
+}
+
+/// The reverse proxy's flags, shared by `ingress` and `gateway`.
+#[derive(Debug, Args, Clone)]
+pub struct HttpProxyArgs {
     /// On SIGTERM or SIGINT: stop accepting, let requests in flight finish (idle keep-alive
     /// connections close, HTTP/2 gets GOAWAY) for at most this long, then exit.
     #[arg(long, value_name = "DURATION", default_value = "30s")]
@@ -555,7 +593,9 @@ impl IngressArgs {
             other => panic!("{other:?}"),
         }
     }
+}
 
+impl HttpProxyArgs {
     /// The proxy's limits and timeouts from the flags.
     pub fn proxy_config(&self) -> roadkeeper_ingress::proxy::ProxyConfig {
         roadkeeper_ingress::proxy::ProxyConfig {

@@ -1,6 +1,7 @@
 //! Tests of the manifests in `deploy/` (`roadkeeper.yaml`, the node proxy; `dns.yaml`, the
-//! cluster DNS; `ingress.yaml`, the Ingress controller): real Kubernetes objects that run this
-//! binary with flags it accepts. `tests/node` applies them to a real node.
+//! cluster DNS; `ingress.yaml`, the Ingress controller; `gateway.yaml`, the Gateway API
+//! implementation): real Kubernetes objects that run this binary with flags it accepts.
+//! `tests/node` applies them to a real node.
 
 #[cfg(test)]
 mod tests {
@@ -23,7 +24,9 @@ mod tests {
 
     use roadkeeper_ingress::routes::ClassConfig;
 
-    use crate::cli::{Cli, Command, DnsArgs, IngressArgs, ProxyArgs};
+    use roadkeeper_cluster::gateway_api::gatewayclasses::GatewayClass;
+
+    use crate::cli::{Cli, Command, DnsArgs, GatewayArgs, IngressArgs, ProxyArgs};
 
     /// The node name the downward API gives `NODE_NAME` in these tests.
     const NODE: &str = "node-a";
@@ -34,6 +37,8 @@ mod tests {
     const INGRESS: &str = "ingress.yaml";
     /// The cluster DNS's file.
     const DNS: &str = "dns.yaml";
+    /// The Gateway API implementation's file.
+    const GATEWAY: &str = "gateway.yaml";
 
     /// The ConfigMap the node proxy takes the API server's address from.
     const API_SERVER_CONFIG_MAP: &str = "kubernetes-services-endpoint";
@@ -59,6 +64,21 @@ mod tests {
         ("networking.k8s.io", "ingresses/status", &["patch"]),
     ];
 
+    /// What `roadkeeper gateway` reads from the API (with `list` and `watch`) and writes (`patch`).
+    const GATEWAY_GRANTS: [(&str, &str, &[&str]); 11] = [
+        ("", "services", &["list", "watch"]),
+        ("", "secrets", &["list", "watch"]),
+        ("", "namespaces", &["list", "watch"]),
+        ("discovery.k8s.io", "endpointslices", &["list", "watch"]),
+        ("gateway.networking.k8s.io", "gatewayclasses", &["list", "watch"]),
+        ("gateway.networking.k8s.io", "gateways", &["list", "watch"]),
+        ("gateway.networking.k8s.io", "httproutes", &["list", "watch"]),
+        ("gateway.networking.k8s.io", "referencegrants", &["list", "watch"]),
+        ("gateway.networking.k8s.io", "gatewayclasses/status", &["patch"]),
+        ("gateway.networking.k8s.io", "gateways/status", &["patch"]),
+        ("gateway.networking.k8s.io", "httproutes/status", &["patch"]),
+    ];
+
     fn deploy_dir() -> PathBuf {
         Path::new(env!("CARGO_MANIFEST_DIR")).join("../../deploy")
     }
@@ -74,6 +94,7 @@ mod tests {
         deployments: Vec<Deployment>,
         services: Vec<Service>,
         ingress_classes: Vec<IngressClass>,
+        gateway_classes: Vec<GatewayClass>,
     }
 
     /// The names of the `*.yaml` files of `deploy/`, sorted.
@@ -109,9 +130,13 @@ mod tests {
                 ("apps/v1", "Deployment") => deploy.deployments.push(strict(&what, document)),
                 ("v1", "Service") => deploy.services.push(strict(&what, document)),
                 ("networking.k8s.io/v1", "IngressClass") => deploy.ingress_classes.push(strict(&what, document)),
+                ("gateway.networking.k8s.io/v1", "GatewayClass") => {
+                    deploy.gateway_classes.push(strict(&what, document))
+                }
                 _ => panic!(
                     "{what}: {api_version:?} {kind:?} is not a kind deploy/ should hold (ServiceAccount, \
-                     ClusterRole, ClusterRoleBinding, ConfigMap, DaemonSet, Deployment, Service, IngressClass)"
+                     ClusterRole, ClusterRoleBinding, ConfigMap, DaemonSet, Deployment, Service, IngressClass, \
+                     GatewayClass)"
                 ),
             }
         }
@@ -333,7 +358,7 @@ mod tests {
 
     #[test]
     fn every_document_is_a_known_kind_without_unknown_fields() {
-        assert_eq!(yaml_files(), [DNS, INGRESS, PROXY], "a new file in deploy/ needs its checks here");
+        assert_eq!(yaml_files(), [DNS, GATEWAY, INGRESS, PROXY], "a new file in deploy/ needs its checks here");
         let deploy = load(DNS);
         only("ServiceAccount", &deploy.service_accounts);
         only("ClusterRole", &deploy.cluster_roles);
@@ -356,6 +381,13 @@ mod tests {
         only("Service", &deploy.services);
         only("IngressClass", &deploy.ingress_classes);
         assert!(deploy.config_maps.is_empty() && deploy.daemon_sets.is_empty());
+        let deploy = load(GATEWAY);
+        only("ServiceAccount", &deploy.service_accounts);
+        only("ClusterRole", &deploy.cluster_roles);
+        only("ClusterRoleBinding", &deploy.bindings);
+        only("Deployment", &deploy.deployments);
+        only("GatewayClass", &deploy.gateway_classes);
+        assert!(deploy.config_maps.is_empty() && deploy.daemon_sets.is_empty() && deploy.services.is_empty());
     }
 
     #[test]
@@ -515,7 +547,9 @@ mod tests {
     /// The one Deployment of `deploy` and its command line, parsed by roadkeeper's own flag parser.
     fn deployment_command(deploy: &Deploy) -> (&Deployment, Command) {
         let deployment = only("Deployment", &deploy.deployments);
-        let argv = command_line(only_container(deployment_pod_spec(deployment)));
+        let pod = deployment_pod_spec(deployment);
+        assert_eq!(pod.containers.len(), 1, "one container");
+        let argv = command_line(&pod.containers[0]);
         assert!(
             matches!(argv.first().map(String::as_str), Some("roadkeeper" | "/usr/local/bin/roadkeeper")),
             "the command runs the roadkeeper binary of the image: {argv:?}"
@@ -578,7 +612,7 @@ mod tests {
 
     #[test]
     fn binding_ties_the_service_account_of_each_deployment_to_its_role() {
-        for file in [INGRESS, DNS] {
+        for file in [INGRESS, DNS, GATEWAY] {
             let deploy = load(file);
             let deployment = only("Deployment", &deploy.deployments);
             assert_bound(&deploy, file, deployment.metadata.namespace.as_ref(), deployment_pod_spec(deployment));
@@ -646,6 +680,44 @@ mod tests {
             let port = tcp.map(|tcp| &tcp.port).unwrap_or_else(|| panic!("{name}: tcpSocket expected"));
             assert_eq!(port, &IntOrString::Int(http), "{name} vs --http");
         }
+    }
+
+    /// The Deployment of `deploy/gateway.yaml` and its `roadkeeper gateway` arguments.
+    fn gateway_args(deploy: &Deploy) -> (&Deployment, GatewayArgs) {
+        match deployment_command(deploy) {
+            (deployment, Command::Gateway(args)) => (deployment, args),
+            (_, other) => panic!("the Deployment must run `roadkeeper gateway`, not {other:?}"),
+        }
+    }
+
+    #[test]
+    fn gateway_class_pool_route_and_grants_match_roadkeeper_gateway() {
+        let deploy = load(GATEWAY);
+        let (deployment, args) = gateway_args(&deploy);
+        let class = only("GatewayClass", &deploy.gateway_classes);
+        assert_eq!(
+            class.spec.controller_name, args.controller_name,
+            "GatewayClass controllerName vs --controller-name"
+        );
+        assert_eq!(grants(only("ClusterRole", &deploy.cluster_roles)), grant_map(GATEWAY_GRANTS));
+        let pod = deployment_pod_spec(deployment);
+        assert_eq!(pod.host_network, Some(true), "listeners are told apart by the address reached: host network");
+        let init = pod.init_containers.as_deref().unwrap_or_default();
+        let route = init.iter().map(command_line).find(|argv| argv.first().map(String::as_str) == Some("ip"));
+        let pool = args.address_pool.to_string();
+        assert_eq!(
+            route,
+            Some(["ip", "route", "replace", "local", &pool, "dev", "lo"].map(String::from).to_vec()),
+            "an init container makes --address-pool local"
+        );
+        let container = &pod.containers[0];
+        let caps = container.security_context.as_ref().and_then(|c| c.capabilities.as_ref()).expect("capabilities");
+        assert_eq!(caps.add.as_deref(), Some(&["NET_BIND_SERVICE".to_owned()][..]), "only binding low ports");
+        assert_eq!(caps.drop.as_deref(), Some(&["ALL".to_owned()][..]));
+        let metrics = listen_port("--metrics-bind-address", &args.metrics_bind_address);
+        let probe =
+            container.readiness_probe.as_ref().and_then(|p| p.http_get.as_ref()).expect("readinessProbe httpGet");
+        assert_eq!((probe.path.as_deref(), &probe.port), (Some("/metrics"), &IntOrString::Int(metrics)));
     }
 
     /// The Deployment of `deploy/dns.yaml` and its `roadkeeper dns` arguments.

@@ -8,10 +8,11 @@ use arc_swap::ArcSwap;
 use metrics::{Unit, describe_counter, describe_histogram};
 use metrics_exporter_prometheus::PrometheusHandle;
 use roadkeeper_cluster::{Feed, Interest, Kind, NamespacedName, Store};
+use roadkeeper_ingress::Router;
+use roadkeeper_ingress::decision::{Decision, Request};
 use roadkeeper_ingress::proxy::{self, Proxy};
 use roadkeeper_ingress::routes::{ClassConfig, RouteTable};
 use roadkeeper_ingress::tls::{self, Certificates};
-use roadkeeper_ingress::{Router, Target};
 
 use crate::cli::IngressArgs;
 use crate::ingress_status::StatusPublisher;
@@ -21,8 +22,8 @@ use crate::serve;
 struct SharedRoutes(ArcSwap<RouteTable>);
 
 impl Router for SharedRoutes {
-    fn route(&self, host: &str, path: &str) -> Option<Arc<Target>> {
-        self.0.load().route(host, path)
+    fn route(&self, request: &Request<'_>) -> Option<Decision> {
+        self.0.load().route(request)
     }
 }
 
@@ -62,7 +63,7 @@ pub fn run(args: IngressArgs) -> anyhow::Result<()> {
             status.publish_all(feed.store(), &table);
         }
         let routes = Arc::new(SharedRoutes(ArcSwap::from_pointee(table.clone())));
-        let proxy = Proxy::new(routes.clone(), args.proxy_config());
+        let proxy = Proxy::new(routes.clone(), args.proxy.proxy_config());
         let http = bind_workers("--http", &args.http, workers)?;
         let https = bind_workers("--https", &args.https, workers)?;
         let (stop, stopping) = tokio::sync::watch::channel(false);
@@ -95,8 +96,8 @@ pub fn run(args: IngressArgs) -> anyhow::Result<()> {
         // Stop accepting; let requests in flight finish, within the shutdown timeout.
         stop.send_replace(true);
         let drain = async { while draining.recv().await.is_some() {} };
-        if tokio::time::timeout(*args.shutdown_timeout, drain).await.is_err() {
-            tracing::warn!("requests still in flight after --shutdown-timeout {}: closing them", args.shutdown_timeout);
+        if tokio::time::timeout(*args.proxy.shutdown_timeout, drain).await.is_err() {
+            tracing::warn!("requests still in flight after --shutdown-timeout {}: closing them", args.proxy.shutdown_timeout);
         }
         Ok(())
     })
@@ -174,11 +175,15 @@ fn load_certificates(certificates: &Certificates, table: &RouteTable, store: &St
 
 /// Installs the Prometheus recorder (latency buckets 100 µs doubling to about 3 s) and describes
 /// the proxy's metrics.
-fn install_metrics() -> anyhow::Result<PrometheusHandle> {
+pub(crate) fn install_metrics() -> anyhow::Result<PrometheusHandle> {
     let handle = serve::install_recorder(&serve::doubling_buckets(0.000_1, 16))?;
     describe_counter!(proxy::REQUESTS_TOTAL, "Requests by Ingress, Service and status code");
     describe_histogram!(proxy::REQUEST_DURATION_SECONDS, Unit::Seconds, "Time to the response head, by Ingress");
     describe_counter!(proxy::UPSTREAM_ERRORS_TOTAL, "Backend errors by Service and kind (connect, timeout, reset)");
+    describe_counter!(
+        proxy::MIRRORS_DROPPED_TOTAL,
+        "Request mirrors dropped for too many in flight, by route and Service"
+    );
     Ok(handle)
 }
 
@@ -192,14 +197,14 @@ mod tests {
 
     #[test]
     fn flag_defaults_are_the_proxy_defaults() {
-        let config = IngressArgs::parse_for_test(&[]).unwrap().proxy_config();
+        let config = IngressArgs::parse_for_test(&[]).unwrap().proxy.proxy_config();
         assert_eq!(format!("{config:?}"), format!("{:?}", ProxyConfig::default()));
     }
 
     #[test]
     fn flags_set_the_proxy_limits_and_timeouts() {
         let flags = ["--upstream-response-timeout", "300ms", "--idle-timeout", "2m", "--max-request-body", "0"];
-        let config = IngressArgs::parse_for_test(&flags).unwrap().proxy_config();
+        let config = IngressArgs::parse_for_test(&flags).unwrap().proxy.proxy_config();
         assert_eq!(config.response_timeout, Duration::from_millis(300));
         assert_eq!(config.idle_timeout, Duration::from_secs(120));
         assert_eq!(config.max_request_body, None, "0 is unlimited");
@@ -215,7 +220,7 @@ mod tests {
             ["--upstream-max-connections", "4"],
             ["--trusted-proxy-cidrs", "10.0.0.0/8,fd00::/8"],
         ];
-        let config = IngressArgs::parse_for_test(&flags.concat()).unwrap().proxy_config();
+        let config = IngressArgs::parse_for_test(&flags.concat()).unwrap().proxy.proxy_config();
         assert_eq!(
             (config.max_request_head, config.max_concurrent_streams, config.max_upstream_connections),
             (65536, 8, 4)

@@ -3,9 +3,7 @@
 //! so that route updates never wait on the API; with `--manifests` there is no API to write to,
 //! and they are logged instead.
 
-use std::collections::{BTreeMap, BTreeSet};
 use std::net::SocketAddr;
-use std::time::Duration;
 
 use roadkeeper_cluster::k8s_openapi::api::networking::v1::Ingress;
 use roadkeeper_cluster::kube::api::{Api, Patch, PatchParams};
@@ -15,14 +13,9 @@ use roadkeeper_ingress::routes::RouteTable;
 use roadkeeper_ingress::status::{Address, StatusPlanner, StatusUpdate, service_addresses};
 use serde_json::json;
 use tokio::sync::mpsc;
-use tokio::time::Instant;
 
 use crate::cli::IngressArgs;
-
-/// Delay before retrying a failed write, doubled after each failure up to [`RETRY_MAX`].
-const RETRY_MIN: Duration = Duration::from_millis(500);
-/// Longest delay between two attempts of a failing write.
-const RETRY_MAX: Duration = Duration::from_secs(30);
+use crate::status_writer;
 
 /// Keeps the `status.loadBalancer` of the Ingresses we serve equal to our addresses.
 pub struct StatusPublisher {
@@ -30,7 +23,7 @@ pub struct StatusPublisher {
     /// `--publish-service`: the Service whose addresses are ours, followed as it changes.
     service: Option<NamespacedName>,
     /// The writer task's queue; `None` when the cluster state comes from manifests (log only).
-    writes: Option<mpsc::UnboundedSender<StatusUpdate>>,
+    writes: Option<mpsc::UnboundedSender<(NamespacedName, StatusUpdate)>>,
 }
 
 impl StatusPublisher {
@@ -58,7 +51,9 @@ impl StatusPublisher {
             SourceSpec::Kubernetes(kubeconfig) => {
                 let client = roadkeeper_cluster::client(kubeconfig.as_deref()).await?;
                 let (writes, queue) = mpsc::unbounded_channel();
-                tokio::spawn(write(client, queue));
+                tokio::spawn(status_writer::run("the Ingress's status.loadBalancer", queue, move |_, update| {
+                    patch(client.clone(), update)
+                }));
                 Some(writes)
             }
         };
@@ -106,8 +101,8 @@ impl StatusPublisher {
                 );
                 continue;
             };
-            if let Err(lost) = writes.send(update) {
-                tracing::error!("Ingress {}: the status writer has stopped; status not written", lost.0.ingress);
+            if let Err(lost) = writes.send((update.ingress.clone(), update)) {
+                tracing::error!("Ingress {}: the status writer has stopped; status not written", (lost.0).0);
             }
         }
     }
@@ -136,87 +131,11 @@ fn list(addresses: &[Address]) -> String {
     addresses.iter().map(Address::to_string).collect::<Vec<_>>().join(", ")
 }
 
-/// The writer task: patches each queued status in turn, retrying failures with backoff; a later
-/// update of the same Ingress replaces one still queued. Ends when the publisher is dropped.
-async fn write(client: Client, mut updates: mpsc::UnboundedReceiver<StatusUpdate>) {
-    let mut queue = Queue::default();
-    loop {
-        let due = queue.next_due();
-        tokio::select! {
-            update = updates.recv() => match update {
-                Some(update) => queue.push(update, 0, Instant::now()),
-                None => return,
-            },
-            () = tokio::time::sleep_until(due.unwrap_or_else(Instant::now)), if due.is_some() => {
-                let Some((update, failures)) = queue.pop() else { continue };
-                let result = patch(&client, &update).await;
-                // Updates sent meanwhile supersede this one, should it have failed.
-                while let Ok(newer) = updates.try_recv() {
-                    queue.push(newer, 0, Instant::now());
-                }
-                match result {
-                    Ok(()) => tracing::debug!("Ingress {}: status written", update.ingress),
-                    Err(kube::Error::Api(status)) if status.code == 404 => {
-                        tracing::debug!("Ingress {}: deleted before its status was written", update.ingress);
-                    }
-                    Err(err) if queue.contains(&update.ingress) => {
-                        tracing::warn!("Ingress {}: writing status.loadBalancer: {err}; superseded", update.ingress);
-                    }
-                    Err(err) => {
-                        let delay = RETRY_MIN.saturating_mul(1 << failures.min(16)).min(RETRY_MAX);
-                        tracing::warn!(
-                            "Ingress {}: writing status.loadBalancer: {err}; retrying in {delay:?}",
-                            update.ingress
-                        );
-                        queue.push(update, failures + 1, Instant::now() + delay);
-                    }
-                }
-            }
-        }
-    }
-}
-
 /// A merge patch of `status.loadBalancer.ingress` through the `status` subresource.
-async fn patch(client: &Client, update: &StatusUpdate) -> Result<(), kube::Error> {
-    let api: Api<Ingress> = Api::namespaced(client.clone(), &update.ingress.namespace);
+async fn patch(client: Client, update: StatusUpdate) -> Result<(), kube::Error> {
+    let api: Api<Ingress> = Api::namespaced(client, &update.ingress.namespace);
     let patch = json!({"status": {"loadBalancer": {"ingress": update.entries()}}});
     api.patch_status(&update.ingress.name, &PatchParams::default(), &Patch::Merge(&patch)).await.map(drop)
-}
-
-/// Writes waiting for their turn, at most one per Ingress, taken in order of due time.
-#[derive(Default)]
-struct Queue {
-    /// Per Ingress: when, the update, and how many attempts of it failed.
-    pending: BTreeMap<NamespacedName, (Instant, StatusUpdate, u32)>,
-    by_due: BTreeSet<(Instant, NamespacedName)>,
-}
-
-impl Queue {
-    /// Queues `update` (after `failures` failed attempts) for `due`, replacing the queued update
-    /// of the same Ingress.
-    fn push(&mut self, update: StatusUpdate, failures: u32, due: Instant) {
-        let key = update.ingress.clone();
-        if let Some((old, ..)) = self.pending.insert(key.clone(), (due, update, failures)) {
-            self.by_due.remove(&(old, key.clone()));
-        }
-        self.by_due.insert((due, key));
-    }
-
-    /// When the first queued update is due.
-    fn next_due(&self) -> Option<Instant> {
-        self.by_due.first().map(|(due, _)| *due)
-    }
-
-    /// Takes the first update due, with its failure count.
-    fn pop(&mut self) -> Option<(StatusUpdate, u32)> {
-        let (_, key) = self.by_due.pop_first()?;
-        let (_, update, failures) = self.pending.remove(&key)?;
-        Some((update, failures))
-    }
-
-    fn contains(&self, key: &NamespacedName) -> bool {
-        self.pending.contains_key(key)
-    }
 }
 
 #[cfg(test)]
@@ -242,22 +161,5 @@ mod tests {
     fn a_bad_address_is_refused_at_start_naming_the_flag_and_the_value() {
         let err = IngressArgs::parse_for_test(&["--publish-status-address", "192.0.2.10,LB_1.example"]).unwrap_err();
         assert!(err.contains("--publish-status-address") && err.contains("LB_1.example"), "{err}");
-    }
-
-    #[test]
-    fn a_later_update_replaces_the_queued_one_of_the_same_ingress() {
-        let update = |name: &str, addresses: &str| StatusUpdate {
-            ingress: NamespacedName::new("ns", name),
-            addresses: addresses.split(',').filter(|a| !a.is_empty()).map(|a| a.parse().unwrap()).collect(),
-        };
-        let now = Instant::now();
-        let mut queue = Queue::default();
-        queue.push(update("a", "192.0.2.1"), 2, now + Duration::from_secs(4));
-        queue.push(update("b", "192.0.2.1"), 0, now + Duration::from_secs(1));
-        queue.push(update("a", ""), 0, now);
-        assert_eq!(queue.next_due(), Some(now));
-        assert_eq!(queue.pop(), Some((update("a", ""), 0)));
-        assert_eq!(queue.pop(), Some((update("b", "192.0.2.1"), 0)));
-        assert_eq!((queue.pop(), queue.next_due()), (None, None));
     }
 }

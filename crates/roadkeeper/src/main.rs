@@ -7,6 +7,8 @@ mod bench_plot;
 mod cli;
 mod deploy_check;
 mod dns_cmd;
+mod gateway_cmd;
+mod gateway_status;
 mod healthcheck;
 mod ingress_cmd;
 mod ingress_status;
@@ -14,6 +16,7 @@ mod lab;
 mod proxy_cmd;
 mod proxy_metrics;
 mod serve;
+mod status_writer;
 mod trace_cmd;
 
 use clap::Parser;
@@ -51,6 +54,7 @@ fn main() -> std::process::ExitCode {
         Command::Trace(args) => trace_cmd::run(args),
         Command::Dns(args) => dns_cmd::run(args),
         Command::Ingress(args) => ingress_cmd::run(args),
+        Command::Gateway(args) => gateway_cmd::run(args),
         Command::Echo(args) => {
             let name = args.name.unwrap_or_else(roadkeeper_proxy::node::hostname);
             roadkeeper_netlab::echo::run_forever(&args.listen, &name)

@@ -18,8 +18,6 @@ use rcgen::{
 use serde_json::{Value, json};
 use tempfile::TempDir;
 
-use super::eventually;
-
 /// How long each start-up step (kube-apiserver ready, default ServiceAccount made) may take.
 const START_TIMEOUT: Duration = Duration::from_secs(90);
 /// How often [`ControlPlane::start`] retries when another process took one of its ports.
@@ -102,6 +100,29 @@ impl ControlPlane {
         let (_, path) = file.and_then(|file| file.keep().map_err(|err| err.error)).expect("cannot create kubeconfig");
         self.write_kubeconfig(&path, token);
         path
+    }
+
+    /// Creates the standard-channel CRDs of the Gateway API release `module` (`module@version`,
+    /// from the Go module cache, downloaded if needed) of the kinds `plurals`, and waits until
+    /// they are served.
+    pub fn install_gateway_api_crds(&self, module: &str, plurals: &[&str]) {
+        let output = Command::new("go").args(["mod", "download", "-json", module]).output().expect("cannot run go");
+        assert!(output.status.success(), "go mod download {module}: {}", String::from_utf8_lossy(&output.stderr));
+        let downloaded: Value = serde_json::from_slice(&output.stdout).expect("go prints JSON");
+        let folder = Path::new(downloaded["Dir"].as_str().expect("the module's folder")).join("config/crd/standard");
+        let files: Vec<String> = plurals
+            .iter()
+            .map(|plural| folder.join(format!("gateway.networking.k8s.io_{plural}.yaml")).display().to_string())
+            .collect();
+        // `create`, not `apply`: the HTTPRoute CRD is too large for kubectl's last-applied annotation.
+        let mut args = vec!["create"];
+        args.extend(files.iter().flat_map(|file| ["-f", file.as_str()]));
+        self.kubectl(&args);
+        let names: Vec<String> =
+            plurals.iter().map(|plural| format!("crd/{plural}.gateway.networking.k8s.io")).collect();
+        let mut args = vec!["wait", "--for=condition=Established", "--timeout=60s"];
+        args.extend(names.iter().map(String::as_str));
+        self.kubectl(&args);
     }
 
     /// Runs kubectl as the admin (a later `--kubeconfig` in `args` overrides that); its stdout.
@@ -428,4 +449,19 @@ fn serving_params() -> CertificateParams {
     params.distinguished_name.push(DnType::CommonName, "kube-apiserver");
     params.extended_key_usages = vec![ExtendedKeyUsagePurpose::ServerAuth];
     params
+}
+
+/// Polls `check` until it holds, for at most `within` (here so that a test of another crate that
+/// includes this file alone has it too).
+pub fn eventually(within: Duration, mut check: impl FnMut() -> bool) -> bool {
+    let deadline = std::time::Instant::now() + within;
+    loop {
+        if check() {
+            return true;
+        }
+        if std::time::Instant::now() > deadline {
+            return false;
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
 }

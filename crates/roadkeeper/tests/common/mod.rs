@@ -17,8 +17,11 @@ use roadkeeper_netlab::addressing::{
 use roadkeeper_netlab::{EchoServer, Lab, Netns, Pod, ProbeResult, Process, echo, manifests, probe};
 
 pub mod apiserver;
+#[allow(unused_imports)] // as dead_code above: not every test binary polls
+pub use apiserver::eventually;
 pub mod http;
 pub mod replay;
+pub mod web;
 
 /// The node's name in the manifests.
 pub const NODE: &str = "node-a";
@@ -601,20 +604,6 @@ pub fn reached(ns: &Netns, proto: Proto, target: SocketAddr, n: usize) -> BTreeS
 /// A set of pod names, for comparing with [`reached`].
 pub fn names(names: &[&str]) -> BTreeSet<String> {
     names.iter().map(|n| n.to_string()).collect()
-}
-
-/// Polls `check` until it holds, for at most `within`.
-pub fn eventually(within: Duration, mut check: impl FnMut() -> bool) -> bool {
-    let deadline = Instant::now() + within;
-    loop {
-        if check() {
-            return true;
-        }
-        if Instant::now() > deadline {
-            return false;
-        }
-        std::thread::sleep(Duration::from_millis(100));
-    }
 }
 
 /// Path of the roadkeeper binary under test.

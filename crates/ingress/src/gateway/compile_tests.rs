@@ -1,0 +1,517 @@
+//! The compiler against small clusters modelled on the conformance suite's: attachment and its
+//! status reasons, listener checks, hostname intersection, match precedence, filters, weights.
+
+use std::sync::Arc;
+
+use hyper::Method;
+use hyper::header::{HeaderMap, HeaderName, HeaderValue};
+use roadkeeper_cluster::{NamespacedName, Object, Store};
+use serde_json::{Value, json};
+
+use super::*;
+use crate::Router;
+use crate::decision::{Decision, Listeners, Request};
+
+const POOL: &str = "192.168.235.0/24";
+
+fn parsed<T: serde::de::DeserializeOwned>(value: Value) -> T {
+    let kind = value["kind"].clone();
+    serde_json::from_value(value).unwrap_or_else(|e| panic!("{kind}: {e}"))
+}
+
+fn object(value: Value) -> Object {
+    let kind = value["kind"].as_str().unwrap().to_owned();
+    match kind.as_str() {
+        "Service" => Object::Service(Arc::new(parsed(value))),
+        "EndpointSlice" => Object::EndpointSlice(Arc::new(parsed(value))),
+        "Namespace" => Object::Namespace(Arc::new(parsed(value))),
+        "Secret" => Object::Secret(Arc::new(parsed(value))),
+        "GatewayClass" => Object::GatewayClass(Arc::new(parsed(value))),
+        "Gateway" => Object::Gateway(Arc::new(parsed(value))),
+        "HTTPRoute" => Object::HttpRoute(Arc::new(parsed(value))),
+        "ReferenceGrant" => Object::ReferenceGrant(Arc::new(parsed(value))),
+        other => panic!("{other}"),
+    }
+}
+
+fn class() -> Object {
+    object(json!({"apiVersion": "gateway.networking.k8s.io/v1", "kind": "GatewayClass",
+        "metadata": {"name": "roadkeeper", "generation": 1}, "spec": {"controllerName": DEFAULT_CONTROLLER}}))
+}
+
+fn gateway(name: &str, listeners: Value) -> Object {
+    object(json!({"apiVersion": "gateway.networking.k8s.io/v1", "kind": "Gateway",
+        "metadata": {"name": name, "namespace": "infra", "generation": 2},
+        "spec": {"gatewayClassName": "roadkeeper", "listeners": listeners}}))
+}
+
+fn http(name: &str, hostname: Option<&str>) -> Value {
+    let mut listener =
+        json!({"name": name, "port": 80, "protocol": "HTTP", "allowedRoutes": {"namespaces": {"from": "All"}}});
+    if let Some(hostname) = hostname {
+        listener["hostname"] = hostname.into();
+    }
+    listener
+}
+
+/// An HTTPRoute in `namespace` created in `year`.
+fn route_in(namespace: &str, name: &str, year: u32, spec: Value) -> Object {
+    object(json!({"apiVersion": "gateway.networking.k8s.io/v1", "kind": "HTTPRoute",
+        "metadata": {"name": name, "namespace": namespace, "generation": 3, "creationTimestamp": format!("{year}-01-01T00:00:00Z")},
+        "spec": spec}))
+}
+
+fn route(name: &str, spec: Value) -> Object {
+    route_in("infra", name, 2020, spec)
+}
+
+fn parent(gateway: &str) -> Value {
+    json!([{"name": gateway}])
+}
+
+fn to(service: &str) -> Value {
+    json!([{"name": service, "port": 8080}])
+}
+
+/// A Service with one endpoint (10.244.0.N:3000).
+fn service(namespace: &str, name: &str, n: u8) -> Vec<Object> {
+    vec![
+        object(json!({"apiVersion": "v1", "kind": "Service", "metadata": {"name": name, "namespace": namespace},
+            "spec": {"ports": [{"name": "http", "port": 8080, "targetPort": 3000}]}})),
+        object(json!({"apiVersion": "discovery.k8s.io/v1", "kind": "EndpointSlice",
+            "metadata": {"name": format!("{name}-1"), "namespace": namespace, "labels": {"kubernetes.io/service-name": name}},
+            "addressType": "IPv4", "ports": [{"name": "http", "port": 3000}],
+            "endpoints": [{"addresses": [format!("10.244.0.{n}")]}]})),
+    ]
+}
+
+fn backends() -> Vec<Object> {
+    [service("infra", "v1", 1), service("infra", "v2", 2), service("infra", "v3", 3), service("web", "web", 4)].concat()
+}
+
+fn compiled(objects: Vec<Object>) -> Compiled {
+    let config = GatewayConfig { controller: DEFAULT_CONTROLLER.into(), pool: POOL.parse().unwrap() };
+    compile(&Store::from_objects(objects), &config)
+}
+
+fn address(compiled: &Compiled, gateway: &str) -> std::net::IpAddr {
+    compiled.statuses.gateways[&NamespacedName::new("infra", gateway)].addresses[0]
+}
+
+/// What a GET answers: the backend Service's name, a status code, or `404`.
+fn get(compiled: &Compiled, gateway: &str, host: &str, path: &str, headers: &[(&str, &str)]) -> String {
+    let mut map = HeaderMap::new();
+    for (name, value) in headers {
+        map.append(HeaderName::try_from(*name).unwrap(), HeaderValue::try_from(*value).unwrap());
+    }
+    let local = std::net::SocketAddr::new(address(compiled, gateway), 80);
+    let (path, query) = path.split_once('?').map_or((path, None), |(p, q)| (p, Some(q)));
+    let request = Request { local, tls: false, host, path, query, method: &Method::GET, headers: &map };
+    match compiled.serve.route(&request) {
+        None => "404".into(),
+        Some(Decision::Forward(forward)) => forward.target.service.name.clone(),
+        Some(Decision::Respond { status, location, .. }) => {
+            format!("{} {}", status.as_u16(), location.map(|l| l.to_str().unwrap().to_owned()).unwrap_or_default())
+                .trim_end()
+                .to_owned()
+        }
+    }
+}
+
+/// `type=status/reason` of each condition.
+fn conditions(conditions: &[conditions::Condition]) -> Vec<String> {
+    conditions.iter().map(|c| format!("{}={}/{}", c.kind, if c.status { "True" } else { "False" }, c.reason)).collect()
+}
+
+fn route_conditions(compiled: &Compiled, route: &str) -> Vec<Vec<String>> {
+    let status = &compiled.statuses.routes[&NamespacedName::new("infra", route)];
+    status.parents.iter().map(|p| conditions(&p.conditions)).collect()
+}
+
+#[test]
+fn a_simple_route_is_served_on_its_gateways_address_and_accepted() {
+    let mut objects = vec![
+        class(),
+        gateway("same", json!([http("http", None)])),
+        route("r", json!({"parentRefs": parent("same"), "rules": [{"backendRefs": to("v1")}]})),
+    ];
+    objects.extend(backends());
+    let c = compiled(objects);
+    assert_eq!(get(&c, "same", "anything", "/x", &[]), "v1");
+    let gw = &c.statuses.gateways[&NamespacedName::new("infra", "same")];
+    assert_eq!(gw.addresses, ["192.168.235.1".parse::<std::net::IpAddr>().unwrap()]);
+    assert_eq!(conditions(&gw.conditions), ["Accepted=True/Accepted", "Programmed=True/Programmed"]);
+    assert_eq!(gw.listeners[0].attached, 1);
+    assert_eq!(
+        conditions(&gw.listeners[0].conditions),
+        [
+            "Accepted=True/Accepted",
+            "ResolvedRefs=True/ResolvedRefs",
+            "Conflicted=False/NoConflicts",
+            "Programmed=True/Programmed"
+        ]
+    );
+    assert_eq!(route_conditions(&c, "r"), [["Accepted=True/Accepted", "ResolvedRefs=True/ResolvedRefs"]]);
+    let parent = &c.statuses.routes[&NamespacedName::new("infra", "r")].parents[0].parent_ref;
+    assert_eq!(
+        parent,
+        &json!({"group": "gateway.networking.k8s.io", "kind": "Gateway", "namespace": "infra", "name": "same"})
+    );
+    assert_eq!(c.statuses.classes.get("roadkeeper"), Some(&Some(1)));
+}
+
+#[test]
+fn routes_that_cannot_attach_say_why() {
+    let same_only = json!([{"name": "http", "port": 80, "protocol": "HTTP"}]);
+    let objects = vec![
+        class(),
+        gateway("same", same_only),
+        gateway("named", json!([http("web", Some("web.example"))])),
+        route_in(
+            "web",
+            "other-namespace",
+            2020,
+            json!({"parentRefs": [{"name": "same", "namespace": "infra"}], "rules": [{"backendRefs": to("web")}]}),
+        ),
+        route("no-section", json!({"parentRefs": [{"name": "same", "sectionName": "http1", "port": 80}]})),
+        route("no-host", json!({"parentRefs": parent("named"), "hostnames": ["other.example"]})),
+        route(
+            "bad-filter",
+            json!({"parentRefs": parent("same"), "rules": [{"filters": [{"type": "ExtensionRef", "extensionRef": {"group": "x", "kind": "Y", "name": "z"}}]}]}),
+        ),
+    ];
+    let c = compiled([objects, backends()].concat());
+    let web = &c.statuses.routes[&NamespacedName::new("web", "other-namespace")];
+    assert_eq!(
+        conditions(&web.parents[0].conditions),
+        ["Accepted=False/NotAllowedByListeners", "ResolvedRefs=True/ResolvedRefs"]
+    );
+    assert_eq!(route_conditions(&c, "no-section")[0][0], "Accepted=False/NoMatchingParent");
+    assert_eq!(route_conditions(&c, "no-host")[0][0], "Accepted=False/NoMatchingListenerHostname");
+    assert_eq!(route_conditions(&c, "bad-filter")[0][0], "Accepted=False/UnsupportedValue");
+    assert_eq!(c.statuses.gateways[&NamespacedName::new("infra", "same")].listeners[0].attached, 0);
+    assert_eq!(get(&c, "same", "x", "/", &[]), "404");
+}
+
+#[test]
+fn invalid_listeners_are_reported_and_the_gateway_stays_programmed() {
+    let listeners = json!([http("http", None), {"name": "invalid", "port": 1111, "protocol": "INVALID"}]);
+    let kinds = json!([{"name": "http", "port": 80, "protocol": "HTTP", "allowedRoutes": {"kinds": [{"kind": "InvalidRoute"}, {"kind": "HTTPRoute"}]}}]);
+    let only_invalid = json!([{"name": "invalid", "port": 1111, "protocol": "INVALID"}]);
+    let c =
+        compiled(vec![class(), gateway("mixed", listeners), gateway("kinds", kinds), gateway("none", only_invalid)]);
+    let status = |name: &str| c.statuses.gateways[&NamespacedName::new("infra", name)].clone();
+    let mixed = status("mixed");
+    assert_eq!(conditions(&mixed.conditions), ["Accepted=True/ListenersNotValid", "Programmed=True/Programmed"]);
+    assert_eq!(mixed.listeners[1].kinds, Vec::<&str>::new());
+    assert_eq!(conditions(&mixed.listeners[1].conditions)[0], "Accepted=False/UnsupportedProtocol");
+    let kinds = status("kinds");
+    assert_eq!(kinds.listeners[0].kinds, ["HTTPRoute"]);
+    assert!(conditions(&kinds.listeners[0].conditions).contains(&"ResolvedRefs=False/InvalidRouteKinds".to_owned()));
+    assert_eq!(conditions(&status("none").conditions)[0], "Accepted=False/ListenersNotValid");
+}
+
+#[test]
+fn certificates_need_a_valid_secret_and_a_grant_across_namespaces() {
+    let cert = rcgen::generate_simple_self_signed(vec!["example.org".into()]).unwrap();
+    let secret = |namespace: &str, name: &str, crt: &[u8], key: &[u8]| {
+        use roadkeeper_cluster::k8s_openapi::ByteString;
+        use roadkeeper_cluster::k8s_openapi::api::core::v1::Secret;
+        let data = [("tls.crt", crt), ("tls.key", key)].map(|(k, v)| (k.to_owned(), ByteString(v.to_vec())));
+        let mut secret =
+            Secret { type_: Some("kubernetes.io/tls".into()), data: Some(data.into()), ..Secret::default() };
+        secret.metadata.name = Some(name.into());
+        secret.metadata.namespace = Some(namespace.into());
+        Object::Secret(Arc::new(secret))
+    };
+    let (crt, key) = (cert.cert.pem(), cert.signing_key.serialize_pem());
+    let https = |name: &str, reference: Value| {
+        gateway(
+            name,
+            json!([{"name": "https", "port": 443, "protocol": "HTTPS", "tls": {"certificateRefs": [reference]}}]),
+        )
+    };
+    let grant = |name: &str, to_name: Option<&str>| {
+        let mut to = json!({"group": "", "kind": "Secret"});
+        if let Some(n) = to_name {
+            to["name"] = n.into();
+        }
+        object(json!({"apiVersion": "gateway.networking.k8s.io/v1", "kind": "ReferenceGrant",
+            "metadata": {"name": name, "namespace": "web"},
+            "spec": {"from": [{"group": "gateway.networking.k8s.io", "kind": "Gateway", "namespace": "infra"}], "to": [to]}}))
+    };
+    let objects = vec![
+        class(),
+        secret("infra", "good", crt.as_bytes(), key.as_bytes()),
+        secret("infra", "malformed", b"Hello world\n", b"Hello world\n"),
+        secret("web", "granted", crt.as_bytes(), key.as_bytes()),
+        secret("web", "refused", crt.as_bytes(), key.as_bytes()),
+        grant("only-granted", Some("granted")),
+        https("good", json!({"name": "good"})),
+        https("missing", json!({"name": "nonexistent"})),
+        https("malformed", json!({"name": "malformed"})),
+        https("wrong-kind", json!({"group": "", "kind": "WrongKind", "name": "good"})),
+        https("wrong-group", json!({"group": "wrong.group.io", "kind": "Secret", "name": "good"})),
+        https("granted", json!({"name": "granted", "namespace": "web"})),
+        https("refused", json!({"name": "refused", "namespace": "web"})),
+    ];
+    let c = compiled(objects);
+    let refs = |name: &str| {
+        let listener = &c.statuses.gateways[&NamespacedName::new("infra", name)].listeners[0];
+        conditions(&listener.conditions)
+            .into_iter()
+            .filter(|c| c.starts_with("ResolvedRefs") || c.starts_with("Programmed"))
+            .collect::<Vec<_>>()
+    };
+    assert_eq!(refs("good"), ["ResolvedRefs=True/ResolvedRefs", "Programmed=True/Programmed"]);
+    assert_eq!(refs("granted"), ["ResolvedRefs=True/ResolvedRefs", "Programmed=True/Programmed"]);
+    for name in ["missing", "malformed", "wrong-kind", "wrong-group"] {
+        assert_eq!(refs(name), ["ResolvedRefs=False/InvalidCertificateRef", "Programmed=False/Invalid"], "{name}");
+    }
+    assert_eq!(refs("refused"), ["ResolvedRefs=False/RefNotPermitted", "Programmed=False/Invalid"]);
+    let gateway = &c.statuses.gateways[&NamespacedName::new("infra", "refused")];
+    assert_eq!(
+        conditions(&gateway.conditions),
+        ["Accepted=True/Accepted", "Programmed=True/Programmed"],
+        "still ready"
+    );
+    let good = address(&c, "good");
+    assert!(matches!(
+        c.serve.listener(std::net::SocketAddr::new(good, 443)),
+        Some(crate::decision::Listener::Https(_))
+    ));
+    assert!(c.serve.listener(std::net::SocketAddr::new(address(&c, "missing"), 443)).is_none(), "not served");
+}
+
+#[test]
+fn hostnames_of_listeners_and_routes_intersect() {
+    let listeners = json!([
+        http("l1", Some("very.specific.com")),
+        http("l2", Some("*.wildcard.io")),
+        http("l3", Some("*.anotherwildcard.io"))
+    ]);
+    let objects = vec![
+        class(),
+        gateway("gw", listeners),
+        route(
+            "s1",
+            json!({"parentRefs": parent("gw"), "hostnames": ["non.matching.com", "*.nonmatchingwildcard.io", "very.specific.com"],
+            "rules": [{"matches": [{"path": {"type": "PathPrefix", "value": "/s1"}}], "backendRefs": to("v1")}]}),
+        ),
+        route(
+            "s2",
+            json!({"parentRefs": parent("gw"), "hostnames": ["non.matching.com", "wildcard.io", "foo.wildcard.io", "bar.wildcard.io", "foo.bar.wildcard.io"],
+            "rules": [{"matches": [{"path": {"type": "PathPrefix", "value": "/s2"}}], "backendRefs": to("v2")}]}),
+        ),
+        route(
+            "s3",
+            json!({"parentRefs": parent("gw"), "hostnames": ["non.matching.com", "*.specific.com"],
+            "rules": [{"matches": [{"path": {"type": "PathPrefix", "value": "/s3"}}], "backendRefs": to("v3")}]}),
+        ),
+        route(
+            "s4",
+            json!({"parentRefs": parent("gw"), "hostnames": ["*.anotherwildcard.io"],
+            "rules": [{"matches": [{"path": {"type": "PathPrefix", "value": "/s4"}}], "backendRefs": to("v1")}]}),
+        ),
+        route(
+            "s5",
+            json!({"parentRefs": parent("gw"), "hostnames": ["specific.but.wrong.com", "wildcard.io"], "rules": [{"backendRefs": to("v2")}]}),
+        ),
+    ];
+    let c = compiled([objects, backends()].concat());
+    let at = |host: &str, path: &str| get(&c, "gw", host, path, &[]);
+    assert_eq!(at("very.specific.com", "/s1"), "v1");
+    for host in ["foo.wildcard.io", "bar.wildcard.io", "foo.bar.wildcard.io"] {
+        assert_eq!(at(host, "/s2"), "v2", "{host}");
+    }
+    assert_eq!(at("very.specific.com", "/s3"), "v3");
+    for host in ["foo.anotherwildcard.io", "bar.anotherwildcard.io", "foo.bar.anotherwildcard.io"] {
+        assert_eq!(at(host, "/s4"), "v1", "{host}");
+    }
+    for (host, path) in [
+        ("non.matching.com", "/s1"),
+        ("foo.nonmatchingwildcard.io", "/s1"),
+        ("foo.wildcard.io", "/s1"),
+        ("foo.wildcard.io", "/s3"),
+        ("very.specific.com", "/s2"),
+        ("wildcard.io", "/s2"),
+        ("foo.specific.com", "/s3"),
+        ("anotherwildcard.io", "/s4"),
+        ("specific.but.wrong.com", "/s5"),
+    ] {
+        assert_eq!(at(host, path), "404", "{host}{path}");
+    }
+    assert_eq!(route_conditions(&c, "s5")[0][0], "Accepted=False/NoMatchingListenerHostname");
+    let attached: Vec<i32> =
+        c.statuses.gateways[&NamespacedName::new("infra", "gw")].listeners.iter().map(|l| l.attached).collect();
+    assert_eq!(attached, [2, 1, 1]);
+}
+
+#[test]
+fn the_most_specific_listener_takes_the_request() {
+    let listeners = json!([
+        http("listener-1", Some("bar.com")),
+        http("listener-2", Some("foo.bar.com")),
+        http("listener-3", Some("*.bar.com")),
+        http("listener-4", Some("*.foo.com"))
+    ]);
+    let section = |s: &str| json!({"name": "gw", "sectionName": s});
+    let objects = vec![
+        class(),
+        gateway("gw", listeners),
+        route("backend-v1", json!({"parentRefs": [section("listener-1")], "rules": [{"backendRefs": to("v1")}]})),
+        route("backend-v2", json!({"parentRefs": [section("listener-2")], "rules": [{"backendRefs": to("v2")}]})),
+        route(
+            "backend-v3",
+            json!({"parentRefs": [section("listener-3"), section("listener-4")], "rules": [{"backendRefs": to("v3")}]}),
+        ),
+    ];
+    let c = compiled([objects, backends()].concat());
+    let at = |host: &str| get(&c, "gw", host, "/", &[]);
+    assert_eq!((at("bar.com"), at("foo.bar.com")), ("v1".into(), "v2".into()));
+    for host in ["baz.bar.com", "boo.bar.com", "multiple.prefixes.bar.com", "multiple.prefixes.foo.com"] {
+        assert_eq!(at(host), "v3", "{host}");
+    }
+    assert_eq!((at("foo.com"), at("no.matching.host")), ("404".into(), "404".into()));
+    assert_eq!(route_conditions(&c, "backend-v3").len(), 2, "a parent status per parent reference");
+}
+
+#[test]
+fn matches_follow_precedence_across_rules_and_routes() {
+    let h = |name: &str, value: &str| json!({"name": name, "value": value});
+    let header_rules = json!([
+        {"matches": [{"headers": [h("version", "one")]}], "backendRefs": to("v1")},
+        {"matches": [{"headers": [h("version", "two")]}], "backendRefs": to("v2")},
+        {"matches": [{"headers": [h("version", "two"), h("color", "orange")]}], "backendRefs": to("v1")},
+        {"matches": [{"headers": [h("color", "blue")]}, {"headers": [h("color", "green")]}], "backendRefs": to("v1")},
+        {"matches": [{"headers": [h("color", "red")]}, {"headers": [h("color", "yellow")]}], "backendRefs": to("v2")},
+    ]);
+    let exact = |p: &str| json!({"path": {"type": "Exact", "value": p}});
+    let prefix = |p: &str| json!({"path": {"type": "PathPrefix", "value": p}});
+    let order = json!([
+        {"matches": [exact("/match")], "backendRefs": to("v1")},
+        {"matches": [exact("/match/exact")], "backendRefs": to("v2")},
+        {"matches": [exact("/match/exact/one")], "backendRefs": to("v3")},
+        {"matches": [prefix("/match/")], "backendRefs": to("v3")},
+        {"matches": [prefix("/match/prefix/")], "backendRefs": to("v1")},
+        {"matches": [prefix("/match/prefix/one")], "backendRefs": to("v2")},
+    ]);
+    let objects = vec![
+        class(),
+        gateway("headers", json!([http("http", None)])),
+        gateway("order", json!([http("http", None)])),
+        gateway("across", json!([http("http", None)])),
+        route("header-matching", json!({"parentRefs": parent("headers"), "rules": header_rules})),
+        route("path-order", json!({"parentRefs": parent("order"), "rules": order})),
+        // The newer route's header match beats the older route's prefix /.
+        route_in(
+            "infra",
+            "part1",
+            2020,
+            json!({"parentRefs": parent("across"), "hostnames": ["example.com", "example.net"],
+            "rules": [{"matches": [prefix("/"), {"headers": [h("version", "one")]}], "backendRefs": to("v1")}]}),
+        ),
+        route_in(
+            "infra",
+            "part2",
+            2021,
+            json!({"parentRefs": parent("across"), "hostnames": ["example.com"],
+            "rules": [{"matches": [prefix("/v2"), {"headers": [h("version", "two")]}], "backendRefs": to("v2")}]}),
+        ),
+    ];
+    let c = compiled([objects, backends()].concat());
+    let headers = |hs: &[(&str, &str)]| get(&c, "headers", "x", "/", hs);
+    assert_eq!(headers(&[("Version", "one")]), "v1");
+    assert_eq!(headers(&[("Version", "two")]), "v2");
+    assert_eq!(headers(&[("Version", "two"), ("Color", "orange")]), "v1", "more headers win");
+    assert_eq!(headers(&[("Version", "two"), ("Color", "blue")]), "v2", "a tie goes to the first rule");
+    assert_eq!(headers(&[("Color", "orange")]), "404");
+    assert_eq!(headers(&[("Color", "green")]), "v1");
+    assert_eq!(headers(&[("Color", "yellow")]), "v2");
+    let order = |path: &str| get(&c, "order", "x", path, &[]);
+    let expected = [
+        ("/match/exact/one", "v3"),
+        ("/match/exact", "v2"),
+        ("/match", "v1"),
+        ("/match/prefix/one/any", "v2"),
+        ("/match/prefix/any", "v1"),
+        ("/match/any", "v3"),
+    ];
+    for (path, service) in expected {
+        assert_eq!(order(path), service, "{path}");
+    }
+    let across = |host: &str, path: &str, hs: &[(&str, &str)]| get(&c, "across", host, path, hs);
+    assert_eq!(across("example.com", "/", &[]), "v1");
+    assert_eq!(across("example.com", "/v2", &[]), "v2");
+    assert_eq!(across("example.net", "/v2", &[]), "v1");
+    assert_eq!(across("example.com", "/v2/example", &[]), "v2");
+    assert_eq!(across("example.com", "/", &[("Version", "two")]), "v2");
+    assert_eq!(across("example.com", "/v2example", &[]), "v1");
+}
+
+#[test]
+fn unusable_backends_answer_500_and_say_why() {
+    let grant = object(json!({"apiVersion": "gateway.networking.k8s.io/v1", "kind": "ReferenceGrant",
+        "metadata": {"name": "g", "namespace": "web"},
+        "spec": {"from": [{"group": "gateway.networking.k8s.io", "kind": "HTTPRoute", "namespace": "infra"}],
+                 "to": [{"group": "", "kind": "Service", "name": "web"}]}}));
+    let rule = |path: &str, backends: Value| json!({"matches": [{"path": {"type": "PathPrefix", "value": path}}], "backendRefs": backends});
+    let objects = vec![
+        class(),
+        gateway("gw", json!([http("http", None)])),
+        route(
+            "kind",
+            json!({"parentRefs": parent("gw"), "rules": [rule("/kind", json!([{"group": "unknownkind.example.com", "kind": "NonExistent", "name": "v1", "port": 8080}]))]}),
+        ),
+        route("missing", json!({"parentRefs": parent("gw"), "rules": [rule("/missing", to("nonexistent"))]})),
+        route(
+            "cross",
+            json!({"parentRefs": parent("gw"), "rules": [rule("/cross", json!([{"name": "web", "namespace": "web", "port": 8080}]))]}),
+        ),
+        route(
+            "none",
+            json!({"parentRefs": parent("gw"), "rules": [{"matches": [{"path": {"type": "Exact", "value": "/omitted"}}]},
+            {"matches": [{"path": {"type": "Exact", "value": "/empty"}}], "backendRefs": []}]}),
+        ),
+    ];
+    let c = compiled([objects.clone(), backends()].concat());
+    assert_eq!(get(&c, "gw", "x", "/kind", &[]), "500");
+    assert_eq!(get(&c, "gw", "x", "/missing", &[]), "500");
+    assert_eq!(get(&c, "gw", "x", "/cross", &[]), "500");
+    assert_eq!(get(&c, "gw", "x", "/omitted", &[]), "500");
+    assert_eq!(get(&c, "gw", "x", "/empty", &[]), "500");
+    assert_eq!(route_conditions(&c, "kind")[0], ["Accepted=True/Accepted", "ResolvedRefs=False/InvalidKind"]);
+    assert_eq!(route_conditions(&c, "missing")[0][1], "ResolvedRefs=False/BackendNotFound");
+    assert_eq!(route_conditions(&c, "cross")[0][1], "ResolvedRefs=False/RefNotPermitted");
+    assert_eq!(route_conditions(&c, "none")[0][1], "ResolvedRefs=True/ResolvedRefs", "no backends is not unresolved");
+    let granted = compiled([objects, backends(), vec![grant]].concat());
+    assert_eq!(get(&granted, "gw", "x", "/cross", &[]), "web");
+    assert_eq!(route_conditions(&granted, "cross")[0][1], "ResolvedRefs=True/ResolvedRefs");
+}
+
+#[test]
+fn redirects_and_weights() {
+    let redirect = |path: &str, filter: Value| json!({"matches": [{"path": {"type": "PathPrefix", "value": path}}], "filters": [{"type": "RequestRedirect", "requestRedirect": filter}]});
+    let weighted = json!([{"name": "v1", "port": 8080, "weight": 70}, {"name": "v2", "port": 8080, "weight": 30}, {"name": "v3", "port": 8080, "weight": 0}]);
+    let objects = vec![
+        class(),
+        gateway("gw", json!([http("http", None)])),
+        route(
+            "redirect",
+            json!({"parentRefs": parent("gw"), "rules": [
+                redirect("/hostname-redirect", json!({"hostname": "example.org"})),
+                redirect("/host-and-status", json!({"hostname": "example.org", "statusCode": 301})),
+                {"backendRefs": weighted},
+            ]}),
+        ),
+    ];
+    let c = compiled([objects, backends()].concat());
+    assert_eq!(get(&c, "gw", "x", "/hostname-redirect?a=b", &[]), "302 http://example.org/hostname-redirect?a=b");
+    assert_eq!(get(&c, "gw", "x", "/host-and-status", &[]), "301 http://example.org/host-and-status");
+    let mut seen = std::collections::BTreeMap::new();
+    for _ in 0..500 {
+        *seen.entry(get(&c, "gw", "x", "/", &[])).or_insert(0) += 1;
+    }
+    assert_eq!(seen.keys().collect::<Vec<_>>(), ["v1", "v2"], "weight 0 gets nothing");
+    assert!((seen["v1"] - 350i32).abs() <= 5, "{seen:?}");
+}
