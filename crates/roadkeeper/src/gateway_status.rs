@@ -108,9 +108,7 @@ impl StatusPublisher {
         for (name, generation) in &statuses.classes {
             let changed = self.last.classes.get(name) != Some(generation)
                 || touched(changes.map(|c| c.gateway_classes.contains(name)));
-            let Some(class) =
-                store.gateway_classes().find(|c| c.metadata.name.as_ref() == Some(name)).filter(|_| changed)
-            else {
+            let Some(class) = store.gateway_class(name).filter(|_| changed) else {
                 continue;
             };
             let current = status_of(&class.status);

@@ -27,7 +27,7 @@ pub fn permitted(store: &Store, from: Side<'_>, to: Side<'_>, name: &str) -> boo
     if from.namespace == to.namespace {
         return true;
     }
-    store.reference_grants().filter(|(key, _)| key.namespace == to.namespace).any(|(_, grant)| {
+    store.reference_grants_in(to.namespace).any(|(_, grant)| {
         let spec = &grant.spec;
         let from_ok =
             spec.from.iter().any(|f| f.group == from.group && f.kind == from.kind && f.namespace == from.namespace);
