@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Writes the seeds of corpus/path, corpus/host and corpus/frames (see README.md)."""
+"""Writes the seeds of corpus/path, corpus/host, corpus/frames and corpus/duration (see README.md)."""
 
 import pathlib
 import struct
@@ -68,6 +68,26 @@ FRAMES = {
     "huge-length": PREFACE + b"\xff\xff\xff\x00\x00\x00\x00\x00\x01" + b"x" * 100,
 }
 
+DURATIONS = {
+    "seconds": "10s",
+    "hours-minutes": "1h30m",
+    "milliseconds": "500ms",
+    "four-parts": "1h2m3s4ms",
+    "largest": "99999h99999m99999s99999ms",
+    "zero": "0s",
+    "five-parts": "1h1m1s1ms1h",
+    "six-digits": "100000s",
+    "huge-number": "99999999999999999999999h",
+    "no-unit": "10",
+    "fraction": "1.5s",
+    "negative": "-1s",
+    "space": "1 s",
+    "day": "1d",
+    "empty": "",
+    "unit-only": "ms",
+    "arabic-digit": "\u0661s",
+}
+
 
 def write(folder, seeds, encode):
     target = HERE / "corpus" / folder
@@ -79,3 +99,4 @@ def write(folder, seeds, encode):
 write("path", PATHS, lambda s: s.encode())
 write("host", HOSTS, lambda s: s.encode("latin-1") if s == "caf\xe9" else s.encode())
 write("frames", FRAMES, lambda b: b)
+write("duration", DURATIONS, lambda s: s.encode())

@@ -10,7 +10,7 @@ use arc_swap::ArcSwap;
 use roadkeeper_cluster::{Feed, Interest, Kind};
 use roadkeeper_ingress::Router;
 use roadkeeper_ingress::decision::{Decision, Listener, Listeners, Request};
-use roadkeeper_ingress::gateway::{self, GatewayConfig, ServeTable};
+use roadkeeper_ingress::gateway::{GatewayConfig, GatewayTable, ServeTable, Touched};
 use roadkeeper_ingress::proxy::{self, Proxy};
 use tokio::sync::{mpsc, watch};
 use tokio::task::JoinSet;
@@ -72,10 +72,10 @@ pub fn run(args: GatewayArgs) -> anyhow::Result<()> {
             _ = sigterm.recv() => return Ok(()),
             _ = sigint.recv() => return Ok(()),
         };
-        let compiled = gateway::compile(feed.store(), &config);
+        let mut table = GatewayTable::build(feed.store(), &config);
         let mut status = StatusPublisher::start(&config.controller, &spec).await?;
-        status.publish(feed.store(), &compiled.statuses, None);
-        let shared = Arc::new(Shared(ArcSwap::from_pointee(compiled.serve)));
+        status.publish(feed.store(), table.statuses(), &Touched::all(feed.store(), table.statuses()));
+        let shared = Arc::new(Shared(ArcSwap::from_pointee(table.serve().clone())));
         let proxy = Proxy::new(shared.clone(), args.proxy.proxy_config());
         let (stop, stopping) = watch::channel(false);
         let mut ports = Ports::start(workers, proxy, shared.clone(), stopping, bind_address(&config))?;
@@ -87,10 +87,10 @@ pub fn run(args: GatewayArgs) -> anyhow::Result<()> {
         loop {
             tokio::select! {
                 changes = feed.changed() => {
-                    let compiled = gateway::compile(feed.store(), &config);
-                    shared.0.store(Arc::new(compiled.serve));
+                    let touched = table.apply(feed.store(), &changes);
+                    shared.0.store(Arc::new(table.serve().clone()));
                     ports.update(&shared.0.load());
-                    status.publish(feed.store(), &compiled.statuses, Some(&changes));
+                    status.publish(feed.store(), table.statuses(), &touched);
                 }
                 _ = sigterm.recv() => break,
                 _ = sigint.recv() => break,

@@ -10,10 +10,10 @@ use roadkeeper_cluster::gateway_api::gateways::Gateway;
 use roadkeeper_cluster::gateway_api::httproutes::HTTPRoute;
 use roadkeeper_cluster::kube::api::{Api, Patch, PatchParams};
 use roadkeeper_cluster::kube::{self, Client};
-use roadkeeper_cluster::{Changes, NamespacedName, SourceSpec, Store};
-use roadkeeper_ingress::gateway::Statuses;
+use roadkeeper_cluster::{NamespacedName, SourceSpec, Store};
 use roadkeeper_ingress::gateway::status::RouteStatus;
 use roadkeeper_ingress::gateway::status::{class_patch, gateway_patch, route_patch};
+use roadkeeper_ingress::gateway::{Statuses, Touched};
 use serde::Serialize;
 use serde_json::Value;
 use tokio::sync::mpsc;
@@ -72,8 +72,6 @@ impl fmt::Display for Object {
 /// Keeps the statuses of our objects equal to what the compiled state says.
 pub struct StatusPublisher {
     controller: String,
-    /// What was last published: only what changed since is compared with the store again.
-    last: Statuses,
     /// The writer task's queue; `None` when the cluster state comes from manifests (log only).
     writes: Option<mpsc::UnboundedSender<(Object, Value)>>,
 }
@@ -94,58 +92,38 @@ impl StatusPublisher {
                 Some(writes)
             }
         };
-        Ok(Self { controller: controller.to_owned(), last: Statuses::default(), writes })
+        Ok(Self { controller: controller.to_owned(), writes })
     }
 
-    /// Publishes what `statuses` says of the objects whose status it changed since the last
-    /// call, or whose object `changes` touched (every object when `changes` is `None`).
-    pub fn publish(&mut self, store: &Store, statuses: &Statuses, changes: Option<&Changes>) {
+    /// Publishes what `statuses` says of the `touched` objects, where the store's status
+    /// differs: HTTPRoutes no longer attached to a Gateway of ours lose the parent entries we wrote.
+    pub fn publish(&mut self, store: &Store, statuses: &Statuses, touched: &Touched) {
         let now = roadkeeper_cluster::k8s_openapi::jiff::Timestamp::now()
             .round(jiff_seconds())
             .unwrap_or_default()
             .to_string();
-        let touched = |set: Option<bool>| changes.is_none() || set.unwrap_or(false);
-        for (name, generation) in &statuses.classes {
-            let changed = self.last.classes.get(name) != Some(generation)
-                || touched(changes.map(|c| c.gateway_classes.contains(name)));
-            let Some(class) = store.gateway_class(name).filter(|_| changed) else {
+        for name in &touched.classes {
+            let (Some(generation), Some(class)) = (statuses.classes.get(name), store.gateway_class(name)) else {
                 continue;
             };
-            let current = status_of(&class.status);
-            if let Some(patch) = class_patch(*generation, current.as_ref(), SUPPORTED_FEATURES, &now) {
+            if let Some(patch) = class_patch(*generation, status_of(&class.status).as_ref(), SUPPORTED_FEATURES, &now) {
                 self.send(Object::Class(name.clone()), patch);
             }
         }
-        for (key, status) in &statuses.gateways {
-            let changed =
-                self.last.gateways.get(key) != Some(status) || touched(changes.map(|c| c.gateways.contains(key)));
-            let Some(gateway) = store.gateway(key).filter(|_| changed) else { continue };
+        for key in &touched.gateways {
+            let (Some(status), Some(gateway)) = (statuses.gateways.get(key), store.gateway(key)) else { continue };
             if let Some(patch) = gateway_patch(status, status_of(&gateway.status).as_ref(), &now) {
                 self.send(Object::Gateway(key.clone()), patch);
             }
         }
-        for (key, status) in &statuses.routes {
-            let changed =
-                self.last.routes.get(key) != Some(status) || touched(changes.map(|c| c.http_routes.contains(key)));
-            let Some(route) = store.http_route(key).filter(|_| changed) else { continue };
+        let detached = RouteStatus::default();
+        for key in &touched.routes {
+            let Some(route) = store.http_route(key) else { continue };
+            let status = statuses.routes.get(key).unwrap_or(&detached);
             if let Some(patch) = route_patch(status, &self.controller, status_of(&route.status).as_ref(), &now) {
                 self.send(Object::Route(key.clone()), patch);
             }
         }
-        // Routes no longer attached to a Gateway of ours lose the parent entries we wrote.
-        let touched_routes: Vec<NamespacedName> = match changes {
-            Some(changes) => changes.http_routes.iter().cloned().collect(),
-            None => store.http_routes().map(|(key, _)| key.clone()).collect(),
-        };
-        let detached = self.last.routes.keys().cloned();
-        for key in touched_routes.into_iter().chain(detached).filter(|key| !statuses.routes.contains_key(key)) {
-            let Some(route) = store.http_route(&key) else { continue };
-            let none = RouteStatus::default();
-            if let Some(patch) = route_patch(&none, &self.controller, status_of(&route.status).as_ref(), &now) {
-                self.send(Object::Route(key), patch);
-            }
-        }
-        self.last = statuses.clone();
     }
 
     fn send(&self, object: Object, patch: Value) {

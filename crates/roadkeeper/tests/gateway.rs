@@ -11,12 +11,11 @@
 
 mod common;
 
-use std::path::PathBuf;
 use std::time::Duration;
 
-use common::web::{Reply, backend, exchange, request_head, service, tls_secret};
+use common::web::{Bench, Reply, backend, exchange, request_head, service, tls_secret};
 use common::{binary, eventually};
-use roadkeeper_netlab::{Netns, Process};
+use roadkeeper_netlab::Process;
 
 /// The Gateways' addresses (`--address-pool`), local inside each test's namespace.
 const POOL: &str = "192.168.235.0/24";
@@ -28,40 +27,27 @@ const METRICS: &str = "127.0.0.1:10254";
 /// How long a change may take to show (the binary promises about a second).
 const SETTLE: Duration = Duration::from_secs(10);
 
-/// One `roadkeeper gateway` in its own namespace, reading its own manifest folder. Field order is
-/// drop order: the namespace (killing the binary) goes before the folder.
-struct Lab {
-    ns: Netns,
-    dir: tempfile::TempDir,
+/// One `roadkeeper gateway` in its own [`Bench`], reading its manifest folder.
+struct Lab(Bench);
+
+impl std::ops::Deref for Lab {
+    type Target = Bench;
+    fn deref(&self) -> &Bench {
+        &self.0
+    }
 }
 
 impl Lab {
-    /// A namespace with the pool local on its loopback, backends' addresses 10.244.0.1-3, and an
-    /// empty manifest folder holding the GatewayClass.
+    /// A [`Bench`] with the pool local on its loopback and the GatewayClass in its folder.
     fn new(prefix: &str) -> Lab {
-        let lab = Lab { ns: Netns::new(prefix).expect("netns"), dir: tempfile::tempdir().expect("tempdir") };
+        let lab = Lab(Bench::new(prefix));
         lab.ns.ip(["route", "add", "local", POOL, "dev", "lo"]).expect("local pool");
-        for host in 1..=3 {
-            lab.ns.ip(["addr", "add", &format!("10.244.0.{host}/32"), "dev", "lo"]).expect("backend address");
-        }
-        std::fs::create_dir(lab.manifests()).expect("manifest folder");
         lab.write(
             "class.yaml",
             "apiVersion: gateway.networking.k8s.io/v1\nkind: GatewayClass\nmetadata: {name: roadkeeper}\n\
              spec: {controllerName: roadkeeper.dev/gateway}\n",
         );
         lab
-    }
-
-    fn manifests(&self) -> PathBuf {
-        self.dir.path().join("manifests")
-    }
-
-    /// Writes (or replaces) a manifest atomically.
-    fn write(&self, file: &str, yaml: &str) {
-        let tmp = self.dir.path().join(format!("{file}.tmp"));
-        std::fs::write(&tmp, yaml).expect("write manifest");
-        std::fs::rename(&tmp, self.manifests().join(file)).expect("rename manifest");
     }
 
     /// Starts `roadkeeper gateway` (killed with the namespace) and waits for its metrics server,

@@ -24,12 +24,12 @@ mod common;
 use std::collections::BTreeMap;
 use std::io::{self, BufReader, Read, Write};
 use std::net::{TcpListener, TcpStream};
-use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
 use common::web::{
-    PATIENCE, Reply, backend, exchange, local_service, read_head, read_response, request_head, service, tls_secret,
+    Bench, PATIENCE, Reply, backend, exchange, local_service, read_head, read_response, request_head, service,
+    tls_secret,
 };
 use common::{binary, eventually};
 use futures::{SinkExt, StreamExt};
@@ -44,41 +44,20 @@ const HTTPS: &str = "127.0.0.1:8443";
 const METRICS: &str = "127.0.0.1:10254";
 /// How long a manifest change may take to show (the binary promises about a second).
 const SETTLE: Duration = Duration::from_secs(10);
-/// One `roadkeeper ingress` in its own namespace, reading its own manifest folder. Field order is
-/// drop order: the namespace (killing the binary) goes before the folder.
-struct Lab {
-    ns: Netns,
-    dir: tempfile::TempDir,
+/// One `roadkeeper ingress` in its own [`Bench`], reading its manifest folder.
+struct Lab(Bench);
+
+impl std::ops::Deref for Lab {
+    type Target = Bench;
+    fn deref(&self) -> &Bench {
+        &self.0
+    }
 }
 
 impl Lab {
-    /// A namespace `<prefix>-<pid>-<n>` and an empty manifest folder; nothing running yet.
-    /// A namespace whose loopback also holds the backends' addresses 10.244.0.1-3 (endpoint
-    /// addresses may not be loopback ones, as the API server refuses them).
+    /// A [`Bench`] with nothing running yet.
     fn new(prefix: &str) -> Lab {
-        let lab = Lab { ns: Netns::new(prefix).expect("netns"), dir: tempfile::tempdir().expect("tempdir") };
-        for host in 1..=3 {
-            lab.ns.ip(["addr", "add", &format!("10.244.0.{host}/32"), "dev", "lo"]).expect("backend address");
-        }
-        std::fs::create_dir(lab.manifests()).expect("manifest folder");
-        lab
-    }
-
-    /// The watched folder (files beside it, such as the log, are not watched).
-    fn manifests(&self) -> PathBuf {
-        self.dir.path().join("manifests")
-    }
-
-    /// Writes (or replaces) a manifest atomically, so that the watcher never reads half a file.
-    fn write(&self, file: &str, yaml: &str) {
-        let tmp = self.dir.path().join(format!("{file}.tmp"));
-        std::fs::write(&tmp, yaml).expect("write manifest");
-        std::fs::rename(&tmp, self.manifests().join(file)).expect("rename manifest");
-    }
-
-    /// Deletes a manifest.
-    fn remove(&self, file: &str) {
-        std::fs::remove_file(self.manifests().join(file)).expect("remove manifest");
+        Lab(Bench::new(prefix))
     }
 
     /// Writes a file outside the manifest folder and returns its path.

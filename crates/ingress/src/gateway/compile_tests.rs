@@ -89,17 +89,17 @@ fn backends() -> Vec<Object> {
     [service("infra", "v1", 1), service("infra", "v2", 2), service("infra", "v3", 3), service("web", "web", 4)].concat()
 }
 
-fn compiled(objects: Vec<Object>) -> Compiled {
+fn compiled(objects: Vec<Object>) -> GatewayTable {
     let config = GatewayConfig { controller: DEFAULT_CONTROLLER.into(), pool: POOL.parse().unwrap() };
-    compile(&Store::from_objects(objects), &config)
+    GatewayTable::build(&Store::from_objects(objects), &config)
 }
 
-fn address(compiled: &Compiled, gateway: &str) -> std::net::IpAddr {
+fn address(compiled: &GatewayTable, gateway: &str) -> std::net::IpAddr {
     compiled.statuses.gateways[&NamespacedName::new("infra", gateway)].addresses[0]
 }
 
 /// What a GET answers: the backend Service's name, a status code, or `404`.
-fn get(compiled: &Compiled, gateway: &str, host: &str, path: &str, headers: &[(&str, &str)]) -> String {
+fn get(compiled: &GatewayTable, gateway: &str, host: &str, path: &str, headers: &[(&str, &str)]) -> String {
     let mut map = HeaderMap::new();
     for (name, value) in headers {
         map.append(HeaderName::try_from(*name).unwrap(), HeaderValue::try_from(*value).unwrap());
@@ -123,7 +123,7 @@ fn conditions(conditions: &[conditions::Condition]) -> Vec<String> {
     conditions.iter().map(|c| format!("{}={}/{}", c.kind, if c.status { "True" } else { "False" }, c.reason)).collect()
 }
 
-fn route_conditions(compiled: &Compiled, route: &str) -> Vec<Vec<String>> {
+fn route_conditions(compiled: &GatewayTable, route: &str) -> Vec<Vec<String>> {
     let status = &compiled.statuses.routes[&NamespacedName::new("infra", route)];
     status.parents.iter().map(|p| conditions(&p.conditions)).collect()
 }
@@ -514,4 +514,133 @@ fn redirects_and_weights() {
     }
     assert_eq!(seen.keys().collect::<Vec<_>>(), ["v1", "v2"], "weight 0 gets nothing");
     assert!((seen["v1"] - 350i32).abs() <= 5, "{seen:?}");
+}
+
+/// What `table` serves, in a stable order: by address, port, listener and route hostname, the
+/// entries (match, precedence and action; not the weighted-pick counters, which requests move).
+fn served(table: &GatewayTable) -> Vec<String> {
+    let mut lines = Vec::new();
+    for (ip, ports) in &table.serve.addresses {
+        for (port, served) in ports.iter() {
+            for (listener, rules) in served.listeners.sorted() {
+                for (hostname, entries) in rules.by_host.sorted() {
+                    let entries = format!("{entries:?}");
+                    let mut parts = entries.split("next: ");
+                    let mut line = format!("{ip}:{port} {listener} {hostname} tls={} ", served.tls.is_some());
+                    line.push_str(parts.next().unwrap_or_default());
+                    for part in parts {
+                        line.push_str(part.trim_start_matches(|c: char| c.is_ascii_digit()));
+                    }
+                    lines.push(line);
+                }
+            }
+        }
+    }
+    lines.sort();
+    lines
+}
+
+fn changes(f: impl FnOnce(&mut roadkeeper_cluster::Changes)) -> roadkeeper_cluster::Changes {
+    let mut changes = roadkeeper_cluster::Changes::default();
+    f(&mut changes);
+    changes
+}
+
+fn nn(name: &str) -> NamespacedName {
+    NamespacedName::new("infra", name)
+}
+
+#[test]
+fn incremental_apply_equals_a_fresh_build_and_touches_only_what_changed() {
+    let config = GatewayConfig { controller: DEFAULT_CONTROLLER.into(), pool: POOL.parse().unwrap() };
+    let prefix = |path: &str, service: &str| json!({"matches": [{"path": {"type": "PathPrefix", "value": path}}], "backendRefs": to(service)});
+    let hosted = |name: &str, year: u32, host: &str, rules: Value| {
+        route_in("infra", name, year, json!({"parentRefs": parent("gw"), "hostnames": [host], "rules": rules}))
+    };
+    let gw = gateway("gw", json!([http("http", None)]));
+    let other = gateway("other", json!([http("http", Some("other.example"))]));
+    let r1 = hosted("r1", 2020, "a.example", json!([prefix("/", "v1")]));
+    let r2 = route("r2", json!({"parentRefs": parent("gw"), "rules": [prefix("/", "v2")]}));
+    let o1 = route("o1", json!({"parentRefs": parent("other"), "rules": [prefix("/", "v1")]}));
+    let base = [vec![class(), gw.clone(), other.clone(), r1.clone(), r2.clone(), o1], backends()].concat();
+    let mut table = GatewayTable::build(&Store::from_objects(base.clone()), &config);
+    let other_address = address(&table, "other");
+    let other_ports = table.serve.addresses[&other_address].clone();
+
+    // Each step: the objects after it, and the changes that led there.
+    let r3 = hosted("r3", 2021, "a.example", json!([prefix("/x", "v3")]));
+    let r1_moved = hosted("r1", 2020, "a.example", json!([prefix("/", "v2")]));
+    let slice_v3 = service("infra", "v3", 9);
+    let mut gw_with_status: Value = json!({"apiVersion": "gateway.networking.k8s.io/v1", "kind": "Gateway",
+        "metadata": {"name": "gw", "namespace": "infra", "generation": 2},
+        "spec": {"gatewayClassName": "roadkeeper", "listeners": [http("http", None)]},
+        "status": {"addresses": [{"type": "IPAddress", "value": address(&table, "gw").to_string()}]}});
+    let gw_status = object(gw_with_status.clone());
+    gw_with_status["spec"]["listeners"] = json!([http("http", None), http("named", Some("b.example"))]);
+    gw_with_status["spec"]["listeners"][1]["port"] = 8080.into();
+    let gw_two_listeners = object(gw_with_status);
+    let without = |objects: &[Object], name: &str| -> Vec<Object> {
+        objects
+            .iter()
+            .filter(|o| !matches!(o, Object::HttpRoute(r) if r.metadata.name.as_deref() == Some(name)))
+            .cloned()
+            .collect()
+    };
+    let replace = |objects: &[Object], old: &str, new: &Object| -> Vec<Object> {
+        let mut out = without(objects, old);
+        out.push(new.clone());
+        out
+    };
+    let step1 = [base.clone(), vec![r3.clone()]].concat();
+    let step2 = replace(&step1, "r1", &r1_moved);
+    let step3 = without(&step2, "r2");
+    let step4: Vec<Object> = step3
+        .iter()
+        .filter(|o| !matches!(o, Object::EndpointSlice(s) if s.metadata.name.as_deref() == Some("v3-1")))
+        .cloned()
+        .chain([slice_v3[1].clone()])
+        .collect();
+    let gateway_replaced = |objects: &[Object], new: &Object| -> Vec<Object> {
+        let kept =
+            objects.iter().filter(|o| !matches!(o, Object::Gateway(g) if g.metadata.name.as_deref() == Some("gw")));
+        kept.cloned().chain([new.clone()]).collect()
+    };
+    let step5 = gateway_replaced(&step4, &gw_status);
+    let step6 = gateway_replaced(&step5, &gw_two_listeners);
+    let steps = [
+        (step1, changes(|c| c.http_routes = [nn("r3")].into()), Some(([nn("gw")], vec![nn("r3")]))),
+        (step2, changes(|c| c.http_routes = [nn("r1")].into()), Some(([nn("gw")], vec![nn("r1")]))),
+        (step3, changes(|c| c.http_routes = [nn("r2")].into()), Some(([nn("gw")], vec![nn("r2")]))),
+        (step4, changes(|c| c.services = [nn("v3")].into()), None),
+        (step5, changes(|c| c.gateways = [nn("gw")].into()), None),
+        (step6, changes(|c| c.gateways = [nn("gw")].into()), None),
+    ];
+    for (index, (objects, changes, expected)) in steps.into_iter().enumerate() {
+        let store = Store::from_objects(objects);
+        let touched = table.apply(&store, &changes);
+        let fresh = GatewayTable::build(&store, &config);
+        assert_eq!(served(&table), served(&fresh), "step {}", index + 1);
+        assert_eq!(table.statuses, fresh.statuses, "step {}", index + 1);
+        if let Some((gateways, routes)) = expected {
+            assert_eq!(touched.gateways, gateways.into(), "step {}", index + 1);
+            assert_eq!(touched.routes, routes.into_iter().collect(), "step {}", index + 1);
+            assert!(
+                Arc::ptr_eq(&table.serve.addresses[&other_address], &other_ports),
+                "step {}: other Gateway rebuilt",
+                index + 1
+            );
+        }
+        match index + 1 {
+            1 => assert_eq!(get(&table, "gw", "a.example", "/x/y", &[]), "v3"),
+            2 => assert_eq!(get(&table, "gw", "a.example", "/", &[]), "v2"),
+            3 => assert_eq!(get(&table, "gw", "b.example", "/", &[]), "404", "r2 gone"),
+            4 => assert_eq!(touched.routes, [nn("r3")].into(), "only the route naming v3"),
+            5 => assert_eq!(
+                touched,
+                Touched { gateways: [nn("gw")].into(), ..Touched::default() },
+                "a status write: no rebuild"
+            ),
+            _ => assert_eq!(touched.routes.len(), 3, "a Gateway's spec: every route"),
+        }
+    }
 }

@@ -3,8 +3,9 @@
 //! intersection between a listener and a route, and a map that finds the most specific entry for
 //! a request's host without allocating.
 
-use std::collections::HashMap;
 use std::fmt;
+
+use imbl::HashMap;
 
 /// A hostname of a listener or a route, lowercase.
 #[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -72,21 +73,22 @@ impl fmt::Display for Hostname {
 }
 
 /// Values keyed by hostname; [`get`](Self::get) finds the most specific one covering a host:
-/// the exact name, else the longest wildcard suffix, else the entry for any host.
-#[derive(Clone, Debug, PartialEq)]
-pub struct HostMap<T> {
+/// the exact name, else the longest wildcard suffix, else the entry for any host. Persistent:
+/// a clone is O(1) and shares what the copies do not change.
+#[derive(Clone, Debug)]
+pub struct HostMap<T: Clone> {
     exact: HashMap<String, T>,
     wildcard: HashMap<String, T>,
     any: Option<T>,
 }
 
-impl<T> Default for HostMap<T> {
+impl<T: Clone> Default for HostMap<T> {
     fn default() -> Self {
         Self { exact: HashMap::new(), wildcard: HashMap::new(), any: None }
     }
 }
 
-impl<T> HostMap<T> {
+impl<T: Clone> HostMap<T> {
     /// The entry for `hostname`, created with `T::default()` when absent.
     pub fn entry(&mut self, hostname: &Hostname) -> &mut T
     where
@@ -112,6 +114,29 @@ impl<T> HostMap<T> {
         }
     }
 
+    /// Removes the entry for `hostname`.
+    pub fn remove(&mut self, hostname: &Hostname) {
+        match hostname {
+            Hostname::Any => self.any = None,
+            Hostname::Exact(name) => {
+                self.exact.remove(name);
+            }
+            Hostname::Wildcard(suffix) => {
+                self.wildcard.remove(suffix);
+            }
+        }
+    }
+
+    /// Every entry, by hostname (for tests comparing maps).
+    #[cfg(test)]
+    pub fn sorted(&self) -> Vec<(Hostname, &T)> {
+        let exact = self.exact.iter().map(|(name, value)| (Hostname::Exact(name.clone()), value));
+        let wildcard = self.wildcard.iter().map(|(suffix, value)| (Hostname::Wildcard(suffix.clone()), value));
+        let mut all: Vec<_> = exact.chain(wildcard).chain(self.any.as_ref().map(|v| (Hostname::Any, v))).collect();
+        all.sort_by(|a, b| a.0.cmp(&b.0));
+        all
+    }
+
     /// The most specific entry covering `host` (lowercase, without port).
     pub fn get(&self, host: &str) -> Option<&T> {
         if let Some(value) = self.exact.get(host) {
@@ -120,16 +145,6 @@ impl<T> HostMap<T> {
         // Suffixes from the longest: ".b.example.com", ".example.com", ".com".
         let suffixes = host.char_indices().filter(|&(i, c)| c == '.' && i > 0).map(|(i, _)| &host[i..]);
         suffixes.filter_map(|suffix| self.wildcard.get(suffix)).next().or(self.any.as_ref())
-    }
-
-    /// Every entry.
-    pub fn values_mut(&mut self) -> impl Iterator<Item = &mut T> {
-        self.exact.values_mut().chain(self.wildcard.values_mut()).chain(self.any.as_mut())
-    }
-
-    /// True when there is no entry.
-    pub fn is_empty(&self) -> bool {
-        self.exact.is_empty() && self.wildcard.is_empty() && self.any.is_none()
     }
 }
 
@@ -189,8 +204,12 @@ mod tests {
         assert_eq!(map.get("c.example.com"), Some(&"wide"));
         assert_eq!(map.get("example.com"), Some(&"any"));
         assert_eq!(map.get(""), Some(&"any"));
+        map.remove(&h("a.b.example.com"));
+        map.remove(&h("*.b.example.com"));
+        assert_eq!(map.get("a.b.example.com"), Some(&"wide"), "removed entries no longer match");
+        map.remove(&Hostname::Any);
+        assert_eq!(map.get("example.com"), None);
         let mut without_any: HostMap<&str> = HostMap::default();
-        assert!(without_any.is_empty());
         *without_any.entry(&h("*.example.com")) = "wide";
         assert_eq!(without_any.get("example.com"), None);
         assert_eq!(without_any.get(".example.com"), None, "a suffix alone is not a host");

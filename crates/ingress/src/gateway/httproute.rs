@@ -1,6 +1,7 @@
 //! One HTTPRoute compiled: its matches (with their precedence), what each rule does (filters,
 //! weighted backends), and the problems its status reports.
 
+use std::collections::BTreeSet;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -55,6 +56,25 @@ pub fn compile(store: &Store, key: &NamespacedName, route: &HTTPRoute) -> Compil
         compiled.entries.clear();
     }
     compiled
+}
+
+/// The Services route `key` names as backends or mirrors (whatever the kind written, so that a
+/// change to any of them compiles the route again).
+pub fn services(key: &NamespacedName, route: &HTTPRoute) -> BTreeSet<NamespacedName> {
+    let named = |namespace: &Option<String>, name: &str| {
+        NamespacedName::new(namespace.as_deref().unwrap_or(&key.namespace), name)
+    };
+    let mut services = BTreeSet::new();
+    for rule in route.spec.rules.iter().flatten() {
+        let mirrors = rule.filters.iter().flatten().filter_map(|f| f.request_mirror.as_ref());
+        services.extend(mirrors.map(|m| named(&m.backend_ref.namespace, &m.backend_ref.name)));
+        for backend in rule.backend_refs.iter().flatten() {
+            services.insert(named(&backend.namespace, &backend.name));
+            let mirrors = backend.filters.iter().flatten().filter_map(|f| f.request_mirror.as_ref());
+            services.extend(mirrors.map(|m| named(&m.backend_ref.namespace, &m.backend_ref.name)));
+        }
+    }
+    services
 }
 
 /// One rule: its matches and its action, or what in it is unsupported (naming the field).
@@ -363,31 +383,9 @@ fn compile_match(spec: &HTTPRouteRulesMatches, at: &str) -> Result<Match, String
 /// A Gateway API duration (`1h30m`, `500ms`; GEP-2257); zero is none.
 fn duration(written: Option<&str>, at: &str) -> Result<Option<Duration>, String> {
     let Some(written) = written else { return Ok(None) };
-    let invalid = || format!("{at}: {written:?} is not a duration like 10s or 1h30m");
-    let mut total = Duration::ZERO;
-    let mut rest = written;
-    if rest.is_empty() {
-        return Err(invalid());
-    }
-    while !rest.is_empty() {
-        let digits = rest.find(|c: char| !c.is_ascii_digit()).ok_or_else(invalid)?;
-        let number: u64 = rest[..digits].parse().map_err(|_| invalid())?;
-        rest = &rest[digits..];
-        let (unit, len) = if rest.starts_with("ms") {
-            (Duration::from_millis(number), 2)
-        } else {
-            let seconds = match rest.as_bytes()[0] {
-                b'h' => 3600,
-                b'm' => 60,
-                b's' => 1,
-                _ => return Err(invalid()),
-            };
-            (Duration::from_secs(number * seconds), 1)
-        };
-        total += unit;
-        rest = &rest[len..];
-    }
-    Ok((!total.is_zero()).then_some(total))
+    let parsed = super::duration::parse(written)
+        .ok_or_else(|| format!("{at}: {written:?} is not a duration like 10s or 1h30m"))?;
+    Ok((!parsed.is_zero()).then_some(parsed))
 }
 
 #[cfg(test)]
@@ -403,7 +401,7 @@ mod tests {
         assert_eq!(d("1s500ms"), Ok(Some(Duration::from_millis(1500))));
         assert_eq!(d("0s"), Ok(None));
         assert_eq!(duration(None, "t"), Ok(None));
-        for bad in ["", "10", "s", "1x", "1.5s", "-1s"] {
+        for bad in ["", "10", "s", "1x", "1.5s", "-1s", "100000s", "99999999999999999999h"] {
             assert!(d(bad).unwrap_err().contains("is not a duration"), "{bad}");
         }
     }

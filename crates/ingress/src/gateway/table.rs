@@ -36,7 +36,7 @@ pub(crate) struct Port {
 /// ordered by precedence.
 #[derive(Clone, Debug, Default)]
 pub(crate) struct Rules {
-    pub by_host: HostMap<Vec<Entry>>,
+    pub by_host: HostMap<Arc<[Entry]>>,
 }
 
 /// One match of one rule.
@@ -110,7 +110,7 @@ impl ServeTable {
     /// specific route hostname's.
     fn rules(&self, local: SocketAddr, host: &str) -> Option<&[Entry]> {
         let port = self.addresses.get(&local.ip().to_canonical())?.get(&local.port())?;
-        port.listeners.get(host)?.by_host.get(host).map(Vec::as_slice)
+        port.listeners.get(host)?.by_host.get(host).map(|entries| &entries[..])
     }
 }
 
@@ -179,7 +179,7 @@ mod tests {
 
     fn table(listener: Hostname, route: Hostname, entries: Vec<Entry>) -> ServeTable {
         let mut rules = Rules::default();
-        *rules.by_host.entry(&route) = entries;
+        *rules.by_host.entry(&route) = entries.into();
         let mut port = Port::default();
         *port.listeners.entry(&listener) = Arc::new(rules);
         let ports = HashMap::from([(80, port)]);

@@ -17,6 +17,7 @@ use roadkeeper_netlab::addressing::{
 use roadkeeper_netlab::{EchoServer, Lab, Netns, Pod, ProbeResult, Process, echo, manifests, probe};
 
 pub mod apiserver;
+pub mod gateway;
 #[allow(unused_imports)] // as dead_code above: not every test binary polls
 pub use apiserver::eventually;
 pub mod http;

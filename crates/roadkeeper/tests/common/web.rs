@@ -4,13 +4,54 @@
 
 use std::io::{self, BufRead, BufReader, Read, Write};
 use std::net::{IpAddr, SocketAddr, TcpListener, TcpStream};
+use std::path::PathBuf;
 use std::time::Duration;
+
+use roadkeeper_netlab::Netns;
 
 /// How long a client waits for a connection or a response: generous, the machine is shared.
 pub const PATIENCE: Duration = Duration::from_secs(10);
 
 /// The request headers that [`backend`] echoes in its body.
 pub const ECHOED: [&str; 5] = ["host", "x-forwarded-for", "x-forwarded-proto", "x-forwarded-host", "x-real-ip"];
+
+/// A front door's test bench (`ingress`, `gateway`): a network namespace whose loopback holds the
+/// backends' addresses 10.244.0.1-3 (endpoint addresses may not be loopback ones, as the API
+/// server refuses them) and an empty manifest folder, with room beside it for logs. Field order is
+/// drop order: the namespace (killing what runs in it) goes before the folder.
+pub struct Bench {
+    pub ns: Netns,
+    pub dir: tempfile::TempDir,
+}
+
+impl Bench {
+    /// A namespace `<prefix>-<pid>-<n>` and its folder; nothing running yet.
+    pub fn new(prefix: &str) -> Bench {
+        let bench = Bench { ns: Netns::new(prefix).expect("netns"), dir: tempfile::tempdir().expect("tempdir") };
+        for host in 1..=3 {
+            bench.ns.ip(["addr", "add", &format!("10.244.0.{host}/32"), "dev", "lo"]).expect("backend address");
+        }
+        std::fs::create_dir(bench.manifests()).expect("manifest folder");
+        bench
+    }
+
+    /// The watched folder (files beside it, such as the log, are not watched).
+    pub fn manifests(&self) -> PathBuf {
+        self.dir.path().join("manifests")
+    }
+
+    /// Writes (or replaces) a manifest atomically, so that the watcher never reads half a file.
+    pub fn write(&self, file: &str, yaml: &str) {
+        let tmp = self.dir.path().join(format!("{file}.tmp"));
+        std::fs::write(&tmp, yaml).expect("write manifest");
+        std::fs::rename(&tmp, self.manifests().join(file)).expect("rename manifest");
+    }
+
+    /// Deletes a manifest.
+    pub fn remove(&self, file: &str) {
+        std::fs::remove_file(self.manifests().join(file)).expect("remove manifest");
+    }
+}
 
 /// One response as a client saw it.
 #[derive(Debug)]
