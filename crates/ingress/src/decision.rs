@@ -36,15 +36,15 @@ pub struct Request<'a> {
 pub enum Decision {
     /// Forward to an endpoint of `target`.
     Forward(Forward),
-    /// Answer without forwarding: a redirect (with its `Location`) or an error status (500 for a
-    /// rule whose backends cannot be used, as the Gateway API asks).
+    /// Answer without forwarding: a redirect (with its `Location`), a CORS preflight's answer or
+    /// an error status (500 for a rule whose backends cannot be used, as the Gateway API asks).
     Respond {
         /// The route that decided it, for logs and metrics.
         route: Arc<str>,
         /// The status code.
         status: StatusCode,
-        /// The `Location` field of a redirect.
-        location: Option<HeaderValue>,
+        /// Header fields of the answer (`Location`, `Access-Control-*`).
+        headers: Vec<(HeaderName, HeaderValue)>,
     },
 }
 

@@ -12,8 +12,9 @@
 //! Per request the router sees a [`decision::Request`] (local address, TLS or not, checked host,
 //! normalised path, query, method, header fields) and answers a [`Decision`]:
 //!
-//! - [`Decision::Respond`]: the proxy answers itself (a redirect with its `Location`, or an error
-//!   status) with a short plain-text body, counted and logged under the route's name.
+//! - [`Decision::Respond`]: the proxy answers itself (a redirect with its `Location`, a CORS
+//!   preflight's `204` with its `Access-Control-*` fields, or an error status) with a short
+//!   plain-text body (none for 204), counted and logged under the route's name.
 //! - [`Decision::Forward`]: the request goes to an endpoint of its target, with the forwarded path
 //!   replaced by [`Forward::path`] (a decoded path, as routers see paths: percent-encoded where a
 //!   path needs it; the query kept) and the forwarded `Host` by [`Forward::host`]
@@ -562,10 +563,10 @@ impl Conn {
                 };
                 match proxy.router.route(&request) {
                     None => (text(StatusCode::NOT_FOUND, "no route for this host and path\n"), None),
-                    Some(Decision::Respond { route, status, location }) => {
+                    Some(Decision::Respond { route, status, headers }) => {
                         let labels = proxy.targets.route_labels(&route);
                         decided = Some(Decided::Route(route, labels));
-                        (answer(status, location), None)
+                        (answer(status, headers), None)
                     }
                     Some(Decision::Forward(forward)) => {
                         let state = proxy.targets.get(&forward.target);
@@ -896,12 +897,18 @@ fn rewritten_uri(path: &str, query: Option<&str>) -> Uri {
 }
 
 /// The proxy's own answer to a [`Decision::Respond`]: `status` with its reason as a plain-text
-/// body, and `location` as `Location`.
-fn answer(status: StatusCode, location: Option<HeaderValue>) -> Response<ProxyBody> {
-    let reason = status.canonical_reason().unwrap_or("no reason").to_ascii_lowercase();
-    let mut response = text(status, format!("{reason}\n"));
-    if let Some(location) = location {
-        response.headers_mut().insert(header::LOCATION, location);
+/// body (none for 204), and `headers`.
+fn answer(status: StatusCode, headers: Vec<(HeaderName, HeaderValue)>) -> Response<ProxyBody> {
+    let mut response = if status == StatusCode::NO_CONTENT {
+        let mut empty = Response::new(Either::Right(Full::new(Bytes::new())));
+        *empty.status_mut() = status;
+        empty
+    } else {
+        let reason = status.canonical_reason().unwrap_or("no reason").to_ascii_lowercase();
+        text(status, format!("{reason}\n"))
+    };
+    for (name, value) in headers {
+        response.headers_mut().append(name, value);
     }
     response
 }

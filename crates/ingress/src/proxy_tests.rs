@@ -741,12 +741,23 @@ async fn respond_redirects_and_answers_errors_itself() {
     let redirect = Decision::Respond {
         route: "default/redirect".into(),
         status: StatusCode::FOUND,
-        location: Some(HeaderValue::from_static("https://b.example/new?q=1")),
+        headers: vec![(header::LOCATION, HeaderValue::from_static("https://b.example/new?q=1"))],
     };
-    let broken =
-        Decision::Respond { route: "default/broken".into(), status: StatusCode::INTERNAL_SERVER_ERROR, location: None };
+    let broken = Decision::Respond {
+        route: "default/broken".into(),
+        status: StatusCode::INTERNAL_SERVER_ERROR,
+        headers: Vec::new(),
+    };
+    let preflight = Decision::Respond {
+        route: "default/cors".into(),
+        status: StatusCode::NO_CONTENT,
+        headers: vec![
+            (header::ACCESS_CONTROL_ALLOW_ORIGIN, HeaderValue::from_static("https://c.example")),
+            (header::VARY, HeaderValue::from_static("Origin")),
+        ],
+    };
     let proxy = start_router(
-        Decide::new(vec![("a.example", "/old", redirect), ("a.example", "/", broken)]),
+        Decide::new(vec![("a.example", "/old", redirect), ("a.example", "/", broken), ("c.example", "/", preflight)]),
         ProxyConfig::default(),
     )
     .await;
@@ -757,6 +768,10 @@ async fn respond_redirects_and_answers_errors_itself() {
     let (status, headers, body) = exchange(proxy, get("a.example", "/x")).await;
     assert_eq!((status, body.as_str()), (StatusCode::INTERNAL_SERVER_ERROR, "internal server error\n"));
     assert!(!headers.contains_key(header::LOCATION));
+    let (status, headers, body) = exchange(proxy, get("c.example", "/")).await;
+    assert_eq!((status, body.as_str()), (StatusCode::NO_CONTENT, ""), "204: no body");
+    assert_eq!(headers[header::ACCESS_CONTROL_ALLOW_ORIGIN], "https://c.example");
+    assert_eq!(headers[header::VARY], "Origin");
 }
 
 #[tokio::test]

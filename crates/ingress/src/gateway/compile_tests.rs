@@ -110,8 +110,9 @@ fn get(compiled: &GatewayTable, gateway: &str, host: &str, path: &str, headers: 
     match compiled.serve.route(&request) {
         None => "404".into(),
         Some(Decision::Forward(forward)) => forward.target.service.name.clone(),
-        Some(Decision::Respond { status, location, .. }) => {
-            format!("{} {}", status.as_u16(), location.map(|l| l.to_str().unwrap().to_owned()).unwrap_or_default())
+        Some(Decision::Respond { status, headers, .. }) => {
+            let location = headers.iter().find(|(name, _)| name == hyper::header::LOCATION);
+            format!("{} {}", status.as_u16(), location.map(|(_, l)| l.to_str().unwrap()).unwrap_or_default())
                 .trim_end()
                 .to_owned()
         }
@@ -643,4 +644,53 @@ fn incremental_apply_equals_a_fresh_build_and_touches_only_what_changed() {
             _ => assert_eq!(touched.routes.len(), 3, "a Gateway's spec: every route"),
         }
     }
+}
+
+#[test]
+fn cors_preflights_are_answered_and_cross_origin_responses_get_the_fields() {
+    let cors = json!({"type": "CORS", "cors": {"allowOrigins": ["https://*.bar.com"], "allowMethods": ["PUT"], "allowCredentials": true}});
+    let objects = vec![
+        class(),
+        gateway("gw", json!([http("http", None)])),
+        route("cors", json!({"parentRefs": parent("gw"), "rules": [{"filters": [cors], "backendRefs": to("v1")}]})),
+        route(
+            "backend-cors",
+            json!({"parentRefs": parent("gw"), "hostnames": ["refused.example"], "rules": [{"backendRefs": [{"name": "v1", "port": 8080, "filters": [
+                {"type": "CORS", "cors": {"allowOrigins": ["*"]}}]}]}]}),
+        ),
+    ];
+    let c = compiled([objects, backends()].concat());
+    let decide = |method: Method, headers: &[(&str, &str)]| {
+        let mut map = HeaderMap::new();
+        for (name, value) in headers {
+            map.append(HeaderName::try_from(*name).unwrap(), HeaderValue::try_from(*value).unwrap());
+        }
+        let local = std::net::SocketAddr::new(address(&c, "gw"), 80);
+        let request = Request { local, tls: false, host: "x", path: "/", query: None, method: &method, headers: &map };
+        c.serve.route(&request).unwrap()
+    };
+    let origin = ("origin", "https://www.bar.com");
+    match decide(Method::OPTIONS, &[origin, ("access-control-request-method", "PUT")]) {
+        Decision::Respond { status, headers, .. } => {
+            assert_eq!(status, hyper::StatusCode::NO_CONTENT);
+            let names: Vec<&str> = headers.iter().map(|(name, _)| name.as_str()).collect();
+            assert!(names.contains(&"access-control-allow-methods"), "{names:?}");
+        }
+        other => panic!("a preflight is answered by the gateway: {other:?}"),
+    }
+    match decide(Method::GET, &[origin]) {
+        Decision::Forward(forward) => {
+            let set = &forward.actions.expect("response fields").response_headers.set;
+            assert!(
+                set.iter().any(|(name, value)| name == "access-control-allow-origin" && value == "https://www.bar.com")
+            );
+        }
+        other => panic!("a cross-origin GET is forwarded: {other:?}"),
+    }
+    match decide(Method::GET, &[("origin", "https://bar.com")]) {
+        Decision::Forward(forward) => assert!(forward.actions.is_none(), "no fields for a refused origin"),
+        other => panic!("{other:?}"),
+    }
+    assert_eq!(route_conditions(&c, "cors")[0][0], "Accepted=True/Accepted");
+    assert_eq!(route_conditions(&c, "backend-cors")[0][0], "Accepted=False/UnsupportedValue", "CORS on a backend");
 }

@@ -12,6 +12,7 @@ use roadkeeper_cluster::gateway_api::httproutes::{
 };
 use roadkeeper_cluster::{NamespacedName, Store};
 
+use super::cors::Cors;
 use super::filters::{PathModifier, Redirect};
 use super::matching::{Match, PathMatch, Precedence, RouteAge};
 use super::refs::{self, BackendError, BackendRef};
@@ -95,12 +96,12 @@ fn compile_rule(
             .collect::<Result<_, _>>()?,
     };
     let mut actions = Actions::default();
-    let mut redirect = None;
-    let mut rewrite = (None, None);
+    let mut own = RuleOnly::default();
     for (i, filter) in rule.filters.iter().flatten().enumerate() {
         let at = format!("{field}.filters[{i}]");
-        apply_filter(store, key, filter, &at, &mut actions, &mut redirect, &mut rewrite, unresolved)?;
+        apply_filter(store, key, filter, &at, &mut actions, &mut own, unresolved)?;
     }
+    let RuleOnly { redirect, rewrite, cors } = own;
     if let Some(timeouts) = &rule.timeouts {
         actions.request_timeout = duration(timeouts.request.as_deref(), &format!("{field}.timeouts.request"))?;
         actions.backend_timeout =
@@ -147,7 +148,7 @@ fn compile_rule(
             ActionKind::Forward(backends)
         }
     };
-    Ok((matches, Arc::new(Action { route: name.clone(), kind })))
+    Ok((matches, Arc::new(Action { route: name.clone(), kind, cors })))
 }
 
 /// The actions of a backend with filters of its own: the rule's, then its own header edits.
@@ -166,27 +167,35 @@ fn backend_actions(
         // The same filters as a rule's: go through the rule filter's type.
         let value = serde_json::to_value(filter).map_err(|err| format!("{at}: {err}"))?;
         let filter: HTTPRouteRulesFilters = serde_json::from_value(value).map_err(|err| format!("{at}: {err}"))?;
-        let (mut redirect, mut rewrite) = (None, (None, None));
-        apply_filter(store, key, &filter, &at, &mut actions, &mut redirect, &mut rewrite, unresolved)?;
-        if redirect.is_some() || rewrite != (None, None) {
-            return Err(format!("{at}: RequestRedirect and URLRewrite are supported on rules only"));
+        let mut own = RuleOnly::default();
+        apply_filter(store, key, &filter, &at, &mut actions, &mut own, unresolved)?;
+        if own != RuleOnly::default() {
+            return Err(format!("{at}: RequestRedirect, URLRewrite and CORS are supported on rules only"));
         }
     }
     Ok(Some(Arc::new(actions)))
 }
 
-/// Applies one filter to what the rule does.
-#[allow(clippy::too_many_arguments)]
+/// What only a rule's filters (not a backend's) may set: a redirect, a URL rewrite (host and
+/// path) and a CORS policy.
+#[derive(Debug, Default, PartialEq)]
+struct RuleOnly {
+    redirect: Option<Redirect>,
+    rewrite: (Option<HeaderValue>, Option<PathModifier>),
+    cors: Option<Cors>,
+}
+
+/// Applies one filter to what the rule does: to `actions`, or to what only a rule may set.
 fn apply_filter(
     store: &Store,
     key: &NamespacedName,
     filter: &HTTPRouteRulesFilters,
     at: &str,
     actions: &mut Actions,
-    redirect: &mut Option<Redirect>,
-    rewrite: &mut (Option<HeaderValue>, Option<PathModifier>),
+    own: &mut RuleOnly,
     unresolved: &mut Option<BackendError>,
 ) -> Result<(), String> {
+    let RuleOnly { redirect, rewrite, cors } = own;
     match text(&filter.r#type).as_str() {
         "RequestHeaderModifier" => {
             let modifier =
@@ -251,6 +260,11 @@ fn apply_filter(
                     .map(|p| (text(&p.r#type), p.replace_full_path.as_deref(), p.replace_prefix_match.as_deref())),
                 &format!("{at}.urlRewrite.path"),
             )?;
+            Ok(())
+        }
+        "CORS" => {
+            let spec = filter.cors.as_ref().ok_or(format!("{at}: cors missing"))?;
+            *cors = Some(Cors::compile(spec, &format!("{at}.cors"))?);
             Ok(())
         }
         "RequestMirror" => {

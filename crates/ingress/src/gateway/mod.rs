@@ -8,6 +8,7 @@
 //!   conflicts); [`addresses`]: a Gateway's address from the pool.
 //! - [`httproute`]: one HTTPRoute's matches, filters and weighted backends ([`duration`]: its
 //!   timeouts); [`matching`]: match tests and precedence; [`filters`]: redirects and rewrites;
+//!   [`cors`]: the CORS filter;
 //!   [`hostname`]: hostnames and their intersection; [`refs`]: ReferenceGrants, backends and
 //!   certificates.
 //! - [`table`]: the serving snapshot: by local address the Gateway, by port and host the listener,
@@ -16,6 +17,7 @@
 
 pub mod addresses;
 pub mod conditions;
+pub mod cors;
 pub mod duration;
 pub mod filters;
 pub mod hostname;

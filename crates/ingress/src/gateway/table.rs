@@ -8,8 +8,9 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 
 use hyper::StatusCode;
-use hyper::header::HeaderValue;
+use hyper::header::{self, HeaderName, HeaderValue};
 
+use super::cors::{Cors, Outcome};
 use super::filters::{PathModifier, Redirect};
 use super::hostname::HostMap;
 use super::matching::{Match, Precedence};
@@ -54,6 +55,8 @@ pub(crate) struct Action {
     /// The route, `namespace/name`, for logs and metrics.
     pub route: Arc<str>,
     pub kind: ActionKind,
+    /// The rule's CORS policy: answers preflights, and adds its fields to cross-origin responses.
+    pub cors: Option<Cors>,
 }
 
 /// A rule's answer: a redirect, or backends.
@@ -118,20 +121,41 @@ impl Router for ServeTable {
     fn route(&self, request: &Request<'_>) -> Option<Decision> {
         let entry = self.rules(request.local, request.host)?.iter().find(|entry| entry.matched.matches(request))?;
         let action = &entry.action;
-        let respond = |status, location| Decision::Respond { route: action.route.clone(), status, location };
+        let respond = |status, headers| Decision::Respond { route: action.route.clone(), status, headers };
+        let cors = match action.cors.as_ref().map(|cors| cors.decide(request)) {
+            None | Some(Outcome::Pass) => Vec::new(),
+            Some(Outcome::Preflight(fields)) => return Some(respond(StatusCode::NO_CONTENT, fields)),
+            Some(Outcome::Actual(fields)) => fields,
+        };
         Some(match &action.kind {
-            ActionKind::Redirect(redirect) => respond(redirect.status, redirect.location(request, &entry.matched.path)),
+            ActionKind::Redirect(redirect) => {
+                let location = redirect.location(request, &entry.matched.path);
+                respond(redirect.status, location.map(|l| (header::LOCATION, l)).into_iter().chain(cors).collect())
+            }
             ActionKind::Forward(backends) => match backends.pick() {
-                None | Some(Choice::Invalid) => respond(StatusCode::INTERNAL_SERVER_ERROR, None),
+                None | Some(Choice::Invalid) => respond(StatusCode::INTERNAL_SERVER_ERROR, cors),
                 Some(Choice::Service { target, actions }) => Decision::Forward(Forward {
                     target: target.clone(),
                     path: backends.path.as_ref().map(|path| path.apply(request.path, &entry.matched.path)),
                     host: backends.host.clone(),
-                    actions: actions.clone(),
+                    actions: with_response_fields(actions, cors),
                 }),
             },
         })
     }
+}
+
+/// `actions` with `fields` set on the response too (a copy, made only when there are fields).
+fn with_response_fields(
+    actions: &Option<Arc<Actions>>,
+    fields: Vec<(HeaderName, HeaderValue)>,
+) -> Option<Arc<Actions>> {
+    if fields.is_empty() {
+        return actions.clone();
+    }
+    let mut copy = actions.as_deref().cloned().unwrap_or_default();
+    copy.response_headers.set.extend(fields);
+    Some(Arc::new(copy))
 }
 
 impl Listeners for ServeTable {
@@ -165,7 +189,7 @@ mod tests {
 
     fn forward(choices: Vec<(u64, Choice)>) -> Arc<Action> {
         let kind = ActionKind::Forward(Backends { choices, ..Backends::default() });
-        Arc::new(Action { route: "ns/route".into(), kind })
+        Arc::new(Action { route: "ns/route".into(), kind, cors: None })
     }
 
     fn service(name: &str) -> Choice {
