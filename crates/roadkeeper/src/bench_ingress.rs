@@ -17,12 +17,16 @@ use crate::cli::IngressBenchArgs;
 const HOST: &str = "bench.example";
 /// Backend ports (nginx answering `200 ok`).
 const BACKENDS: [u16; 2] = [9001, 9002];
+/// The backends' address: on the namespace's loopback device, but not a loopback address, which
+/// an EndpointSlice may not hold.
+const BACKEND_IP: &str = "10.244.0.1";
 
 /// Runs the benchmark and prints a Markdown table.
 pub fn run(args: IngressBenchArgs) -> anyhow::Result<()> {
     crate::bench::require_tools(&["nginx", "wrk", "curl"], "apt-get install nginx-light wrk curl")?;
     let dir = tempfile::tempdir()?;
     let ns = Netns::new("rk-bench-ingress")?;
+    ns.ip(["addr", "add", &format!("{BACKEND_IP}/32"), "dev", "lo"])?;
     let backend_cpu = args.client_cpu.to_string();
     let proxy_cpu = args.proxy_cpu.to_string();
     let _backends = nginx(&ns, dir.path(), "backends", &backend_cpu, &backends_conf())?;
@@ -126,7 +130,7 @@ fn backends_conf() -> String {
     let servers: String = BACKENDS
         .iter()
         .map(|port| {
-            format!("server {{ listen 127.0.0.1:{port}; access_log off; location / {{ return 200 \"ok\\n\"; }} }}\n")
+            format!("server {{ listen {BACKEND_IP}:{port}; access_log off; location / {{ return 200 \"ok\\n\"; }} }}\n")
         })
         .collect();
     format!(
@@ -137,7 +141,7 @@ fn backends_conf() -> String {
 /// nginx as the reverse proxy: the same route, round robin over the same backends, keep-alive
 /// to them, the same forwarded headers, one worker (as roadkeeper gets one CPU).
 fn proxy_conf() -> String {
-    let upstreams: String = BACKENDS.iter().map(|port| format!("server 127.0.0.1:{port};")).collect();
+    let upstreams: String = BACKENDS.iter().map(|port| format!("server {BACKEND_IP}:{port};")).collect();
     format!(
         "worker_processes 1;\npid proxy.pid;\nerror_log logs/error.log;\nevents {{ worker_connections 4096; }}\n\
          http {{\n access_log off;\n upstream web {{ {upstreams} keepalive 256; }}\n\
@@ -150,7 +154,7 @@ fn proxy_conf() -> String {
 
 /// Service `web` with the backends as its endpoints, and an Ingress routing `HOST` to it.
 fn cluster() -> String {
-    let endpoints: Vec<String> = BACKENDS.iter().map(|_| "{addresses: [127.0.0.1]}".to_owned()).collect();
+    let endpoints: Vec<String> = BACKENDS.iter().map(|_| format!("{{addresses: [{BACKEND_IP}]}}")).collect();
     let slices: String = BACKENDS
         .iter()
         .zip(&endpoints)
@@ -222,4 +226,22 @@ fn wrk(ns: &Netns, cpu: &str, port: u16, connections: usize, seconds: u32) -> an
         })
         .with_context(|| format!("no request count in wrk's output:\n{text}"))?;
     Ok(Run { requests, seconds, p50: value("50%")?, p99: value("99%")? })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The benchmark's cluster must load as it is: a manifest refused (an endpoint address the
+    /// API server would refuse, say) leaves roadkeeper without the route, and the run fails.
+    #[test]
+    fn the_benchmark_cluster_is_valid() {
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::write(dir.path().join("bench.yaml"), cluster()).unwrap();
+        let (source, errors) = roadkeeper_cluster::ManifestSource::load(dir.path()).unwrap();
+        assert!(errors.is_empty(), "{errors:?}");
+        let web = roadkeeper_cluster::NamespacedName::new("default", "web");
+        assert_eq!(source.store().slices_for(&web).len(), BACKENDS.len());
+        assert_eq!(source.store().ingresses().count(), 1);
+    }
 }
