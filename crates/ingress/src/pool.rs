@@ -22,14 +22,22 @@ use tokio::net::TcpStream;
 use tokio::sync::{Notify, OwnedSemaphorePermit, Semaphore};
 use tracing::debug;
 
-/// Why a request could not be sent or answered.
-pub(crate) enum SendError {
+/// Why a request could not be sent or answered; a request that was not sent comes back, so that
+/// it can be sent elsewhere without having been copied.
+pub(crate) enum SendError<B> {
     /// No connection to the endpoint within the connect timeout, or it was refused.
-    Connect,
+    Connect(Request<B>),
     /// All `max_connections` connections to the endpoint stayed busy for the connect timeout.
-    Busy,
-    /// The connection failed after the request was (at least partly) sent.
+    Busy(Request<B>),
+    /// The connection failed after the request was (at least partly) sent, or its handshake did.
     Upstream(hyper::Error),
+}
+
+/// Why no connection could be had for a request.
+enum NoConnection {
+    Connect,
+    Busy,
+    Handshake(hyper::Error),
 }
 
 /// Connections by endpoint. Idle connections older than the idle timeout are closed by a reaper
@@ -78,9 +86,14 @@ where
         self: &Arc<Self>,
         endpoint: SocketAddr,
         mut request: Request<B>,
-    ) -> Result<Response<PooledBody<B>>, SendError> {
+    ) -> Result<Response<PooledBody<B>>, SendError<B>> {
         loop {
-            let (mut sender, reused) = self.checkout(endpoint).await?;
+            let (mut sender, reused) = match self.checkout(endpoint).await {
+                Ok(connection) => connection,
+                Err(NoConnection::Connect) => return Err(SendError::Connect(request)),
+                Err(NoConnection::Busy) => return Err(SendError::Busy(request)),
+                Err(NoConnection::Handshake(err)) => return Err(SendError::Upstream(err)),
+            };
             match sender.try_send_request(request).await {
                 Ok(response) => {
                     // A 101 hands the connection over to the upgrade: it is not reused.
@@ -102,7 +115,11 @@ where
     /// An idle connection to `endpoint` (reused: true), else a new one if the endpoint has fewer
     /// than `max_connections`, else the first that becomes idle or room for a new one, waiting
     /// up to the connect timeout for either.
-    async fn checkout(&self, endpoint: SocketAddr) -> Result<(SendRequest<B>, bool), SendError> {
+    async fn checkout(&self, endpoint: SocketAddr) -> Result<(SendRequest<B>, bool), NoConnection> {
+        // The common case first: an idle connection, with no timer or wake-up to set up.
+        if let Some(sender) = self.take(endpoint).await {
+            return Ok((sender, true));
+        }
         let (slots, returned) = {
             let mut endpoints = self.endpoints.lock().expect("pool lock");
             let state = endpoints.entry(endpoint).or_insert_with(|| Endpoint {
@@ -129,7 +146,7 @@ where
                     return Ok((self.connect(endpoint, permit).await?, false));
                 }
                 () = &mut notified => {}
-                () = &mut deadline => return Err(SendError::Busy),
+                () = &mut deadline => return Err(NoConnection::Busy),
             }
         }
     }
@@ -157,22 +174,22 @@ where
 
     /// Opens a connection to `endpoint` and runs it on its own task, which holds `slot` until
     /// the connection closes (or is upgraded).
-    async fn connect(&self, endpoint: SocketAddr, slot: OwnedSemaphorePermit) -> Result<SendRequest<B>, SendError> {
+    async fn connect(&self, endpoint: SocketAddr, slot: OwnedSemaphorePermit) -> Result<SendRequest<B>, NoConnection> {
         let tcp = match tokio::time::timeout(self.connect_timeout, TcpStream::connect(endpoint)).await {
             Ok(Ok(tcp)) => tcp,
             Ok(Err(err)) => {
                 debug!(%endpoint, "connect: {err}");
-                return Err(SendError::Connect);
+                return Err(NoConnection::Connect);
             }
             Err(_elapsed) => {
                 debug!(%endpoint, "connect: timed out");
-                return Err(SendError::Connect);
+                return Err(NoConnection::Connect);
             }
         };
         if let Err(err) = tcp.set_nodelay(true) {
             debug!(%endpoint, "TCP_NODELAY: {err}");
         }
-        let (sender, connection) = http1::handshake(TokioIo::new(tcp)).await.map_err(SendError::Upstream)?;
+        let (sender, connection) = http1::handshake(TokioIo::new(tcp)).await.map_err(NoConnection::Handshake)?;
         tokio::spawn(async move {
             if let Err(err) = connection.with_upgrades().await {
                 debug!(%endpoint, "backend connection: {err}");

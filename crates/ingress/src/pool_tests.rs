@@ -140,7 +140,7 @@ async fn pool_closes_connections_idle_for_the_idle_timeout() {
 async fn pool_reports_refused_connections() {
     let addr = TcpListener::bind("127.0.0.1:0").await.unwrap().local_addr().unwrap();
     let pool = pool(Duration::from_secs(60));
-    assert!(matches!(pool.send(addr, request()).await, Err(SendError::Connect)));
+    assert!(matches!(pool.send(addr, request()).await, Err(SendError::Connect(_))));
 }
 
 #[tokio::test]
@@ -167,7 +167,7 @@ async fn pool_answers_busy_when_no_connection_comes_back_within_the_connect_time
     let (addr, _, _) = backend(Backend::Length).await;
     let pool: Arc<Pool<Empty<Bytes>>> = Pool::new(Duration::from_millis(200), Duration::from_secs(60), 1);
     let busy = pool.send(addr, request()).await.ok().unwrap();
-    assert!(matches!(pool.send(addr, request()).await, Err(SendError::Busy)));
+    assert!(matches!(pool.send(addr, request()).await, Err(SendError::Busy(_))));
     drop(busy);
     assert_eq!(get(&pool, addr).await, "ok", "room again once it closed");
 }

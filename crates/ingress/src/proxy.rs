@@ -371,30 +371,31 @@ impl Worker {
     }
 
     /// Sends `request` to `endpoint` within `timeout` (to its response head); counts upstream
-    /// errors.
+    /// errors. A request the endpoint saw nothing of (`Connect`, `Busy`) comes back with the
+    /// failure.
     async fn send(
         &self,
         endpoint: SocketAddr,
         request: Request<UpstreamBody>,
         labels: &Labels,
         timeout: Duration,
-    ) -> Result<Response<PooledBody<UpstreamBody>>, Failure> {
+    ) -> Result<Response<PooledBody<UpstreamBody>>, (Failure, Option<Request<UpstreamBody>>)> {
         let sent = tokio::time::timeout(timeout, self.pool.send(endpoint, request)).await;
-        let failure = match sent {
+        let (failure, unsent) = match sent {
             Ok(Ok(response)) => return Ok(response),
-            Err(_elapsed) => Failure::Timeout,
-            Ok(Err(SendError::Connect)) => Failure::Connect,
-            Ok(Err(SendError::Busy)) => Failure::Busy,
-            Ok(Err(SendError::Upstream(err))) if caused_by::<LengthLimitError>(&err) => Failure::BodyTooLarge,
+            Err(_elapsed) => (Failure::Timeout, None),
+            Ok(Err(SendError::Connect(unsent))) => (Failure::Connect, Some(unsent)),
+            Ok(Err(SendError::Busy(unsent))) => (Failure::Busy, Some(unsent)),
+            Ok(Err(SendError::Upstream(err))) if caused_by::<LengthLimitError>(&err) => (Failure::BodyTooLarge, None),
             Ok(Err(SendError::Upstream(err))) => {
                 debug!(service = %labels.service, "upstream: {err:?}");
-                Failure::Reset
+                (Failure::Reset, None)
             }
         };
         if let Some(kind) = failure.upstream_kind() {
             counter!(UPSTREAM_ERRORS_TOTAL, "service" => labels.service.clone(), "kind" => kind).increment(1);
         }
-        Err(failure)
+        Err((failure, unsent))
     }
 
     /// A place for one more mirror in flight, if there is one.
@@ -703,43 +704,40 @@ impl Conn {
         let limit = proxy.config.max_request_body.unwrap_or(usize::MAX);
         // Only an empty body can be sent twice: a body streams through without buffering, so a
         // request with one is not retried. A connect failure means the endpoint saw nothing,
-        // so retrying is safe for every method. The copy is made only when a retry is possible.
+        // so retrying is safe for every method; the request comes back from the pool unsent.
         let empty = body.is_end_stream();
-        let mut spare = (empty && target.endpoints.len() > 1)
-            .then(|| (parts.method.clone(), parts.uri.clone(), parts.headers.clone()));
+        let mut retry = empty && target.endpoints.len() > 1;
         let body = if empty { Either::Right(Empty::new()) } else { Either::Left(Limited::new(body, limit)) };
         let mut request = Request::from_parts(parts, body);
+        // An HTTP/1.0 client may send no `Host`; HTTP/1.1 requires one: the endpoint's address.
+        let host_of_endpoint = !request.headers().contains_key(header::HOST);
 
         let endpoints = &target.endpoints[..];
         let mut index = proxy.health.pick(endpoints, state.next.fetch_add(1, Relaxed), None).expect("endpoints");
         loop {
             let endpoint = endpoints[index];
             *tried = Some(endpoint);
-            if !request.headers().contains_key(header::HOST) {
-                // An HTTP/1.0 client may send none; HTTP/1.1 requires one.
+            if host_of_endpoint {
                 let host = HeaderValue::try_from(endpoint.to_string()).expect("an address is a valid header value");
                 request.headers_mut().insert(header::HOST, host);
             }
-            let failure = match worker.send(endpoint, request, &state.labels, timeout).await {
+            let (failure, unsent) = match worker.send(endpoint, request, &state.labels, timeout).await {
                 Ok(response) => {
                     proxy.health.succeeded(endpoint);
                     let edits = actions.map(|actions| &actions.response_headers);
                     return (self.respond(response, client_upgrade, edits), Some(endpoint));
                 }
-                Err(failure) => failure,
+                Err(failed) => failed,
             };
             if let Failure::Connect | Failure::Busy = failure {
                 if let Failure::Connect = failure {
                     proxy.health.failed(endpoint);
                 }
-                if let Some(next) = proxy.health.pick(endpoints, index + 1, Some(index))
-                    && let Some((method, uri, headers)) = spare.take()
+                if retry
+                    && let Some(next) = proxy.health.pick(endpoints, index + 1, Some(index))
+                    && let Some(unsent) = unsent
                 {
-                    request = Request::new(Either::Right(Empty::new()));
-                    *request.method_mut() = method;
-                    *request.uri_mut() = uri;
-                    *request.headers_mut() = headers;
-                    index = next;
+                    (retry, request, index) = (false, unsent, next);
                     continue;
                 }
             }
