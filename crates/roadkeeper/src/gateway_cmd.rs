@@ -73,7 +73,7 @@ pub fn run(args: GatewayArgs) -> anyhow::Result<()> {
             _ = sigint.recv() => return Ok(()),
         };
         let mut table = GatewayTable::build(feed.store(), &config);
-        let mut status = StatusPublisher::start(&config.controller, &spec).await?;
+        let status = StatusPublisher::start(&config.controller, &spec).await?;
         status.publish(feed.store(), table.statuses(), &Touched::all(feed.store(), table.statuses()));
         let shared = Arc::new(Shared(ArcSwap::from_pointee(table.serve().clone())));
         let proxy = Proxy::new(shared.clone(), args.proxy.proxy_config());

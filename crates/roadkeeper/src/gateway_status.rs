@@ -98,7 +98,7 @@ impl StatusPublisher {
 
     /// Publishes what `statuses` says of the `touched` objects, where the store's status
     /// differs: HTTPRoutes no longer attached to a Gateway of ours lose the parent entries we wrote.
-    pub fn publish(&mut self, store: &Store, statuses: &Statuses, touched: &Touched) {
+    pub fn publish(&self, store: &Store, statuses: &Statuses, touched: &Touched) {
         let now = roadkeeper_cluster::k8s_openapi::jiff::Timestamp::now()
             .round(jiff_seconds())
             .unwrap_or_default()

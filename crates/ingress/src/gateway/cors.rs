@@ -59,7 +59,9 @@ pub enum Outcome {
 impl Cors {
     /// The policy of a `cors` filter at `at`, or what in it cannot be served (naming the field).
     pub fn compile(spec: &HTTPRouteRulesFiltersCors, at: &str) -> Result<Self, String> {
-        let written = |list: &Option<Vec<String>>| list.as_deref().unwrap_or_default().to_vec();
+        fn written(list: &Option<Vec<String>>) -> &[String] {
+            list.as_deref().unwrap_or_default()
+        }
         let origins = written(&spec.allow_origins);
         let origins = if origins.iter().any(|o| o == "*") {
             None
@@ -75,9 +77,9 @@ impl Cors {
         }
         Ok(Self {
             origins,
-            methods: List::of(&written(&spec.allow_methods), &format!("{at}.allowMethods"))?,
-            headers: List::of(&written(&spec.allow_headers), &format!("{at}.allowHeaders"))?,
-            expose: List::of(&written(&spec.expose_headers), &format!("{at}.exposeHeaders"))?,
+            methods: List::of(written(&spec.allow_methods), &format!("{at}.allowMethods"))?,
+            headers: List::of(written(&spec.allow_headers), &format!("{at}.allowHeaders"))?,
+            expose: List::of(written(&spec.expose_headers), &format!("{at}.exposeHeaders"))?,
             credentials: spec.allow_credentials.unwrap_or(false),
             max_age: HeaderValue::from(max_age),
         })

@@ -213,15 +213,11 @@ impl GatewayTable {
     /// Whether `changes` touch what every route depends on: our GatewayClasses, a Gateway's spec
     /// or address, ReferenceGrants, a listener's Secret or a Namespace a listener selects by label.
     fn needs_rebuild(&self, store: &Store, changes: &Changes) -> bool {
-        let ours =
-            |name: &String| store.gateway_class(name).is_some_and(|c| c.spec.controller_name == self.config.controller);
-        let class_changed =
-            changes.gateway_classes.iter().any(|name| ours(name) != self.statuses.classes.contains_key(name))
-                || changes.gateway_classes.iter().any(|name| {
-                    self.statuses.classes.get(name).is_some_and(|generation| {
-                        store.gateway_class(name).is_some_and(|class| class.metadata.generation != *generation)
-                    })
-                });
+        // Ours now (with its generation) against ours when compiled: a status write changes neither.
+        let class_changed = changes.gateway_classes.iter().any(|name| {
+            let now = store.gateway_class(name).filter(|class| class.spec.controller_name == self.config.controller);
+            now.map(|class| &class.metadata.generation) != self.statuses.classes.get(name)
+        });
         let gateway_changed = changes.gateways.iter().any(|key| {
             let now = store.gateway(key).filter(|g| self.statuses.classes.contains_key(&g.spec.gateway_class_name));
             match (now, self.gateways.get(key)) {
@@ -345,10 +341,11 @@ impl GatewayTable {
         for (gateway, index, hostname) in dirty {
             let Some(checked) = self.gateways.get(&gateway) else { continue };
             let listener = &checked.listeners[index];
-            let Some(ports) = checked.ip.and_then(|ip| self.serve.addresses.get_mut(&ip)) else { continue };
-            let Some(port) = Arc::make_mut(ports).get_mut(&listener.port).filter(|_| listener.served) else {
+            if !listener.served {
                 continue;
-            };
+            }
+            let Some(ports) = checked.ip.and_then(|ip| self.serve.addresses.get_mut(&ip)) else { continue };
+            let Some(port) = Arc::make_mut(ports).get_mut(&listener.port) else { continue };
             let keys = checked.routes[index].get(&hostname).into_iter().flatten();
             let mut entries: Vec<Entry> =
                 keys.flat_map(|key| self.routes[key].compiled.entries.iter().cloned()).collect();
