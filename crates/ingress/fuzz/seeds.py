@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Writes the seeds of corpus/path, corpus/host, corpus/frames and corpus/duration (see README.md)."""
+"""Writes the seeds of corpus/path, corpus/host, corpus/frames, corpus/duration and corpus/h1 (see README.md)."""
 
 import pathlib
 import struct
@@ -89,6 +89,25 @@ DURATIONS = {
 }
 
 
+H1 = {
+    "get": b"GET /a?b=c HTTP/1.1\r\nHost: a.example\r\nAccept: */*\r\n\r\n",
+    "pipelined": b"GET / HTTP/1.1\r\nHost: a\r\n\r\nGET /2 HTTP/1.1\r\nHost: a\r\n\r\n",
+    "post-empty": b"POST / HTTP/1.1\r\nHost: a\r\nContent-Length: 0\r\nConnection: close\r\n\r\n",
+    "post-body": b"POST / HTTP/1.1\r\nHost: a\r\nContent-Length: 5\r\n\r\nhello",
+    "smuggle-te-cl": b"POST / HTTP/1.1\r\nHost: a\r\nContent-Length: 4\r\nTransfer-Encoding: chunked\r\n\r\n0\r\n\r\n",
+    "bare-lf": b"GET / HTTP/1.1\nHost: a\n\n",
+    "response-length": b"HTTP/1.1 200 OK\r\nContent-Length: 5\r\nDate: x\r\n\r\nhello",
+    "response-chunked": b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\nConnection: keep-alive, X-A\r\n\r\n",
+    "response-interim": b"HTTP/1.1 103 Early Hints\r\nLink: </a>\r\n\r\nHTTP/1.1 204 No Content\r\n\r\n",
+    "reason-not-utf8": b"HTTP/1.1 200 keepP-aliv\xff\xffe, X-A\r\n\r\n",
+    "response-conflict": b"HTTP/1.1 200 OK\r\nContent-Length: 5\r\nContent-Length: 6\r\n\r\n",
+    "chunks": b"\x055;a=b\r\nhello\r\n6 ; x\r\n world\r\n0\r\nX-T: t\r\n\r\nNEXT",
+    "chunk-huge-size": b"\x02ffffffffffffffff\r\n",
+    "chunk-bare-lf": b"\x035\nhello\n0\n\n",
+    "chunk-trailers": b"\x040\r\nA: 1\r\nB: 2\r\n\r\n",
+}
+
+
 def write(folder, seeds, encode):
     target = HERE / "corpus" / folder
     target.mkdir(parents=True, exist_ok=True)
@@ -100,3 +119,4 @@ write("path", PATHS, lambda s: s.encode())
 write("host", HOSTS, lambda s: s.encode("latin-1") if s == "caf\xe9" else s.encode())
 write("frames", FRAMES, lambda b: b)
 write("duration", DURATIONS, lambda s: s.encode())
+write("h1", H1, lambda b: b)

@@ -1,19 +1,23 @@
 //! roadkeeper ingress: the L7 front door. Ingress v1 rules become a route table ([`routes`],
 //! pure); [`proxy`] serves HTTP/1.1 and HTTP/2 (TLS by SNI from [`tls`]) and forwards each request
-//! to a ready endpoint of the chosen Service over its worker's pooled connections (`pool`), after
+//! to a ready endpoint of the chosen Service over its worker's pooled connections (`pool`), plain
+//! HTTP/1.1 requests on a fast path of its own ([`h1`] parses and writes their messages), after
 //! checking its host ([`host`]) and normalising its path ([`path`]), with forwarded headers
 //! believed only from trusted proxies (`forwarded`) and HTTP/2 control frames bounded
 //! ([`flood`]); [`status`] decides which Ingresses must carry our addresses in
 //! `status.loadBalancer` (pure).
 
 pub mod decision;
+mod drain;
 pub mod flood;
 mod forwarded;
 pub mod gateway;
+pub mod h1;
 pub mod host;
 pub mod path;
 mod pool;
 pub mod proxy;
+mod rewind;
 pub mod routes;
 pub mod status;
 pub mod tls;

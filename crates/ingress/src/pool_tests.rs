@@ -73,13 +73,13 @@ fn request() -> Request<Empty<Bytes>> {
 }
 
 /// Sends one request and reads the whole body.
-async fn get(pool: &Arc<Pool<Empty<Bytes>>>, endpoint: SocketAddr) -> String {
+async fn get(pool: &Arc<Pool<SendRequest<Empty<Bytes>>>>, endpoint: SocketAddr) -> String {
     let Ok(response) = pool.send(endpoint, request()).await else { panic!("request to {endpoint} failed") };
     let body = response.into_body().collect().await.unwrap().to_bytes();
     String::from_utf8(body.to_vec()).unwrap()
 }
 
-fn pool(idle_timeout: Duration) -> Arc<Pool<Empty<Bytes>>> {
+fn pool(idle_timeout: Duration) -> Arc<Pool<SendRequest<Empty<Bytes>>>> {
     Pool::new(Duration::from_secs(1), idle_timeout, 512)
 }
 
@@ -146,7 +146,7 @@ async fn pool_reports_refused_connections() {
 #[tokio::test]
 async fn pool_bounds_the_connections_of_an_endpoint_and_queues_requests_for_them() {
     let (addr, accepted, _) = backend(Backend::Length).await;
-    let pool: Arc<Pool<Empty<Bytes>>> = Pool::new(Duration::from_secs(5), Duration::from_secs(60), 2);
+    let pool: Arc<Pool<SendRequest<Empty<Bytes>>>> = Pool::new(Duration::from_secs(5), Duration::from_secs(60), 2);
     let (first, second) = (pool.send(addr, request()).await, pool.send(addr, request()).await);
     let (first, second) = (first.ok().unwrap(), second.ok().unwrap());
     assert_eq!(accepted.load(SeqCst), 2);
@@ -165,7 +165,7 @@ async fn pool_bounds_the_connections_of_an_endpoint_and_queues_requests_for_them
 #[tokio::test]
 async fn pool_answers_busy_when_no_connection_comes_back_within_the_connect_timeout() {
     let (addr, _, _) = backend(Backend::Length).await;
-    let pool: Arc<Pool<Empty<Bytes>>> = Pool::new(Duration::from_millis(200), Duration::from_secs(60), 1);
+    let pool: Arc<Pool<SendRequest<Empty<Bytes>>>> = Pool::new(Duration::from_millis(200), Duration::from_secs(60), 1);
     let busy = pool.send(addr, request()).await.ok().unwrap();
     assert!(matches!(pool.send(addr, request()).await, Err(SendError::Busy(_))));
     drop(busy);
@@ -181,6 +181,6 @@ async fn pool_forgets_endpoints_without_connections() {
     assert!(pool.endpoints.lock().unwrap().is_empty());
 }
 
-async fn get_owned(pool: Arc<Pool<Empty<Bytes>>>, endpoint: SocketAddr) -> String {
+async fn get_owned(pool: Arc<Pool<SendRequest<Empty<Bytes>>>>, endpoint: SocketAddr) -> String {
     get(&pool, endpoint).await
 }

@@ -55,6 +55,7 @@ use std::time::{Duration, Instant};
 use arc_swap::ArcSwap;
 use http_body_util::{BodyExt, Either, Empty, Full, LengthLimitError, Limited};
 use hyper::body::{Body, Bytes, Incoming};
+use hyper::client::conn::http1::SendRequest;
 use hyper::header::{self, HeaderMap, HeaderName, HeaderValue};
 use hyper::http::request::Parts;
 use hyper::http::uri::PathAndQuery;
@@ -62,7 +63,6 @@ use hyper::upgrade::OnUpgrade;
 use hyper::{Method, Request, Response, StatusCode, Uri, Version};
 use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
 use hyper_util::server::conn::auto;
-use hyper_util::server::graceful::{GracefulShutdown, Watcher};
 use ipnet::IpNet;
 use metrics::{Counter, Histogram, counter, histogram};
 use roadkeeper_cluster::NamespacedName;
@@ -72,10 +72,12 @@ use tokio_rustls::TlsAcceptor;
 use tracing::{debug, warn};
 
 use crate::decision::{self, Decision, Forward, HeaderEdits, Listener, Listeners};
+use crate::drain::{Drain, DrainWatch};
 use crate::flood::FrameBudget;
 use crate::host::request_host;
 use crate::path::normalize;
-use crate::pool::{Pool, PooledBody, SendError};
+use crate::pool::{Pool, PooledBody, SendError, Wire};
+use crate::rewind::Rewind;
 use crate::tls::Certificates;
 use crate::{Router, Target, forwarded};
 
@@ -188,7 +190,7 @@ impl Default for ProxyConfig {
 pub async fn serve_http(proxy: Arc<Proxy>, listener: TcpListener, stop: impl Future<Output = ()>) {
     let worker = Arc::new(Worker::new(proxy, None));
     accept(listener, stop, move |tcp, peer, local, watcher| {
-        worker.clone().serve_connection(tcp, peer, local, false, None, watcher)
+        worker.clone().serve_connection(tcp, peer, local, None, watcher)
     })
     .await
 }
@@ -232,7 +234,7 @@ pub async fn serve_listeners(
         async move {
             match chosen {
                 None => debug!(%peer, %local, "no listener on this address: closed"),
-                Some(Listener::Http) => worker.serve_connection(tcp, peer, local, false, None, watcher).await,
+                Some(Listener::Http) => worker.serve_connection(tcp, peer, local, None, watcher).await,
                 Some(Listener::Https(config)) => {
                     worker.serve_tls(TlsAcceptor::from(config), tcp, peer, local, watcher).await
                 }
@@ -278,7 +280,9 @@ struct Worker {
     /// The certificates of an HTTPS listener, for the 421 check.
     certificates: Option<Arc<Certificates>>,
     server: auto::Builder<TokioExecutor>,
-    pool: Arc<Pool<UpstreamBody>>,
+    pool: Arc<Pool<SendRequest<UpstreamBody>>>,
+    /// Bare endpoint connections of the HTTP/1 fast path.
+    wires: Arc<Pool<Wire>>,
     /// Request mirrors in flight.
     mirrors: AtomicUsize,
 }
@@ -303,7 +307,8 @@ impl Worker {
             .max_concurrent_streams(config.max_concurrent_streams)
             .max_header_list_size(u32::try_from(config.max_request_head).unwrap_or(u32::MAX));
         let pool = Pool::new(config.connect_timeout, config.idle_timeout, config.max_upstream_connections);
-        Self { certificates, server, pool, proxy, mirrors: AtomicUsize::new(0) }
+        let wires = Pool::new(config.connect_timeout, config.idle_timeout, config.max_upstream_connections);
+        Self { certificates, server, pool, wires, proxy, mirrors: AtomicUsize::new(0) }
     }
 
     /// Makes the TLS handshake of `tcp` with `acceptor` within `client_header_timeout`, then
@@ -314,58 +319,80 @@ impl Worker {
         tcp: TcpStream,
         peer: SocketAddr,
         local: SocketAddr,
-        watcher: Watcher,
+        watcher: DrainWatch,
     ) {
         match tokio::time::timeout(self.proxy.config.client_header_timeout, acceptor.accept(tcp)).await {
             Ok(Ok(tls)) => {
                 let sni = tls.get_ref().1.server_name().map(Box::from);
-                self.serve_connection(tls, peer, local, true, sni, watcher).await
+                let http2 = tls.get_ref().1.alpn_protocol() == Some(b"h2");
+                self.serve_connection(tls, peer, local, Some(Tls { sni, http2 }), watcher).await
             }
             Ok(Err(err)) => debug!(%peer, "TLS handshake failed: {err}"),
             Err(_) => debug!(%peer, "TLS handshake timed out"),
         }
     }
 
-    /// Serves one client connection to `local` (over TLS with `tls`, with the SNI of its
-    /// handshake) until it ends, sends no request within `client_header_timeout`, stays idle for
-    /// `idle_timeout`, floods control frames, or is closed gracefully through `watcher`.
+    /// Serves one client connection to `local` (over TLS as `tls` says) until it ends, sends no
+    /// request within `client_header_timeout` (nor, on HTTP/1, a whole request head within as
+    /// long), stays idle for `idle_timeout`, floods control frames, or is closed gracefully
+    /// through `drain`. HTTP/1 starts on the fast path, HTTP/2 goes to hyper at once.
     async fn serve_connection<IO>(
         self: Arc<Self>,
         io: IO,
         peer: SocketAddr,
         local: SocketAddr,
-        tls: bool,
-        sni: Option<Box<str>>,
-        watcher: Watcher,
+        tls: Option<Tls>,
+        mut drain: DrainWatch,
     ) where
         IO: AsyncRead + AsyncWrite + Unpin + Send + 'static,
     {
         let activity = Arc::new(Activity::default());
         let client_ip = peer.ip().to_canonical().to_string();
+        let http2 = tls.as_ref().is_some_and(|tls| tls.http2);
         let conn = Arc::new(Conn {
             worker: self.clone(),
             peer,
             local,
-            tls,
+            tls: tls.is_some(),
             client_ip: HeaderValue::try_from(client_ip).expect("an IP address is a valid header value"),
             trusted: forwarded::is_trusted(peer.ip(), &self.proxy.config.trusted_proxies),
-            sni,
+            sni: tls.and_then(|tls| tls.sni),
             activity: activity.clone(),
         });
-        let service = hyper::service::service_fn(move |request| {
-            let conn = conn.clone();
-            async move { Ok::<_, Infallible>(conn.handle(request).await) }
-        });
-        let io = TokioIo::new(Tracked { io, activity: activity.clone(), frames: FrameBudget::new() });
-        tokio::select! {
-            result = watcher.watch(self.server.serve_connection_with_upgrades(io, service)) => {
-                if let Err(err) = result {
-                    debug!(%peer, "connection: {err}");
+        let io = Tracked { io, activity: activity.clone(), frames: FrameBudget::new() };
+        let served = async {
+            let handoff = if http2 {
+                Some(fast::Handoff { io, read: Vec::new() })
+            } else {
+                fast::serve(&conn, io, &mut drain).await
+            };
+            let Some(fast::Handoff { io, read }) = handoff else { return };
+            let service = hyper::service::service_fn(move |request| {
+                let conn = conn.clone();
+                async move { Ok::<_, Infallible>(conn.handle(request).await) }
+            });
+            let connection = self.server.serve_connection_with_upgrades(TokioIo::new(Rewind::new(read, io)), service);
+            tokio::pin!(connection);
+            let result = tokio::select! {
+                result = connection.as_mut() => result,
+                () = drain.signalled() => {
+                    connection.as_mut().graceful_shutdown();
+                    connection.await
                 }
+            };
+            if let Err(err) = result {
+                debug!(%peer, "connection: {err}");
             }
-            () = activity.idle(self.proxy.config.idle_timeout) => debug!(%peer, "idle connection closed"),
-            () = activity.no_request(self.proxy.config.client_header_timeout) => {
+        };
+        let config = &self.proxy.config;
+        tokio::select! {
+            () = served => {}
+            () = activity.idle(config.idle_timeout) => debug!(%peer, "idle connection closed"),
+            () = activity.no_request(config.client_header_timeout) => {
                 debug!(%peer, "no request within the client header timeout: closed");
+            }
+            () = activity.head_stalled(config.client_header_timeout) => {
+                debug!(%peer, "no whole request head within the client header timeout: closed");
             }
         }
     }
@@ -425,10 +452,10 @@ fn caused_by<E: Error + 'static>(err: &(dyn Error + 'static)) -> bool {
 /// listener and shuts the connections down gracefully.
 async fn accept<F, Fut>(listener: TcpListener, stop: impl Future<Output = ()>, serve: F)
 where
-    F: Fn(TcpStream, SocketAddr, SocketAddr, Watcher) -> Fut,
+    F: Fn(TcpStream, SocketAddr, SocketAddr, DrainWatch) -> Fut,
     Fut: Future<Output = ()> + Send + 'static,
 {
-    let graceful = GracefulShutdown::new();
+    let graceful = Drain::new();
     tokio::pin!(stop);
     loop {
         let accepted = tokio::select! {
@@ -447,7 +474,7 @@ where
                 if let Err(err) = tcp.set_nodelay(true) {
                     debug!(%peer, "TCP_NODELAY: {err}");
                 }
-                tokio::spawn(serve(tcp, peer, local, graceful.watcher()));
+                tokio::spawn(serve(tcp, peer, local, graceful.watch()));
             }
             Err(err) => {
                 // Out of file descriptors, most likely: give connections time to close.
@@ -484,7 +511,7 @@ impl Failure {
         }
     }
 
-    fn response(&self) -> Response<ProxyBody> {
+    fn answer(&self) -> Answer {
         match self {
             Failure::Connect => text(StatusCode::BAD_GATEWAY, "upstream connect error\n"),
             Failure::Busy => text(StatusCode::SERVICE_UNAVAILABLE, "upstream connection limit reached\n"),
@@ -493,6 +520,14 @@ impl Failure {
             Failure::BodyTooLarge => text(StatusCode::PAYLOAD_TOO_LARGE, "request body too large\n"),
         }
     }
+}
+
+/// What a TLS client connection's handshake settled.
+struct Tls {
+    /// The server name the client asked for.
+    sni: Option<Box<str>>,
+    /// ALPN chose HTTP/2.
+    http2: bool,
 }
 
 /// One client connection, shared by its requests.
@@ -520,14 +555,52 @@ enum Decided {
     Route(Arc<str>, Arc<Labels>),
 }
 
+/// What routing made of a request.
+struct Routed {
+    /// The host routed on, for the access log.
+    host: Box<str>,
+    decided: Option<Decided>,
+    next: Next,
+}
+
+/// What comes after routing.
+// One per request, taken apart at once: boxing would cost an allocation.
+#[allow(clippy::large_enum_variant)]
+enum Next {
+    Answer(Answer),
+    Forward(Forwarding),
+}
+
+/// A request on its way to an endpoint.
+struct Forwarding {
+    parts: Parts,
+    /// The `Host` routed on: the authority, else the `Host` field.
+    host: Option<HeaderValue>,
+    /// The normalised path, when it differs from the received one.
+    path: Option<String>,
+    forward: Forward,
+    state: Arc<TargetState>,
+}
+
 impl Conn {
     /// Answers one request: checks it, routes it, forwards it or answers it as the router
     /// decided, and logs and counts the outcome.
     async fn handle(&self, request: Request<Incoming>) -> Response<ProxyBody> {
         let started = Instant::now();
         let _waiting = self.activity.wait();
-        let (mut parts, body) = request.into_parts();
+        let (parts, body) = request.into_parts();
         let (method, uri) = (parts.method.clone(), parts.uri.clone());
+        let Routed { host, decided, next } = self.route(parts);
+        let (response, endpoint) = match next {
+            Next::Answer(answer) => (answer.into_response(), None),
+            Next::Forward(forwarding) => self.forward(forwarding, body).await,
+        };
+        self.record(&method, &uri, &host, decided.as_ref(), response.status(), endpoint, started.elapsed());
+        response
+    }
+
+    /// Checks a request and asks the router where it goes.
+    fn route(&self, mut parts: Parts) -> Routed {
         let proxy = &*self.worker.proxy;
         // The Host fields leave the request; the one routed on goes back when it is forwarded.
         let mut drain = match parts.headers.entry(header::HOST) {
@@ -536,6 +609,8 @@ impl Conn {
         };
         let fields = [(); 2].map(|()| drain.as_mut().and_then(Iterator::next));
         drop(drain);
+        // The host and path are read from a copy, the request moves on.
+        let uri = parts.uri.clone();
         let authority = uri.authority().map(|authority| authority.as_str());
         let host = request_host(
             authority,
@@ -544,13 +619,13 @@ impl Conn {
         );
         let path = normalize(uri.path());
         let host_name = host.as_ref().map_or("", |host| &host.name);
-        let mut decided = None;
-        let (response, endpoint) = match (&method, &host, &path) {
-            (&Method::CONNECT | &Method::TRACE, _, _) => (not_allowed(), None),
-            (_, Err(err), _) => (text(StatusCode::BAD_REQUEST, format!("invalid host: {err}\n")), None),
-            (_, _, Err(err)) => (text(StatusCode::BAD_REQUEST, format!("invalid path: {err}\n")), None),
+        let answered = |answer| (None, Next::Answer(answer));
+        let (decided, next) = match (&parts.method.clone(), &host, &path) {
+            (&Method::CONNECT | &Method::TRACE, _, _) => answered(not_allowed()),
+            (_, Err(err), _) => answered(text(StatusCode::BAD_REQUEST, format!("invalid host: {err}\n"))),
+            (_, _, Err(err)) => answered(text(StatusCode::BAD_REQUEST, format!("invalid path: {err}\n"))),
             (_, Ok(_), Ok(_)) if self.misdirected(host_name) => {
-                (text(StatusCode::MISDIRECTED_REQUEST, "misdirected request\n"), None)
+                answered(text(StatusCode::MISDIRECTED_REQUEST, "misdirected request\n"))
             }
             (_, Ok(host), Ok(path)) => {
                 let request = decision::Request {
@@ -559,15 +634,14 @@ impl Conn {
                     host: &host.name,
                     path: &path.matched,
                     query: uri.query(),
-                    method: &method,
+                    method: &parts.method,
                     headers: &parts.headers,
                 };
                 match proxy.router.route(&request) {
-                    None => (text(StatusCode::NOT_FOUND, "no route for this host and path\n"), None),
+                    None => answered(text(StatusCode::NOT_FOUND, "no route for this host and path\n")),
                     Some(Decision::Respond { route, status, headers }) => {
                         let labels = proxy.targets.route_labels(&route);
-                        decided = Some(Decided::Route(route, labels));
-                        (answer(status, headers), None)
+                        (Some(Decided::Route(route, labels)), Next::Answer(answer(status, headers)))
                     }
                     Some(Decision::Forward(forward)) => {
                         let state = proxy.targets.get(&forward.target);
@@ -577,37 +651,56 @@ impl Conn {
                             None => fields[0].clone(),
                         };
                         let forwarded_path = match &path.forwarded {
-                            Cow::Owned(forwarded) => Some(forwarded.as_str()),
+                            Cow::Owned(forwarded) => Some(forwarded.clone()),
                             Cow::Borrowed(_) => None,
                         };
-                        let (response, endpoint) =
-                            self.forward(parts, body, forwarded_host, forwarded_path, &forward, &state).await;
-                        decided = Some(Decided::Target(state));
-                        (response, endpoint)
+                        (
+                            Some(Decided::Target(state.clone())),
+                            Next::Forward(Forwarding {
+                                parts,
+                                host: forwarded_host,
+                                path: forwarded_path,
+                                forward,
+                                state,
+                            }),
+                        )
                     }
                 }
             }
         };
-        let elapsed = started.elapsed();
-        let (labels, ingress, service): (_, Option<&dyn fmt::Display>, Option<&dyn fmt::Display>) = match &decided {
+        Routed { host: host_name.into(), decided, next }
+    }
+
+    /// Counts a request's outcome and writes its access log line.
+    #[allow(clippy::too_many_arguments)]
+    fn record(
+        &self,
+        method: &Method,
+        uri: &Uri,
+        host: &str,
+        decided: Option<&Decided>,
+        status: StatusCode,
+        endpoint: Option<SocketAddr>,
+        elapsed: Duration,
+    ) {
+        let (labels, ingress, service): (_, Option<&dyn fmt::Display>, Option<&dyn fmt::Display>) = match decided {
             Some(Decided::Target(state)) => (&state.labels, Some(&state.ingress), Some(&state.service)),
             Some(Decided::Route(route, labels)) => (&**labels, Some(route), None),
-            None => (&proxy.unrouted, None, None),
+            None => (&self.worker.proxy.unrouted, None, None),
         };
-        labels.record(response.status(), elapsed);
+        labels.record(status, elapsed);
         tracing::info!(
             target: "access",
             client = %self.peer.ip().to_canonical(),
             %method,
-            host = %host_name,
+            host = %host,
             path = uri.path(),
-            status = response.status().as_u16(),
+            status = status.as_u16(),
             ingress = ingress.map(tracing::field::display),
             service = service.map(tracing::field::display),
             endpoint = endpoint.map(tracing::field::display),
             duration = ?elapsed,
         );
-        response
     }
 
     /// Whether this is a TLS connection whose SNI got another certificate than `host` has of its
@@ -617,43 +710,54 @@ impl Conn {
         self.sni.as_deref() != Some(host) && certificates.misdirected(self.sni.as_deref(), host)
     }
 
-    /// Checks limits, applies the request's header edits and sets the forwarded fields, rewrites
-    /// the path and `Host` as `forward` says, sends its mirrors, then sends the request to an
-    /// endpoint ([`Conn::attempts`]) within the request timeout, if there is one; returns the
-    /// response and the endpoint. `host` is the Host routed on, `path` the normalised path when
-    /// it differs from the received one.
-    async fn forward(
-        &self,
-        mut parts: Parts,
-        body: Incoming,
-        host: Option<HeaderValue>,
-        path: Option<&str>,
-        forward: &Forward,
-        state: &TargetState,
-    ) -> (Response<ProxyBody>, Option<SocketAddr>) {
+    /// Forwards a request ([`Conn::prepare`]), then sends it to an endpoint ([`Conn::attempts`])
+    /// within the request timeout, if there is one; returns the response and the endpoint.
+    async fn forward(&self, mut forwarding: Forwarding, body: Incoming) -> (Response<ProxyBody>, Option<SocketAddr>) {
+        let upgrade = match self.prepare(&mut forwarding, body.size_hint().lower()) {
+            Ok(upgrade) => upgrade,
+            Err(answer) => return (answer.into_response(), None),
+        };
+        let Forwarding { mut parts, forward, state, .. } = forwarding;
+        let client_upgrade = if upgrade { parts.extensions.remove::<OnUpgrade>() } else { None };
+        let mut tried = None;
+        let attempts = self.attempts(parts, body, client_upgrade, &forward, &state, &mut tried);
+        let Some(limit) = forward.actions.as_ref().and_then(|actions| actions.request_timeout) else {
+            return attempts.await;
+        };
+        match tokio::time::timeout(limit, attempts).await {
+            Ok(answered) => answered,
+            Err(_elapsed) => (request_timed_out(&state).into_response(), tried),
+        }
+    }
+
+    /// Checks the limits of a request to forward with a body of at least `body` bytes, applies
+    /// its header edits and sets the forwarded fields, rewrites the path and `Host` as its
+    /// [`Forward`] says, and sends its mirrors; returns whether it asks for an upgrade, or the
+    /// answer to a request that cannot be forwarded.
+    #[allow(clippy::result_large_err)] // as `Next`: no allocation per request
+    fn prepare(&self, forwarding: &mut Forwarding, body: u64) -> Result<bool, Answer> {
         let proxy = &*self.worker.proxy;
+        let Forwarding { parts, host, path, forward, .. } = forwarding;
         let (target, actions) = (&*forward.target, forward.actions.as_deref());
         let limit = proxy.config.max_request_body.unwrap_or(usize::MAX);
         if parts.headers.len() > proxy.config.max_headers {
-            return (text(StatusCode::REQUEST_HEADER_FIELDS_TOO_LARGE, "too many request header fields\n"), None);
+            return Err(text(StatusCode::REQUEST_HEADER_FIELDS_TOO_LARGE, "too many request header fields\n"));
         }
-        if body.size_hint().lower() > limit as u64 {
-            return (text(StatusCode::PAYLOAD_TOO_LARGE, "request body too large\n"), None);
+        if body > limit as u64 {
+            return Err(text(StatusCode::PAYLOAD_TOO_LARGE, "request body too large\n"));
         }
         if target.endpoints.is_empty() {
-            let message = format!("no ready endpoints for {}\n", target.service);
-            return (text(StatusCode::SERVICE_UNAVAILABLE, message), None);
+            return Err(text(StatusCode::SERVICE_UNAVAILABLE, format!("no ready endpoints for {}\n", target.service)));
         }
 
         if let Some(actions) = actions {
             edit(&actions.request_headers, &mut parts.headers);
         }
         let upgrade = strip_hop_by_hop(&mut parts.headers, true);
-        let client_upgrade = if upgrade { parts.extensions.remove::<OnUpgrade>() } else { None };
-        self.add_forwarded(&mut parts.headers, host, forward.host.clone());
+        self.add_forwarded(&mut parts.headers, host.take(), forward.host.clone());
         parts.version = Version::HTTP_11;
         // Origin form: the connection already goes to the endpoint.
-        parts.uri = match (&forward.path, path, parts.uri.path_and_query()) {
+        parts.uri = match (&forward.path, path.as_deref(), parts.uri.path_and_query()) {
             (Some(rewritten), _, received) => rewritten_uri(rewritten, received.and_then(PathAndQuery::query)),
             (None, None, Some(received)) => Uri::from(received.clone()),
             (None, None, None) => Uri::from(PathAndQuery::from_static("/")),
@@ -670,20 +774,9 @@ impl Conn {
             && !actions.mirrors.is_empty()
         {
             let timeout = actions.backend_timeout.unwrap_or(proxy.config.response_timeout);
-            self.mirror(&parts, &actions.mirrors, actions.request_timeout.map_or(timeout, |limit| limit.min(timeout)));
+            self.mirror(parts, &actions.mirrors, actions.request_timeout.map_or(timeout, |limit| limit.min(timeout)));
         }
-
-        let mut tried = None;
-        let attempts = self.attempts(parts, body, client_upgrade, forward, state, &mut tried);
-        let Some(limit) = actions.and_then(|actions| actions.request_timeout) else { return attempts.await };
-        match tokio::time::timeout(limit, attempts).await {
-            Ok(answered) => answered,
-            Err(_elapsed) => {
-                counter!(UPSTREAM_ERRORS_TOTAL, "service" => state.labels.service.clone(), "kind" => "timeout")
-                    .increment(1);
-                (text(StatusCode::GATEWAY_TIMEOUT, "upstream request timeout\n"), tried)
-            }
-        }
+        Ok(upgrade)
     }
 
     /// Sends the request to an endpoint of `forward`'s target, each attempt within the backend
@@ -741,7 +834,7 @@ impl Conn {
                     continue;
                 }
             }
-            return (failure.response(), Some(endpoint));
+            return (failure.answer().into_response(), Some(endpoint));
         }
     }
 
@@ -896,19 +989,17 @@ fn rewritten_uri(path: &str, query: Option<&str>) -> Uri {
 
 /// The proxy's own answer to a [`Decision::Respond`]: `status` with its reason as a plain-text
 /// body (none for 204), and `headers`.
-fn answer(status: StatusCode, headers: Vec<(HeaderName, HeaderValue)>) -> Response<ProxyBody> {
-    let mut response = if status == StatusCode::NO_CONTENT {
-        let mut empty = Response::new(Either::Right(Full::new(Bytes::new())));
-        *empty.status_mut() = status;
-        empty
+fn answer(status: StatusCode, headers: Vec<(HeaderName, HeaderValue)>) -> Answer {
+    let mut answer = if status == StatusCode::NO_CONTENT {
+        Answer { status, headers: HeaderMap::new(), body: Bytes::new() }
     } else {
         let reason = status.canonical_reason().unwrap_or("no reason").to_ascii_lowercase();
         text(status, format!("{reason}\n"))
     };
     for (name, value) in headers {
-        response.headers_mut().append(name, value);
+        answer.headers.append(name, value);
     }
-    response
+    answer
 }
 
 /// Copies bytes both ways between an upgraded client and endpoint connection until either side
@@ -958,21 +1049,41 @@ fn strip_hop_by_hop(headers: &mut HeaderMap, allow_upgrade: bool) -> bool {
     upgrade
 }
 
-/// A plain-text response that the proxy itself generates.
-fn text(status: StatusCode, message: impl Into<Bytes>) -> Response<ProxyBody> {
-    let mut response = Response::new(Either::Right(Full::new(message.into())));
-    *response.status_mut() = status;
-    response.headers_mut().insert(header::CONTENT_TYPE, HeaderValue::from_static("text/plain; charset=utf-8"));
-    response
+/// An answer of the proxy's own: a status, header fields and a short body.
+struct Answer {
+    status: StatusCode,
+    headers: HeaderMap,
+    body: Bytes,
+}
+
+impl Answer {
+    fn into_response(self) -> Response<ProxyBody> {
+        let mut response = Response::new(Either::Right(Full::new(self.body)));
+        *response.status_mut() = self.status;
+        *response.headers_mut() = self.headers;
+        response
+    }
+}
+
+/// A plain-text answer.
+fn text(status: StatusCode, message: impl Into<Bytes>) -> Answer {
+    let mut headers = HeaderMap::with_capacity(1);
+    headers.insert(header::CONTENT_TYPE, HeaderValue::from_static("text/plain; charset=utf-8"));
+    Answer { status, headers, body: message.into() }
 }
 
 /// 405 for `CONNECT` (no tunnels to arbitrary hosts) and `TRACE` (nginx refuses it too), with
 /// the methods that are forwarded.
-fn not_allowed() -> Response<ProxyBody> {
-    let mut response = text(StatusCode::METHOD_NOT_ALLOWED, "method not allowed\n");
-    let allowed = HeaderValue::from_static("GET, HEAD, POST, PUT, PATCH, DELETE, OPTIONS");
-    response.headers_mut().insert(header::ALLOW, allowed);
-    response
+fn not_allowed() -> Answer {
+    let mut answer = text(StatusCode::METHOD_NOT_ALLOWED, "method not allowed\n");
+    answer.headers.insert(header::ALLOW, HeaderValue::from_static("GET, HEAD, POST, PUT, PATCH, DELETE, OPTIONS"));
+    answer
+}
+
+/// 504 for a request whose request timeout ran out, counted as an upstream timeout.
+fn request_timed_out(state: &TargetState) -> Answer {
+    counter!(UPSTREAM_ERRORS_TOTAL, "service" => state.labels.service.clone(), "kind" => "timeout").increment(1);
+    text(StatusCode::GATEWAY_TIMEOUT, "upstream request timeout\n")
 }
 
 /// Milliseconds since the first call: a cheap monotonic clock that fits an atomic.
@@ -1187,6 +1298,10 @@ struct Activity {
     waiting: AtomicU32,
     /// Whether a request came.
     requested: AtomicBool,
+    /// Whether the HTTP/1 fast path waits for (the rest of) a request head.
+    reading: AtomicBool,
+    /// Bumped each time `reading` changes: the head watchdog sees progress by it.
+    heads: AtomicU32,
 }
 
 impl Activity {
@@ -1202,6 +1317,27 @@ impl Activity {
         tokio::time::sleep(timeout).await;
         if self.requested.load(Relaxed) {
             std::future::pending().await
+        }
+    }
+
+    /// Notes that the fast path starts (`true`) or stops waiting for a request head.
+    fn reading(&self, reading: bool) {
+        self.reading.store(reading, Relaxed);
+        self.heads.fetch_add(1, Relaxed);
+    }
+
+    /// Returns once the fast path has waited for one request head for `timeout` (up to a
+    /// quarter more): a slow client's trickle of bytes does not reset it, only a whole head.
+    /// Sampled like [`Activity::idle`], so the hot path only stores and bumps.
+    async fn head_stalled(&self, timeout: Duration) {
+        let step = (timeout / 4).max(Duration::from_millis(1));
+        let (mut quiet, mut last) = (Duration::ZERO, self.heads.load(Relaxed));
+        while quiet < timeout {
+            tokio::time::sleep(step).await;
+            let heads = self.heads.load(Relaxed);
+            let stalled = heads == last && self.reading.load(Relaxed);
+            quiet = if stalled { quiet + step } else { Duration::ZERO };
+            last = heads;
         }
     }
 
@@ -1292,6 +1428,8 @@ impl<IO: AsyncWrite + Unpin> AsyncWrite for Tracked<IO> {
         Pin::new(&mut self.io).poll_shutdown(cx)
     }
 }
+
+mod fast;
 
 #[cfg(test)]
 #[path = "proxy_tests.rs"]

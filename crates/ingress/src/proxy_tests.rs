@@ -1052,3 +1052,6 @@ async fn serve_https_tells_the_router_it_is_tls() {
     let seen = router.seen().pop().unwrap();
     assert_eq!((seen.local, seen.tls), (addr, true));
 }
+
+#[path = "proxy_fast_tests.rs"]
+mod fast;

@@ -1,9 +1,10 @@
 //! `roadkeeper bench ingress`: `roadkeeper ingress` and nginx as reverse proxies for the same
-//! route and backends, side by side in one run, loaded by wrk at several connection counts in a
-//! scratch network namespace. Each proxy is pinned to one CPU; the backends (nginx answering a
-//! fixed 200) and wrk share the other. Besides wrk's rate and latency, each row gives the proxy's
-//! CPU time per request (user + system, from `/proc`), which does not depend on whether the proxy
-//! or the client side was the bottleneck.
+//! route and backends, side by side in one run, in a scratch network namespace: HTTP/1.1 and
+//! HTTPS (TLS termination, keep-alive, the same self-signed certificate for both) loaded by wrk
+//! at several connection counts, and HTTP/2 over TLS loaded by h2load. Each proxy is pinned to
+//! one CPU; the backends (nginx answering a fixed 200) and the load tool share the other. Besides
+//! the rate and latency, each row gives the proxy's CPU time per request (user + system, from
+//! `/proc`), which does not depend on whether the proxy or the client side was the bottleneck.
 
 use std::path::Path;
 use std::time::Duration;
@@ -23,17 +24,26 @@ const BACKEND_IP: &str = "10.244.0.1";
 
 /// Runs the benchmark and prints a Markdown table.
 pub fn run(args: IngressBenchArgs) -> anyhow::Result<()> {
-    crate::bench::require_tools(&["nginx", "wrk", "curl"], "apt-get install nginx-light wrk curl")?;
+    crate::bench::require_tools(
+        &["nginx", "wrk", "curl", "h2load"],
+        "apt-get install nginx-light wrk curl nghttp2-client",
+    )?;
     let dir = tempfile::tempdir()?;
+    let certificate = rcgen::generate_simple_self_signed(vec![HOST.to_owned()])?;
+    let (cert_pem, key_pem) = (certificate.cert.pem(), certificate.signing_key.serialize_pem());
+    let (cert_path, key_path) = (dir.path().join("tls.crt"), dir.path().join("tls.key"));
+    std::fs::write(&cert_path, &cert_pem)?;
+    std::fs::write(&key_path, &key_pem)?;
     let ns = Netns::new("rk-bench-ingress")?;
     ns.ip(["addr", "add", &format!("{BACKEND_IP}/32"), "dev", "lo"])?;
     let backend_cpu = args.client_cpu.to_string();
     let proxy_cpu = args.proxy_cpu.to_string();
     let _backends = nginx(&ns, dir.path(), "backends", &backend_cpu, &backends_conf())?;
-    let nginx_proxy = nginx(&ns, dir.path(), "proxy", &proxy_cpu, &proxy_conf())?;
+    let nginx_proxy = nginx(&ns, dir.path(), "proxy", &proxy_cpu, &proxy_conf(&cert_path, &key_path))?;
     let manifests = dir.path().join("manifests");
     std::fs::create_dir(&manifests)?;
     std::fs::write(manifests.join("bench.yaml"), cluster())?;
+    std::fs::write(manifests.join("tls.yaml"), secret(&cert_pem, &key_pem))?;
     let binary = std::env::current_exe()?.display().to_string();
     let manifests_arg = manifests.display().to_string();
     let log = dir.path().join("ingress.log");
@@ -49,31 +59,53 @@ pub fn run(args: IngressBenchArgs) -> anyhow::Result<()> {
             "--http",
             "127.0.0.1:8080",
             "--https",
-            "",
+            "127.0.0.1:8443",
+            "--default-ssl-certificate",
+            "default/web-tls",
             "--metrics-bind-address",
             "",
         ],
         &log,
     )?;
-    for port in [8080, 8081] {
-        wait_for_200(&ns, port)?;
+    for url in
+        ["http://127.0.0.1:8080/", "http://127.0.0.1:8081/", "https://127.0.0.1:8443/", "https://127.0.0.1:8444/"]
+    {
+        wait_for_200(&ns, url)?;
     }
 
     println!(
-        "reverse proxy on CPU {}, wrk (1 thread) and 2 nginx backends on CPU {}, {} s per run, keep-alive",
-        args.proxy_cpu, args.client_cpu, args.seconds
+        "reverse proxy on CPU {}, wrk (1 thread), h2load (1 thread) and 2 nginx backends on CPU {}, {} s per run, \
+         keep-alive; HTTP/2 with {} streams per connection",
+        args.proxy_cpu, args.client_cpu, args.seconds, args.h2_streams
     );
     println!();
-    println!("| connections | proxy | requests/s | p50 | p99 | proxy CPU per request |");
-    println!("|---|---|---|---|---|---|");
-    let proxies = [("roadkeeper ingress", 8080, roadkeeper.id()), ("nginx 1.22", 8081, nginx_proxy.0.id())];
-    for connections in &args.connections {
-        for (name, port, pid) in proxies {
+    println!("| protocol | connections | proxy | requests/s | p50 | p99 | proxy CPU per request |");
+    println!("|---|---|---|---|---|---|---|");
+    let proxies =
+        [("roadkeeper ingress", [8080, 8443], roadkeeper.id()), ("nginx 1.22", [8081, 8444], nginx_proxy.0.id())];
+    let mut rows: Vec<(Load, usize)> = Vec::new();
+    for load in [Load::Http, Load::Https] {
+        rows.extend(args.connections.iter().map(|&connections| (load, connections)));
+    }
+    if args.h2_connections > 0 {
+        rows.push((Load::H2 { streams: args.h2_streams }, args.h2_connections));
+    }
+    for (load, connections) in rows {
+        for (name, [http, https], pid) in proxies {
             let before = cpu_time(pid)?;
-            let run = wrk(&ns, &backend_cpu, port, *connections, args.seconds)?;
+            let run = match load {
+                Load::Http => wrk(&ns, &backend_cpu, &format!("http://127.0.0.1:{http}/"), connections, args.seconds)?,
+                Load::Https => {
+                    wrk(&ns, &backend_cpu, &format!("https://127.0.0.1:{https}/"), connections, args.seconds)?
+                }
+                Load::H2 { streams } => {
+                    h2load(&ns, &backend_cpu, https, connections, streams, args.seconds, dir.path())?
+                }
+            };
             let per_request = (cpu_time(pid)? - before).as_secs_f64() * 1e6 / run.requests;
             println!(
-                "| {connections} | {name} | {:.0} | {} | {} | {per_request:.1} µs |",
+                "| {} | {connections} | {name} | {:.0} | {} | {} | {per_request:.1} µs |",
+                load.label(),
                 run.requests / run.seconds,
                 run.p50,
                 run.p99
@@ -81,6 +113,27 @@ pub fn run(args: IngressBenchArgs) -> anyhow::Result<()> {
         }
     }
     Ok(())
+}
+
+/// What loads a row.
+#[derive(Clone, Copy)]
+enum Load {
+    /// HTTP/1.1 by wrk.
+    Http,
+    /// HTTP/1.1 over TLS by wrk.
+    Https,
+    /// HTTP/2 over TLS by h2load, with this many concurrent streams per connection.
+    H2 { streams: usize },
+}
+
+impl Load {
+    fn label(self) -> &'static str {
+        match self {
+            Load::Http => "HTTP/1.1",
+            Load::Https => "HTTPS (HTTP/1.1)",
+            Load::H2 { .. } => "HTTP/2 (TLS)",
+        }
+    }
 }
 
 /// CPU time (user + system) of process `pid` and of its children (nginx's workers).
@@ -134,22 +187,43 @@ fn backends_conf() -> String {
         })
         .collect();
     format!(
-        "worker_processes 1;\npid backends.pid;\nerror_log logs/error.log;\nevents {{ worker_connections 4096; }}\nhttp {{\n{servers}}}\n"
+        "worker_processes 1;\npid backends.pid;\nerror_log logs/error.log;\nevents {{ worker_connections 4096; }}\n\
+         http {{\n keepalive_requests 100000000;\n{servers}}}\n"
     )
 }
 
 /// nginx as the reverse proxy: the same route, round robin over the same backends, keep-alive
-/// to them, the same forwarded headers, one worker (as roadkeeper gets one CPU).
-fn proxy_conf() -> String {
+/// to them, the same forwarded headers, one worker (as roadkeeper gets one CPU); HTTPS with
+/// HTTP/2 by ALPN on 8444 with the certificate at `cert` and `key`. Keep-alive connections are
+/// not closed after 1,000 requests (nginx's default), on either side, as roadkeeper does not
+/// close them: h2load does not reconnect.
+fn proxy_conf(cert: &Path, key: &Path) -> String {
     let upstreams: String = BACKENDS.iter().map(|port| format!("server {BACKEND_IP}:{port};")).collect();
+    let (cert, key) = (cert.display(), key.display());
     format!(
         "worker_processes 1;\npid proxy.pid;\nerror_log logs/error.log;\nevents {{ worker_connections 4096; }}\n\
-         http {{\n access_log off;\n upstream web {{ {upstreams} keepalive 256; }}\n\
-         server {{ listen 127.0.0.1:8081; server_name {HOST};\n  location / {{ proxy_pass http://web;\n\
+         http {{\n access_log off;\n keepalive_requests 100000000;\n\
+         upstream web {{ {upstreams} keepalive 256; keepalive_requests 100000000; }}\n\
+         server {{ listen 127.0.0.1:8081; listen 127.0.0.1:8444 ssl http2; server_name {HOST};\n\
+         ssl_certificate {cert}; ssl_certificate_key {key};\n\
+         location / {{ proxy_pass http://web;\n\
          proxy_http_version 1.1; proxy_set_header Connection \"\";\n\
          proxy_set_header X-Forwarded-For $proxy_add_x_forwarded_for; proxy_set_header X-Real-IP $remote_addr;\n\
          proxy_set_header X-Forwarded-Proto $scheme; proxy_set_header X-Forwarded-Host $host; }} }}\n}}\n"
     )
+}
+
+/// The `kubernetes.io/tls` Secret `default/web-tls` with `cert` and `key` (PEM), roadkeeper's
+/// default certificate in the run.
+fn secret(cert: &str, key: &str) -> String {
+    let encode = |pem: &str| data_encoding::BASE64.encode(pem.as_bytes());
+    let secret = serde_json::json!({
+        "apiVersion": "v1", "kind": "Secret", "type": "kubernetes.io/tls",
+        "metadata": {"name": "web-tls", "namespace": "default"},
+        "data": {"tls.crt": encode(cert), "tls.key": encode(key)},
+    });
+    // JSON is YAML.
+    secret.to_string()
 }
 
 /// Service `web` with the backends as its endpoints, and an Ingress routing `HOST` to it.
@@ -176,11 +250,10 @@ fn cluster() -> String {
     )
 }
 
-fn wait_for_200(ns: &Netns, port: u16) -> anyhow::Result<()> {
-    let url = format!("http://127.0.0.1:{port}/");
+fn wait_for_200(ns: &Netns, url: &str) -> anyhow::Result<()> {
     for _ in 0..100 {
         let out =
-            ns.exec(["curl", "-s", "-o", "/dev/null", "-w", "%{http_code}", "-H", &format!("Host: {HOST}"), &url]);
+            ns.exec(["curl", "-sk", "-o", "/dev/null", "-w", "%{http_code}", "-H", &format!("Host: {HOST}"), url]);
         if out.is_ok_and(|o| o.stdout == b"200") {
             return Ok(());
         }
@@ -197,12 +270,10 @@ struct Run {
     p99: String,
 }
 
-fn wrk(ns: &Netns, cpu: &str, port: u16, connections: usize, seconds: u32) -> anyhow::Result<Run> {
+fn wrk(ns: &Netns, cpu: &str, url: &str, connections: usize, seconds: u32) -> anyhow::Result<Run> {
     let (connections, duration) = (connections.to_string(), format!("{seconds}s"));
-    let url = format!("http://127.0.0.1:{port}/");
     let host = format!("Host: {HOST}");
-    let args =
-        ["taskset", "-c", cpu, "wrk", "-t1", "-c", &connections, "-d", &duration, "--latency", "-H", &host, &url];
+    let args = ["taskset", "-c", cpu, "wrk", "-t1", "-c", &connections, "-d", &duration, "--latency", "-H", &host, url];
     let output = ns.exec(args)?;
     let text = String::from_utf8_lossy(&output.stdout);
     let value = |label: &str| {
@@ -215,7 +286,7 @@ fn wrk(ns: &Netns, cpu: &str, port: u16, connections: usize, seconds: u32) -> an
             .with_context(|| format!("no {label:?} in wrk's output:\n{text}"))
     };
     if text.contains("Non-2xx or 3xx responses") {
-        bail!("errors through port {port}:\n{text}");
+        bail!("errors through {url}:\n{text}");
     }
     // "N requests in 8.00s, ..."
     let (requests, seconds) = text
@@ -228,6 +299,67 @@ fn wrk(ns: &Netns, cpu: &str, port: u16, connections: usize, seconds: u32) -> an
     Ok(Run { requests, seconds, p50: value("50%")?, p99: value("99%")? })
 }
 
+/// HTTP/2 over TLS to `port` by h2load for `seconds`, with `connections` connections of
+/// `streams` concurrent streams; the percentiles come from its per-request log in `dir`.
+fn h2load(
+    ns: &Netns,
+    cpu: &str,
+    port: u16,
+    connections: usize,
+    streams: usize,
+    seconds: u32,
+    dir: &Path,
+) -> anyhow::Result<Run> {
+    let log = dir.join(format!("h2load-{port}-{connections}.log"));
+    let (connections, streams, duration) = (connections.to_string(), streams.to_string(), seconds.to_string());
+    let (url, authority, log_arg) =
+        (format!("https://127.0.0.1:{port}/"), format!(":authority: {HOST}"), log.display().to_string());
+    let args = [
+        "taskset",
+        "-c",
+        cpu,
+        "h2load",
+        "-t1",
+        "-c",
+        &connections,
+        "-m",
+        &streams,
+        "-D",
+        &duration,
+        "-H",
+        &authority,
+        "--log-file",
+        &log_arg,
+        &url,
+    ];
+    let output = ns.exec(args)?;
+    let text = String::from_utf8_lossy(&output.stdout);
+    // "status codes: N 2xx, ...", "finished in 5.00s, ..."
+    let field = |prefix: &str| {
+        text.lines()
+            .find_map(|l| l.trim().strip_prefix(prefix).map(str::to_owned))
+            .with_context(|| format!("no {prefix:?} in h2load's output:\n{text}"))
+    };
+    let codes = field("status codes: ")?;
+    let ok: f64 = codes.split_whitespace().next().and_then(|n| n.parse().ok()).context("no 2xx count")?;
+    if !codes.contains(" 0 3xx, 0 4xx, 0 5xx") {
+        bail!("errors through {url}: {codes}");
+    }
+    let seconds: f64 =
+        field("finished in ")?.split_once('s').and_then(|(s, _)| s.parse().ok()).context("no duration")?;
+    // Each line: start time (µs since the epoch), status, duration (µs).
+    let mut durations: Vec<u64> = std::fs::read_to_string(&log)?
+        .lines()
+        .filter_map(|line| line.split('\t').nth(2)?.trim().parse().ok())
+        .collect();
+    durations.sort_unstable();
+    let percentile = |p: f64| -> String {
+        let us = durations.get(((durations.len() as f64 * p) as usize).min(durations.len().saturating_sub(1)));
+        us.map_or_else(|| "-".to_owned(), |us| format!("{:.2}ms", *us as f64 / 1000.0))
+    };
+    Ok(Run { requests: ok, seconds, p50: percentile(0.50), p99: percentile(0.99) })
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -238,10 +370,14 @@ mod tests {
     fn the_benchmark_cluster_is_valid() {
         let dir = tempfile::tempdir().unwrap();
         std::fs::write(dir.path().join("bench.yaml"), cluster()).unwrap();
+        let certificate = rcgen::generate_simple_self_signed(vec![HOST.to_owned()]).unwrap();
+        let tls = secret(&certificate.cert.pem(), &certificate.signing_key.serialize_pem());
+        std::fs::write(dir.path().join("tls.yaml"), tls).unwrap();
         let (source, errors) = roadkeeper_cluster::ManifestSource::load(dir.path()).unwrap();
         assert!(errors.is_empty(), "{errors:?}");
         let web = roadkeeper_cluster::NamespacedName::new("default", "web");
         assert_eq!(source.store().slices_for(&web).len(), BACKENDS.len());
         assert_eq!(source.store().ingresses().count(), 1);
+        assert!(source.store().secret(&roadkeeper_cluster::NamespacedName::new("default", "web-tls")).is_some());
     }
 }

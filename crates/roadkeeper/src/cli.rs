@@ -197,6 +197,12 @@ pub struct IngressBenchArgs {
     /// CPU wrk and the backends are pinned to.
     #[arg(long, default_value_t = 0)]
     pub client_cpu: usize,
+    /// Connections of the HTTP/2 row (h2load, over TLS); 0 leaves the row out.
+    #[arg(long, default_value_t = 16)]
+    pub h2_connections: usize,
+    /// Concurrent streams per connection of the HTTP/2 row.
+    #[arg(long, default_value_t = 10)]
+    pub h2_streams: usize,
 }
 
 /// Flags of `bench dns`.
