@@ -297,14 +297,14 @@ impl Conn {
         match body {
             Framing::Empty => {
                 reusable &= upstream.is_empty();
-                io.write_all(out).await?;
+                deliver(io, out).await?;
             }
             Framing::Length(mut left) => {
                 let now = left.min(upstream.len() as u64) as usize;
                 out.extend_from_slice(&upstream[..now]);
                 reusable &= upstream.len() == now;
                 left -= now as u64;
-                io.write_all(out).await?;
+                deliver(io, out).await?;
                 while left > 0 {
                     upstream.clear();
                     let n = match read_some(&mut wire, upstream).await {
@@ -314,7 +314,7 @@ impl Conn {
                     let now = left.min(n as u64) as usize;
                     reusable &= n == now;
                     left -= now as u64;
-                    io.write_all(&upstream[..now]).await?;
+                    deliver(io, &upstream[..now]).await?;
                 }
             }
             Framing::Chunked => {
@@ -325,17 +325,17 @@ impl Conn {
                     let ended = match fed {
                         Ok(ended) => ended,
                         Err(err) => {
-                            io.write_all(out).await?;
+                            deliver(io, out).await?;
                             return Err(std::io::Error::new(std::io::ErrorKind::InvalidData, err));
                         }
                     };
                     if let Some(taken) = ended {
                         reusable &= taken == upstream.len();
                         out.extend_from_slice(encode::LAST_CHUNK);
-                        io.write_all(out).await?;
+                        deliver(io, out).await?;
                         break;
                     }
-                    io.write_all(out).await?;
+                    deliver(io, out).await?;
                     out.clear();
                     upstream.clear();
                     match read_some(&mut wire, upstream).await {
@@ -348,7 +348,7 @@ impl Conn {
             Framing::UntilClose => {
                 encode::chunk(upstream, out);
                 loop {
-                    io.write_all(out).await?;
+                    deliver(io, out).await?;
                     out.clear();
                     upstream.clear();
                     match read_some(&mut wire, upstream).await {
@@ -357,10 +357,9 @@ impl Conn {
                         Err(_) => return Err(cut_short()),
                     }
                 }
-                io.write_all(encode::LAST_CHUNK).await?;
+                deliver(io, encode::LAST_CHUNK).await?;
             }
         }
-        io.flush().await?;
         if reusable {
             self.worker.wires.put(endpoint, wire);
         }
@@ -434,7 +433,13 @@ where
     if method != Method::HEAD {
         out.extend_from_slice(&body);
     }
-    io.write_all(out).await?;
+    deliver(io, out).await
+}
+
+/// Writes `bytes` to the client and flushes them: a TLS stream keeps what the socket did not
+/// take until the next write or flush, and the next may be a while (a streamed body).
+async fn deliver<IO: AsyncWrite + Unpin>(io: &mut IO, bytes: &[u8]) -> std::io::Result<()> {
+    io.write_all(bytes).await?;
     io.flush().await
 }
 
