@@ -557,6 +557,8 @@ enum Decided {
 
 /// What routing made of a request.
 struct Routed {
+    /// The request's URI as received, for the access log.
+    uri: Uri,
     /// The host routed on, for the access log.
     host: Box<str>,
     decided: Option<Decided>,
@@ -589,8 +591,8 @@ impl Conn {
         let started = Instant::now();
         let _waiting = self.activity.wait();
         let (parts, body) = request.into_parts();
-        let (method, uri) = (parts.method.clone(), parts.uri.clone());
-        let Routed { host, decided, next } = self.route(parts);
+        let method = parts.method.clone();
+        let Routed { uri, host, decided, next } = self.route(parts);
         let (response, endpoint) = match next {
             Next::Answer(answer) => (answer.into_response(), None),
             Next::Forward(forwarding) => self.forward(forwarding, body).await,
@@ -668,7 +670,7 @@ impl Conn {
                 }
             }
         };
-        Routed { host: host_name.into(), decided, next }
+        Routed { host: host_name.into(), decided, next, uri }
     }
 
     /// Counts a request's outcome and writes its access log line.

@@ -74,7 +74,8 @@ fn fast_request(parsed: &httparse::Request<'_, '_>, len: usize) -> Option<FastRe
         return None;
     }
     let uri = Uri::from(PathAndQuery::try_from(target).ok()?);
-    let mut headers = HeaderMap::with_capacity(parsed.headers.len());
+    // Room for the fields the proxy adds (X-Forwarded-*, X-Real-IP) without growing.
+    let mut headers = HeaderMap::with_capacity(parsed.headers.len() + 6);
     let mut close = false;
     for field in &*parsed.headers {
         let name = HeaderName::from_bytes(field.name.as_bytes()).ok()?;

@@ -119,8 +119,8 @@ impl Conn {
         let waiting = self.activity.wait();
         let FastRequest { parts, close, .. } = request;
         let close = close || draining;
-        let (method, uri) = (parts.method.clone(), parts.uri.clone());
-        let Routed { host, decided, next } = self.route(parts);
+        let method = parts.method.clone();
+        let Routed { uri, host, decided, next } = self.route(parts);
         let forwarded = match next {
             Next::Answer(answer) => Err((answer, None)),
             Next::Forward(forwarding) => self.forward_fast(forwarding, buffers).await,
@@ -292,17 +292,18 @@ impl Conn {
                 encode::response_head(status, reason, encode::map_fields(&headers), framing, close, out);
             }
         }
+        // The body's first bytes follow the head in `upstream[len..]`.
         let FinalResponse { len, body, mut reusable, .. } = response;
-        upstream.drain(..len);
         match body {
             Framing::Empty => {
-                reusable &= upstream.is_empty();
+                reusable &= upstream.len() == len;
                 deliver(io, out).await?;
             }
             Framing::Length(mut left) => {
-                let now = left.min(upstream.len() as u64) as usize;
-                out.extend_from_slice(&upstream[..now]);
-                reusable &= upstream.len() == now;
+                let first = &upstream[len..];
+                let now = left.min(first.len() as u64) as usize;
+                out.extend_from_slice(&first[..now]);
+                reusable &= first.len() == now;
                 left -= now as u64;
                 deliver(io, out).await?;
                 while left > 0 {
@@ -319,7 +320,8 @@ impl Conn {
             }
             Framing::Chunked => {
                 let mut dechunker = Dechunker::default();
-                let mut fed = dechunker.feed(upstream, |data| encode::chunk(data, out));
+                let mut start = len;
+                let mut fed = dechunker.feed(&upstream[start..], |data| encode::chunk(data, out));
                 loop {
                     // What came before a broken coding is passed on; the client connection is then cut.
                     let ended = match fed {
@@ -330,7 +332,7 @@ impl Conn {
                         }
                     };
                     if let Some(taken) = ended {
-                        reusable &= taken == upstream.len();
+                        reusable &= taken == upstream.len() - start;
                         out.extend_from_slice(encode::LAST_CHUNK);
                         deliver(io, out).await?;
                         break;
@@ -338,6 +340,7 @@ impl Conn {
                     deliver(io, out).await?;
                     out.clear();
                     upstream.clear();
+                    start = 0;
                     match read_some(&mut wire, upstream).await {
                         Ok(0) | Err(_) => return Err(cut_short()),
                         Ok(_) => {}
@@ -346,7 +349,7 @@ impl Conn {
                 }
             }
             Framing::UntilClose => {
-                encode::chunk(upstream, out);
+                encode::chunk(&upstream[len..], out);
                 loop {
                     deliver(io, out).await?;
                     out.clear();
