@@ -71,7 +71,7 @@ use tokio::net::{TcpListener, TcpStream};
 use tokio_rustls::TlsAcceptor;
 use tracing::{debug, warn};
 
-use crate::decision::{self, Decision, Forward, HeaderEdits, Listener, Listeners};
+use crate::decision::{self, Actions, Decision, Forward, HeaderEdits, Listener, Listeners};
 use crate::drain::{Drain, DrainWatch};
 use crate::flood::FrameBudget;
 use crate::host::request_host;
@@ -419,9 +419,7 @@ impl Worker {
                 (Failure::Reset, None)
             }
         };
-        if let Some(kind) = failure.upstream_kind() {
-            counter!(UPSTREAM_ERRORS_TOTAL, "service" => labels.service.clone(), "kind" => kind).increment(1);
-        }
+        failure.count(labels);
         Err((failure, unsent))
     }
 
@@ -508,6 +506,14 @@ impl Failure {
             Failure::Timeout => Some("timeout"),
             Failure::Reset => Some("reset"),
             Failure::BodyTooLarge => None,
+        }
+    }
+
+    /// Counts the failure in [`UPSTREAM_ERRORS_TOTAL`] of `labels`' service, if it is the
+    /// endpoint's.
+    fn count(&self, labels: &Labels) {
+        if let Some(kind) = self.upstream_kind() {
+            counter!(UPSTREAM_ERRORS_TOTAL, "service" => labels.service.clone(), "kind" => kind).increment(1);
         }
     }
 
@@ -775,7 +781,7 @@ impl Conn {
         if let Some(actions) = actions
             && !actions.mirrors.is_empty()
         {
-            let timeout = actions.backend_timeout.unwrap_or(proxy.config.response_timeout);
+            let timeout = self.backend_timeout(Some(actions));
             self.mirror(parts, &actions.mirrors, actions.request_timeout.map_or(timeout, |limit| limit.min(timeout)));
         }
         Ok(upgrade)
@@ -795,7 +801,7 @@ impl Conn {
     ) -> (Response<ProxyBody>, Option<SocketAddr>) {
         let (worker, proxy) = (&*self.worker, &*self.worker.proxy);
         let (target, actions) = (&*forward.target, forward.actions.as_deref());
-        let timeout = actions.and_then(|actions| actions.backend_timeout).unwrap_or(proxy.config.response_timeout);
+        let timeout = self.backend_timeout(actions);
         let limit = proxy.config.max_request_body.unwrap_or(usize::MAX);
         // Only an empty body can be sent twice: a body streams through without buffering, so a
         // request with one is not retried. A connect failure means the endpoint saw nothing,
@@ -813,8 +819,7 @@ impl Conn {
             let endpoint = endpoints[index];
             *tried = Some(endpoint);
             if host_of_endpoint {
-                let host = HeaderValue::try_from(endpoint.to_string()).expect("an address is a valid header value");
-                request.headers_mut().insert(header::HOST, host);
+                request.headers_mut().insert(header::HOST, endpoint_host(endpoint));
             }
             let (failure, unsent) = match worker.send(endpoint, request, &state.labels, timeout).await {
                 Ok(response) => {
@@ -824,20 +829,21 @@ impl Conn {
                 }
                 Err(failed) => failed,
             };
-            if let Failure::Connect | Failure::Busy = failure {
-                if let Failure::Connect = failure {
-                    proxy.health.failed(endpoint);
-                }
-                if retry
-                    && let Some(next) = proxy.health.pick(endpoints, index + 1, Some(index))
-                    && let Some(unsent) = unsent
-                {
-                    (retry, request, index) = (false, unsent, next);
-                    continue;
-                }
+            if let Some(next) = proxy.health.next_after(&failure, endpoints, index)
+                && retry
+                && let Some(unsent) = unsent
+            {
+                (retry, request, index) = (false, unsent, next);
+                continue;
             }
             return (failure.answer().into_response(), Some(endpoint));
         }
+    }
+
+    /// The time an endpoint has for its response head: the route's backend timeout, else
+    /// [`ProxyConfig::response_timeout`].
+    fn backend_timeout(&self, actions: Option<&Actions>) -> Duration {
+        actions.and_then(|actions| actions.backend_timeout).unwrap_or(self.worker.proxy.config.response_timeout)
     }
 
     /// Sends a copy of `parts` (the head as forwarded) with an empty body to one endpoint of each
@@ -864,8 +870,7 @@ impl Conn {
                 headers.remove(name);
             }
             if !headers.contains_key(header::HOST) {
-                let host = HeaderValue::try_from(endpoint.to_string()).expect("an address is a valid header value");
-                headers.insert(header::HOST, host);
+                headers.insert(header::HOST, endpoint_host(endpoint));
             }
             tokio::spawn(async move {
                 let MirrorSlot(worker) = &slot;
@@ -1082,6 +1087,11 @@ fn not_allowed() -> Answer {
     answer
 }
 
+/// The `Host` of a request that came without one (HTTP/1.0): the endpoint's address.
+fn endpoint_host(endpoint: SocketAddr) -> HeaderValue {
+    HeaderValue::try_from(endpoint.to_string()).expect("an address is a valid header value")
+}
+
 /// 504 for a request whose request timeout ran out, counted as an upstream timeout.
 fn request_timed_out(state: &TargetState) -> Answer {
     counter!(UPSTREAM_ERRORS_TOTAL, "service" => state.labels.service.clone(), "kind" => "timeout").increment(1);
@@ -1250,6 +1260,17 @@ impl Health {
         }
         let now = now_ms();
         candidates.clone().find(|&i| !self.ejected(failing.get(&endpoints[i]), now)).or_else(|| candidates.next())
+    }
+
+    /// After `failure` at `endpoints[index]`: notes a connect failure, and for a failure the
+    /// endpoint saw nothing of (connect, busy) gives the endpoint to retry on, if there is one.
+    fn next_after(&self, failure: &Failure, endpoints: &[SocketAddr], index: usize) -> Option<usize> {
+        match failure {
+            Failure::Connect => self.failed(endpoints[index]),
+            Failure::Busy => {}
+            _ => return None,
+        }
+        self.pick(endpoints, index + 1, Some(index))
     }
 
     fn ejected(&self, failures: Option<&Arc<Failures>>, now: u64) -> bool {

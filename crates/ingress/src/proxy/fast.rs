@@ -18,8 +18,8 @@ use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 use tracing::debug;
 
 use super::{
-    Answer, Conn, Failure, Forward, Forwarding, HeaderValue, MIN_REQUEST_HEAD, Next, Routed, TargetState,
-    UPSTREAM_ERRORS_TOTAL, edit, request_timed_out, strip_hop_by_hop,
+    Answer, Conn, Failure, Forward, Forwarding, MIN_REQUEST_HEAD, Next, Routed, TargetState, edit, endpoint_host,
+    request_timed_out, strip_hop_by_hop,
 };
 use crate::decision::Actions;
 use crate::drain::DrainWatch;
@@ -178,7 +178,7 @@ impl Conn {
     ) -> Result<Exchange, (Answer, Option<SocketAddr>)> {
         let proxy = &*self.worker.proxy;
         let (target, actions) = (&*forward.target, forward.actions.as_deref());
-        let timeout = actions.and_then(|actions| actions.backend_timeout).unwrap_or(proxy.config.response_timeout);
+        let timeout = self.backend_timeout(actions);
         let mut retry = target.endpoints.len() > 1;
         // An HTTP/1.0 client may send no `Host`; HTTP/1.1 requires one: the endpoint's address.
         let host_of_endpoint = !parts.headers.contains_key(header::HOST);
@@ -188,8 +188,7 @@ impl Conn {
             let endpoint = endpoints[index];
             *tried = Some(endpoint);
             if host_of_endpoint {
-                let host = HeaderValue::try_from(endpoint.to_string()).expect("an address is a valid header value");
-                parts.headers.insert(header::HOST, host);
+                parts.headers.insert(header::HOST, endpoint_host(endpoint));
             }
             buffers.out.clear();
             encode::request_head(&parts, &mut buffers.out);
@@ -202,18 +201,12 @@ impl Conn {
                 Ok(Err(failure)) => failure,
                 Err(_elapsed) => Failure::Timeout,
             };
-            if let Some(kind) = failure.upstream_kind() {
-                metrics::counter!(UPSTREAM_ERRORS_TOTAL, "service" => state.labels.service.clone(), "kind" => kind)
-                    .increment(1);
-            }
-            if let Failure::Connect | Failure::Busy = failure {
-                if let Failure::Connect = failure {
-                    proxy.health.failed(endpoint);
-                }
-                if retry && let Some(next) = proxy.health.pick(endpoints, index + 1, Some(index)) {
-                    (retry, index) = (false, next);
-                    continue;
-                }
+            failure.count(&state.labels);
+            if let Some(next) = proxy.health.next_after(&failure, endpoints, index)
+                && retry
+            {
+                (retry, index) = (false, next);
+                continue;
             }
             return Err((failure.answer(), Some(endpoint)));
         }
