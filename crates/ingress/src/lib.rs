@@ -17,7 +17,6 @@ pub mod host;
 pub mod path;
 mod pool;
 pub mod proxy;
-mod rewind;
 pub mod routes;
 pub mod status;
 pub mod tls;

@@ -77,7 +77,6 @@ use crate::flood::FrameBudget;
 use crate::host::request_host;
 use crate::path::normalize;
 use crate::pool::{Pool, PooledBody, SendError, Wire};
-use crate::rewind::Rewind;
 use crate::tls::Certificates;
 use crate::{Router, Target, forwarded};
 
@@ -359,19 +358,16 @@ impl Worker {
             sni: tls.and_then(|tls| tls.sni),
             activity: activity.clone(),
         });
-        let io = Tracked { io, activity: activity.clone(), frames: FrameBudget::new() };
+        let mut io = Tracked { io, activity: activity.clone(), frames: FrameBudget::new(), unread: Bytes::new() };
         let served = async {
-            let handoff = if http2 {
-                Some(fast::Handoff { io, read: Vec::new() })
-            } else {
-                fast::serve(&conn, io, &mut drain).await
-            };
-            let Some(fast::Handoff { io, read }) = handoff else { return };
+            let handoff = if http2 { Some(Vec::new()) } else { fast::serve(&conn, &mut io, &mut drain).await };
+            let Some(read) = handoff else { return };
+            io.unread = Bytes::from(read);
             let service = hyper::service::service_fn(move |request| {
                 let conn = conn.clone();
                 async move { Ok::<_, Infallible>(conn.handle(request).await) }
             });
-            let connection = self.server.serve_connection_with_upgrades(TokioIo::new(Rewind::new(read, io)), service);
+            let connection = self.server.serve_connection_with_upgrades(TokioIo::new(io), service);
             tokio::pin!(connection);
             let result = tokio::select! {
                 result = connection.as_mut() => result,
@@ -1387,11 +1383,13 @@ impl Drop for Waiting<'_> {
 }
 
 /// A client connection that notes in its [`Activity`] when bytes move, and fails its reads when
-/// the client floods HTTP/2 control frames (hyper then closes it).
+/// the client floods HTTP/2 control frames (hyper then closes it). Reads give `unread` first:
+/// what the fast path read before handing the connection to hyper (already counted).
 struct Tracked<IO> {
     io: IO,
     activity: Arc<Activity>,
     frames: FrameBudget,
+    unread: Bytes,
 }
 
 impl<IO> Tracked<IO> {
@@ -1413,6 +1411,11 @@ impl<IO> Tracked<IO> {
 
 impl<IO: AsyncRead + Unpin> AsyncRead for Tracked<IO> {
     fn poll_read(mut self: Pin<&mut Self>, cx: &mut Context<'_>, buf: &mut ReadBuf<'_>) -> Poll<io::Result<()>> {
+        if !self.unread.is_empty() {
+            let n = buf.remaining().min(self.unread.len());
+            buf.put_slice(&self.unread.split_to(n));
+            return Poll::Ready(Ok(()));
+        }
         let before = buf.filled().len();
         let poll = Pin::new(&mut self.io).poll_read(cx, buf);
         if let Poll::Ready(Ok(())) = poll

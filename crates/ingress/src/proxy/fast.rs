@@ -31,12 +31,6 @@ use crate::pool::{NoConnection, Wire};
 /// Bytes read from an endpoint at a time.
 const READ: usize = 16 << 10;
 
-/// A client connection the fast path gives to the general path, with what it read of it.
-pub(super) struct Handoff<IO> {
-    pub(super) io: IO,
-    pub(super) read: Vec<u8>,
-}
-
 /// The buffers of one client connection, reused from request to request.
 #[derive(Default)]
 struct Buffers {
@@ -57,8 +51,9 @@ enum After {
 }
 
 /// Serves requests of `conn` on `io` until the client closes, asks to close, the connection is
-/// drained, or a request comes that the fast path does not take: then returns the connection.
-pub(super) async fn serve<IO>(conn: &Conn, mut io: IO, drain: &mut DrainWatch) -> Option<Handoff<IO>>
+/// drained (`None`), or a request comes that the fast path does not take: then returns the bytes
+/// read from `io` that the general path is to read first.
+pub(super) async fn serve<IO>(conn: &Conn, mut io: IO, drain: &mut DrainWatch) -> Option<Vec<u8>>
 where
     IO: AsyncRead + AsyncWrite + Unpin,
 {
@@ -72,7 +67,7 @@ where
                 RequestHead::Partial if buffers.client.len() < limit => {}
                 RequestHead::Partial | RequestHead::General => {
                     conn.activity.reading(false);
-                    return Some(Handoff { io, read: buffers.client });
+                    return Some(buffers.client);
                 }
             }
             let room = (limit - buffers.client.len()).min(8192);
