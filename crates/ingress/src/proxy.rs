@@ -108,17 +108,6 @@ const X_FORWARDED_HOST: HeaderName = HeaderName::from_static("x-forwarded-host")
 const X_REAL_IP: HeaderName = HeaderName::from_static("x-real-ip");
 /// `X-Forwarded-Proto` of plain and TLS connections.
 const PROTO: [HeaderValue; 2] = [HeaderValue::from_static("http"), HeaderValue::from_static("https")];
-/// Hop-by-hop fields (RFC 9110 §7.6.1 and their common non-standard relatives), besides
-/// `Connection` and `Upgrade`, which upgrades keep.
-const HOP_BY_HOP: [HeaderName; 7] = [
-    HeaderName::from_static("keep-alive"),
-    HeaderName::from_static("proxy-connection"),
-    header::PROXY_AUTHENTICATE,
-    header::PROXY_AUTHORIZATION,
-    header::TE,
-    header::TRAILER,
-    header::TRANSFER_ENCODING,
-];
 
 /// Limits and timeouts of the proxy; [`Default`] gives the values in parentheses.
 #[derive(Clone, Debug)]
@@ -1040,7 +1029,7 @@ fn strip_hop_by_hop(headers: &mut HeaderMap, allow_upgrade: bool) -> bool {
             }
         }
     }
-    for name in &HOP_BY_HOP {
+    for name in &crate::h1::encode::HOP_BY_HOP {
         headers.remove(name);
     }
     let upgrade = upgrade && headers.contains_key(header::UPGRADE);

@@ -4,7 +4,9 @@ use std::cell::RefCell;
 use std::time::{SystemTime, UNIX_EPOCH};
 
 use hyper::StatusCode;
-use hyper::header::HeaderMap;
+use hyper::header::{self, HeaderMap, HeaderName};
+
+use super::parse::has_token;
 use hyper::http::request::Parts;
 
 /// The end of a chunked body, without trailer fields.
@@ -36,30 +38,29 @@ pub fn request_head(parts: &Parts, out: &mut Vec<u8>) {
 }
 
 /// Hop-by-hop fields (RFC 9110 §7.6.1 and their common non-standard relatives), which a proxy
-/// does not pass on, besides those that `Connection` names.
-const HOP_BY_HOP: [&str; 9] = [
-    "connection",
-    "keep-alive",
-    "proxy-connection",
-    "proxy-authenticate",
-    "proxy-authorization",
-    "te",
-    "trailer",
-    "transfer-encoding",
-    "upgrade",
+/// does not pass on, besides `Connection`, `Upgrade` (which upgrades keep) and those that
+/// `Connection` names.
+pub const HOP_BY_HOP: [HeaderName; 7] = [
+    HeaderName::from_static("keep-alive"),
+    HeaderName::from_static("proxy-connection"),
+    header::PROXY_AUTHENTICATE,
+    header::PROXY_AUTHORIZATION,
+    header::TE,
+    header::TRAILER,
+    header::TRANSFER_ENCODING,
 ];
 
-/// The end-to-end fields of a message: `fields` without the hop-by-hop ones.
+/// The end-to-end fields of a message: `fields` without the hop-by-hop ones, `Connection` and
+/// `Upgrade` included.
 pub fn end_to_end<'a, I>(fields: I) -> impl Iterator<Item = (&'a [u8], &'a [u8])> + Clone
 where
     I: Iterator<Item = (&'a [u8], &'a [u8])> + Clone,
 {
     let connection = fields.clone().filter(|(name, _)| name.eq_ignore_ascii_case(b"connection"));
     fields.filter(move |(name, _)| {
-        !HOP_BY_HOP.iter().any(|hop| name.eq_ignore_ascii_case(hop.as_bytes()))
-            && !connection.clone().any(|(_, value)| {
-                value.split(|&b| b == b',').any(|token| token.trim_ascii().eq_ignore_ascii_case(name))
-            })
+        let is = |hop: &HeaderName| name.eq_ignore_ascii_case(hop.as_str().as_bytes());
+        let named = connection.clone().any(|(_, value)| has_token(value, name));
+        !(is(&header::CONNECTION) || is(&header::UPGRADE) || HOP_BY_HOP.iter().any(is) || named)
     })
 }
 

@@ -84,7 +84,7 @@ fn fast_request(parsed: &httparse::Request<'_, '_>, len: usize) -> Option<FastRe
             // A body, or the wish for one, is the general path's.
             header::TRANSFER_ENCODING | header::EXPECT | header::UPGRADE => return None,
             header::CONTENT_LENGTH if value != "0" => return None,
-            header::CONNECTION => close |= has_token(value.as_bytes(), "close"),
+            header::CONNECTION => close |= has_token(value.as_bytes(), b"close"),
             _ => {}
         }
         headers.append(name, value);
@@ -95,8 +95,8 @@ fn fast_request(parsed: &httparse::Request<'_, '_>, len: usize) -> Option<FastRe
 }
 
 /// Whether a comma-separated field value lists `token` (ASCII case-insensitive).
-pub fn has_token(value: &[u8], token: &str) -> bool {
-    value.split(|&b| b == b',').any(|item| item.trim_ascii().eq_ignore_ascii_case(token.as_bytes()))
+pub fn has_token(value: &[u8], token: &[u8]) -> bool {
+    value.split(|&b| b == b',').any(|item| item.trim_ascii().eq_ignore_ascii_case(token))
 }
 
 /// Largest response head the fast path buffers: hyper's client limit.
@@ -212,7 +212,7 @@ pub fn response(buf: &[u8], method: &Method) -> Result<ResponseHead, BadResponse
         parsed.headers.iter().filter(move |field| field.name.eq_ignore_ascii_case(name)).map(|field| field.value)
     };
     let body = framing(status, method, named("transfer-encoding"), named("content-length"))?;
-    let close = named("connection").any(|value| has_token(value, "close"));
+    let close = named("connection").any(|value| has_token(value, b"close"));
     let reusable = parsed.version == Some(1) && !close && body != Framing::UntilClose;
     // From the status line, not httparse's reason, which is empty when it is not UTF-8 (obs-text
     // is valid): after "HTTP/1.x NNN ", up to the line's end.
