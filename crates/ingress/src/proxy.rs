@@ -79,6 +79,7 @@ use crate::path::normalize;
 use crate::pool::{Pool, PooledBody, SendError, Wire};
 use crate::tls::Certificates;
 use crate::{Router, Target, forwarded};
+use wire_body::WireBody;
 
 /// `roadkeeper_ingress_requests_total{ingress, service, status}`: requests answered, by status
 /// code; `ingress` is the Ingress or route that decided (its target's, or a
@@ -235,8 +236,9 @@ pub async fn serve_listeners(
 /// Body of the requests sent to endpoints: the client's, or nothing (an empty body can be sent
 /// again to another endpoint).
 type UpstreamBody = Either<Limited<Incoming>, Empty<Bytes>>;
-/// Body of the responses sent to clients: the endpoint's, or one of our plain-text errors.
-type ProxyBody = Either<PooledBody<UpstreamBody>, Full<Bytes>>;
+/// Body of the responses sent to clients: the endpoint's (through hyper's client or from a bare
+/// connection), or one of our plain-text errors.
+type ProxyBody = Either<PooledBody<UpstreamBody>, Either<WireBody, Full<Bytes>>>;
 
 /// What all workers share: routes, limits, round robin positions, endpoint health.
 pub struct Proxy {
@@ -703,13 +705,20 @@ impl Conn {
         self.sni.as_deref() != Some(host) && certificates.misdirected(self.sni.as_deref(), host)
     }
 
-    /// Forwards a request ([`Conn::prepare`]), then sends it to an endpoint ([`Conn::attempts`])
-    /// within the request timeout, if there is one; returns the response and the endpoint.
+    /// Forwards a request ([`Conn::prepare`]), then sends it to an endpoint within the request
+    /// timeout, if there is one: an HTTP/2 request without a body on a bare connection
+    /// ([`Conn::forward_bare`]); others through hyper's client ([`Conn::attempts`]), so that an
+    /// HTTP/1 connection the fast path handed over keeps to one pool of endpoint connections.
+    /// Returns the response and the endpoint.
     async fn forward(&self, mut forwarding: Forwarding, body: Incoming) -> (Response<ProxyBody>, Option<SocketAddr>) {
+        let http2 = forwarding.parts.version == Version::HTTP_2;
         let upgrade = match self.prepare(&mut forwarding, body.size_hint().lower()) {
             Ok(upgrade) => upgrade,
             Err(answer) => return (answer.into_response(), None),
         };
+        if http2 && !upgrade && body.is_end_stream() {
+            return self.forward_bare(forwarding).await;
+        }
         let Forwarding { mut parts, forward, state, .. } = forwarding;
         let client_upgrade = if upgrade { parts.extensions.remove::<OnUpgrade>() } else { None };
         let mut tried = None;
@@ -1050,7 +1059,7 @@ struct Answer {
 
 impl Answer {
     fn into_response(self) -> Response<ProxyBody> {
-        let mut response = Response::new(Either::Right(Full::new(self.body)));
+        let mut response = Response::new(Either::Right(Either::Right(Full::new(self.body))));
         *response.status_mut() = self.status;
         *response.headers_mut() = self.headers;
         response
@@ -1445,6 +1454,7 @@ impl<IO: AsyncWrite + Unpin> AsyncWrite for Tracked<IO> {
 }
 
 mod fast;
+mod wire_body;
 
 #[cfg(test)]
 #[path = "proxy_tests.rs"]

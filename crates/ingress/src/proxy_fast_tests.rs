@@ -1,6 +1,7 @@
 //! The HTTP/1 fast path over real sockets: scripted raw backends for the framings and failures
 //! of endpoint responses, raw clients for pipelining, hand-over, slow heads and `Connection:
-//! close`.
+//! close`; and the general path's bare endpoint connections (`proxy::wire_body`) under HTTP/2
+//! clients, with the same backends.
 
 use super::*;
 
@@ -218,4 +219,134 @@ async fn fast_path_closes_when_the_client_asks() {
     let mut rest = Vec::new();
     tokio::time::timeout(Duration::from_secs(5), tcp.read_to_end(&mut rest)).await.unwrap().unwrap();
     assert!(!rest.is_empty());
+}
+
+#[tokio::test]
+async fn fast_path_times_each_response_anew_on_one_connection() {
+    let slow = slow(Duration::from_millis(300)).await;
+    let patient = Actions { backend_timeout: Some(Duration::from_secs(5)), ..Actions::default() };
+    let routes = vec![
+        ("a.example", "/patient", forward_with(target("svc", &[slow]), patient)),
+        ("a.example", "/", Decision::Forward(Forward::to(Arc::new(target("svc", &[slow]))))),
+    ];
+    let config = ProxyConfig { response_timeout: Duration::from_millis(100), ..ProxyConfig::default() };
+    let mut sender = client(start_router(Decide::new(routes), config).await).await;
+    // A deadline later than the last one, then an earlier one, then a later one again.
+    for (path, answer) in
+        [("/patient", StatusCode::OK), ("/", StatusCode::GATEWAY_TIMEOUT), ("/patient", StatusCode::OK)]
+    {
+        let started = Instant::now();
+        let (status, _, body) = on(&mut sender, get("a.example", path)).await;
+        assert_eq!(status, answer, "{path}: {body}");
+        assert!(started.elapsed() < Duration::from_secs(2), "{path}: {:?}", started.elapsed());
+    }
+}
+
+/// An HTTP/2 client connection (prior knowledge) to `proxy`.
+async fn h2_client(proxy: SocketAddr) -> http2::SendRequest<Full<Bytes>> {
+    let io = TokioIo::new(TcpStream::connect(proxy).await.unwrap());
+    let (sender, connection) = http2::handshake(TokioExecutor::new(), io).await.unwrap();
+    tokio::spawn(connection);
+    sender
+}
+
+/// Sends `request` on an HTTP/2 `sender`; returns the status, header fields and body, or the
+/// error that reset the stream.
+async fn try_h2(
+    sender: &mut http2::SendRequest<Full<Bytes>>,
+    request: Request<Full<Bytes>>,
+) -> Result<(StatusCode, HeaderMap, Bytes), hyper::Error> {
+    let response = tokio::time::timeout(Duration::from_secs(10), sender.send_request(request));
+    let (parts, body) = response.await.expect("answered within 10 s")?.into_parts();
+    let body = tokio::time::timeout(Duration::from_secs(10), body.collect()).await.expect("body within 10 s")?;
+    Ok((parts.status, parts.headers, body.to_bytes()))
+}
+
+/// [`try_h2`] for a stream that is not reset.
+async fn on_h2(
+    sender: &mut http2::SendRequest<Full<Bytes>>,
+    request: Request<Full<Bytes>>,
+) -> (StatusCode, HeaderMap, Bytes) {
+    try_h2(sender, request).await.expect("stream not reset")
+}
+
+fn h2_request(method: Method, path: &str) -> Request<Full<Bytes>> {
+    Request::builder().method(method).uri(format!("http://a.example{path}")).body(Full::default()).unwrap()
+}
+
+#[tokio::test]
+async fn http2_requests_without_a_body_take_bare_connections_in_every_framing() {
+    let chunked = b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\nConnection: keep-alive, X-Hop\r\nX-Hop: 1\r\n\r\n\
+        5;ext=1\r\nhello\r\n6\r\n world\r\n0\r\nX-Trailer: t\r\n\r\n";
+    let interim =
+        b"HTTP/1.1 103 Early Hints\r\nLink: </a>\r\n\r\nHTTP/1.1 200 OK\r\nContent-Length: 11\r\n\r\nhello world";
+    for (answer, reused) in [(&chunked[..], true), (interim, true), (b"HTTP/1.1 200 OK\r\n\r\nhello world", false)] {
+        let (endpoint, accepted) = scripted(answer, !reused).await;
+        let mut sender = h2_client(proxy_to(endpoint).await).await;
+        for _ in 0..3 {
+            let (status, headers, body) = on_h2(&mut sender, h2_request(Method::GET, "/")).await;
+            assert_eq!((status, &body[..]), (StatusCode::OK, &b"hello world"[..]));
+            assert!(!headers.contains_key("x-hop") && !headers.contains_key("x-trailer"), "{headers:?}");
+        }
+        let expected = if reused { 1 } else { 3 };
+        assert_eq!(accepted.load(Relaxed), expected, "{}", String::from_utf8_lossy(answer));
+    }
+
+    // HEAD: no body, the endpoint's length, the connection reused.
+    let (endpoint, accepted) = scripted(b"HTTP/1.1 200 OK\r\nContent-Length: 1000\r\n\r\n", false).await;
+    let mut sender = h2_client(proxy_to(endpoint).await).await;
+    for _ in 0..2 {
+        let (status, headers, body) = on_h2(&mut sender, h2_request(Method::HEAD, "/")).await;
+        assert_eq!((status, headers["content-length"].as_bytes(), &body[..]), (StatusCode::OK, &b"1000"[..], &b""[..]));
+    }
+    assert_eq!(accepted.load(Relaxed), 1);
+}
+
+#[tokio::test]
+async fn http2_bodies_from_bare_connections_stream_whole() {
+    // Several reads from the endpoint: a length of 1 MiB, and as many bytes in 4 KiB chunks.
+    let data = vec![b'x'; 1 << 20];
+    let mut answers = vec![format!("HTTP/1.1 200 OK\r\nContent-Length: {}\r\n\r\n", data.len()).into_bytes()];
+    answers[0].extend_from_slice(&data);
+    let mut chunked = b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n".to_vec();
+    for piece in data.chunks(4096) {
+        chunked.extend_from_slice(format!("{:x}\r\n", piece.len()).as_bytes());
+        chunked.extend_from_slice(piece);
+        chunked.extend_from_slice(b"\r\n");
+    }
+    chunked.extend_from_slice(b"0\r\n\r\n");
+    answers.push(chunked);
+    for answer in answers {
+        let (endpoint, accepted) = scripted(answer.leak(), false).await;
+        let mut sender = h2_client(proxy_to(endpoint).await).await;
+        for _ in 0..2 {
+            let (status, _, body) = on_h2(&mut sender, h2_request(Method::GET, "/")).await;
+            assert_eq!((status, body.len()), (StatusCode::OK, data.len()));
+        }
+        assert_eq!(accepted.load(Relaxed), 1);
+    }
+}
+
+#[tokio::test]
+async fn http2_answers_502_to_ambiguous_framing_and_resets_a_broken_body() {
+    let (endpoint, accepted) =
+        scripted(b"HTTP/1.1 200 OK\r\nContent-Length: 5\r\nTransfer-Encoding: chunked\r\n\r\n0\r\n\r\n", false).await;
+    let mut sender = h2_client(proxy_to(endpoint).await).await;
+    for _ in 0..2 {
+        assert_eq!(on_h2(&mut sender, h2_request(Method::GET, "/")).await.0, StatusCode::BAD_GATEWAY);
+    }
+    assert_eq!(accepted.load(Relaxed), 2);
+
+    for answer in [
+        &b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n5\r\nhello\r\nzz\r\n"[..],
+        b"HTTP/1.1 200 OK\r\nContent-Length: 10\r\n\r\nhello",
+    ] {
+        let (endpoint, accepted) = scripted(answer, true).await;
+        let mut sender = h2_client(proxy_to(endpoint).await).await;
+        for _ in 0..2 {
+            let reset = try_h2(&mut sender, h2_request(Method::GET, "/")).await;
+            assert!(reset.is_err(), "the stream is reset, not ended: {reset:?}");
+        }
+        assert_eq!(accepted.load(Relaxed), 2);
+    }
 }

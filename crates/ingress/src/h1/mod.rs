@@ -1,7 +1,8 @@
 //! HTTP/1.1 messages as the proxy's fast path reads and writes them (pure): request and response
-//! heads ([`parse`]), chunked bodies ([`chunked`]) and what is written ([`encode`]). The
-//! connection loop that uses them is the proxy's (`proxy::fast`).
+//! heads ([`parse`]), response bodies ([`body`], chunked ones by [`chunked`]) and what is
+//! written ([`encode`]). The connection loop that uses them is the proxy's (`proxy::fast`).
 
+pub mod body;
 pub mod chunked;
 pub mod encode;
 pub mod parse;
@@ -32,10 +33,10 @@ pub fn check(data: &[u8]) {
 
 /// The data and end (or error) of a chunked body coming in `pieces`.
 fn dechunk(pieces: &[&[u8]]) -> Result<(Vec<u8>, Option<usize>), chunked::BadChunk> {
-    let mut dechunker = chunked::Dechunker::default();
+    let mut decoder = body::BodyDecoder::new(parse::Framing::Chunked);
     let (mut data, mut offset) = (Vec::new(), 0);
     for piece in pieces {
-        if let Some(end) = dechunker.feed(piece, |run| data.extend_from_slice(run))? {
+        if let Some(end) = decoder.feed(piece, |run| data.extend_from_slice(run))? {
             return Ok((data, Some(offset + end)));
         }
         offset += piece.len();

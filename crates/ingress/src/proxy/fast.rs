@@ -8,13 +8,15 @@
 //! is doubtful is a 502 and its endpoint connection is closed.
 
 use std::net::SocketAddr;
+use std::pin::Pin;
 use std::sync::Arc;
 use std::sync::atomic::Ordering::Relaxed;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use hyper::http::request::Parts;
 use hyper::{Method, StatusCode, header};
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
+use tokio::time::Sleep;
 use tracing::debug;
 
 use super::{
@@ -23,23 +25,32 @@ use super::{
 };
 use crate::decision::Actions;
 use crate::drain::DrainWatch;
-use crate::h1::chunked::Dechunker;
+use crate::h1::body::BodyDecoder;
 use crate::h1::encode::{self, Body};
 use crate::h1::parse::{self, FastRequest, FinalResponse, Framing, RequestHead, ResponseHead};
 use crate::pool::{NoConnection, Wire};
 
 /// Bytes read from an endpoint at a time.
-const READ: usize = 16 << 10;
+pub(super) const READ: usize = 16 << 10;
 
-/// The buffers of one client connection, reused from request to request.
-#[derive(Default)]
-struct Buffers {
+/// The buffers and the response timer of one client connection, reused from request to request.
+pub(super) struct Buffers {
     /// Bytes from the client not yet taken.
     client: Vec<u8>,
     /// Bytes from the endpoint.
-    upstream: Vec<u8>,
+    pub(super) upstream: Vec<u8>,
     /// Bytes to write (request heads to endpoints, responses to the client).
     out: Vec<u8>,
+    /// The time an endpoint has for its response head. Moved later for each request, which
+    /// costs tokio no timer wheel update (a new timer per request would, twice).
+    timer: Pin<Box<Sleep>>,
+}
+
+impl Default for Buffers {
+    fn default() -> Self {
+        let timer = Box::pin(tokio::time::sleep(Duration::from_secs(86_400)));
+        Self { client: Vec::new(), upstream: Vec::new(), out: Vec::new(), timer }
+    }
 }
 
 /// How an exchange went on for the client connection.
@@ -148,6 +159,17 @@ impl Conn {
         buffers: &mut Buffers,
     ) -> Result<Exchange, (Answer, Option<SocketAddr>)> {
         self.prepare(&mut forwarding, 0).map_err(|answer| (answer, None))?;
+        self.send_bare(forwarding, buffers).await
+    }
+
+    /// Sends a request without a body, [`Conn::prepare`]d, to an endpoint on a bare connection
+    /// within the request timeout, if there is one: the response head, with the endpoint
+    /// connection its body comes on, or the answer to give instead.
+    pub(super) async fn send_bare(
+        &self,
+        forwarding: Forwarding,
+        buffers: &mut Buffers,
+    ) -> Result<Exchange, (Answer, Option<SocketAddr>)> {
         let Forwarding { parts, forward, state, .. } = forwarding;
         let mut tried = None;
         let attempts = self.attempts_fast(parts, &forward, &state, buffers, &mut tried);
@@ -185,16 +207,21 @@ impl Conn {
             if host_of_endpoint {
                 parts.headers.insert(header::HOST, endpoint_host(endpoint));
             }
-            buffers.out.clear();
-            encode::request_head(&parts, &mut buffers.out);
-            let sent = tokio::time::timeout(timeout, self.send(endpoint, &parts.method, buffers)).await;
+            let Buffers { out, upstream, timer, .. } = buffers;
+            out.clear();
+            encode::request_head(&parts, out);
+            timer.as_mut().reset(tokio::time::Instant::now() + timeout);
+            let sent = tokio::select! {
+                biased;
+                sent = self.send(endpoint, &parts.method, out, upstream) => sent,
+                () = timer.as_mut() => Err(Failure::Timeout),
+            };
             let failure = match sent {
-                Ok(Ok((wire, response))) => {
+                Ok((wire, response)) => {
                     proxy.health.succeeded(endpoint);
                     return Ok(Exchange { wire, endpoint, response, actions: forward.actions.clone() });
                 }
-                Ok(Err(failure)) => failure,
-                Err(_elapsed) => Failure::Timeout,
+                Err(failure) => failure,
             };
             failure.count(&state.labels);
             if let Some(next) = proxy.health.next_after(&failure, endpoints, index)
@@ -207,15 +234,16 @@ impl Conn {
         }
     }
 
-    /// Writes the request head in `buffers.out` to `endpoint` on a pooled connection and reads
-    /// the response head into `buffers.upstream`. A reused connection that the endpoint closed
+    /// Writes the request head `out` to `endpoint` on a pooled connection and reads the response
+    /// head into `upstream`. A reused connection that the endpoint closed
     /// before answering (its keep-alive timeout ran out) is replaced by another: at once for a
     /// method that may be repeated, after checking that it is still open for one that may not.
     async fn send(
         &self,
         endpoint: SocketAddr,
         method: &Method,
-        buffers: &mut Buffers,
+        out: &[u8],
+        upstream: &mut Vec<u8>,
     ) -> Result<(Wire, FinalResponse), Failure> {
         let pool = &self.worker.wires;
         loop {
@@ -229,14 +257,14 @@ impl Conn {
             if reused && !repeatable && !still_open(&wire) {
                 continue;
             }
-            buffers.upstream.clear();
+            upstream.clear();
             let answered = async {
-                wire.tcp.write_all(&buffers.out).await?;
-                read_response_head(&mut wire, method, &mut buffers.upstream).await
+                wire.tcp.write_all(out).await?;
+                read_response_head(&mut wire, method, upstream).await
             };
             match answered.await {
                 Ok(response) => return Ok((wire, response)),
-                Err(Upstream::Io(err)) if reused && repeatable && buffers.upstream.is_empty() => {
+                Err(Upstream::Io(err)) if reused && repeatable && upstream.is_empty() => {
                     debug!(%endpoint, "reused connection failed before answering, retrying: {err}");
                 }
                 Err(err) => {
@@ -282,75 +310,43 @@ impl Conn {
         }
         // The body's first bytes follow the head in `upstream[len..]`.
         let FinalResponse { len, body, mut reusable, .. } = response;
-        match body {
-            Framing::Empty => {
-                reusable &= upstream.len() == len;
-                deliver(io, out).await?;
-            }
-            Framing::Length(mut left) => {
-                let first = &upstream[len..];
-                let now = left.min(first.len() as u64) as usize;
-                out.extend_from_slice(&first[..now]);
-                reusable &= first.len() == now;
-                left -= now as u64;
-                deliver(io, out).await?;
-                while left > 0 {
-                    upstream.clear();
-                    let n = match read_some(&mut wire, upstream).await {
-                        Ok(0) | Err(_) => return Err(cut_short()),
-                        Ok(n) => n,
-                    };
-                    let now = left.min(n as u64) as usize;
-                    reusable &= n == now;
-                    left -= now as u64;
-                    deliver(io, &upstream[..now]).await?;
-                }
-            }
-            Framing::Chunked => {
-                let mut dechunker = Dechunker::default();
-                let mut start = len;
-                let mut fed = dechunker.feed(&upstream[start..], |data| encode::chunk(data, out));
-                loop {
-                    // What came before a broken coding is passed on; the client connection is then cut.
-                    let ended = match fed {
-                        Ok(ended) => ended,
-                        Err(err) => {
-                            deliver(io, out).await?;
-                            return Err(std::io::Error::new(std::io::ErrorKind::InvalidData, err));
-                        }
-                    };
-                    if let Some(taken) = ended {
-                        reusable &= taken == upstream.len() - start;
-                        out.extend_from_slice(encode::LAST_CHUNK);
-                        deliver(io, out).await?;
-                        break;
-                    }
+        let chunked = matches!(framing, Body::Chunked);
+        let mut decoder = BodyDecoder::new(body);
+        let mut start = len;
+        loop {
+            let fed = decoder.feed(&upstream[start..], |data| match chunked {
+                true => encode::chunk(data, out),
+                false => out.extend_from_slice(data),
+            });
+            // What came before a broken coding is passed on; the client connection is then cut.
+            let ended = match fed {
+                Ok(ended) => ended,
+                Err(err) => {
                     deliver(io, out).await?;
-                    out.clear();
-                    upstream.clear();
-                    start = 0;
-                    match read_some(&mut wire, upstream).await {
-                        Ok(0) | Err(_) => return Err(cut_short()),
-                        Ok(_) => {}
-                    }
-                    fed = dechunker.feed(upstream, |data| encode::chunk(data, out));
+                    return Err(std::io::Error::new(std::io::ErrorKind::InvalidData, err));
                 }
+            };
+            if let Some(taken) = ended {
+                reusable &= taken == upstream.len() - start;
+                break;
             }
-            Framing::UntilClose => {
-                encode::chunk(&upstream[len..], out);
-                loop {
-                    deliver(io, out).await?;
-                    out.clear();
-                    upstream.clear();
-                    match read_some(&mut wire, upstream).await {
-                        Ok(0) => break,
-                        Ok(_) => encode::chunk(upstream, out),
-                        Err(_) => return Err(cut_short()),
-                    }
+            deliver(io, out).await?;
+            out.clear();
+            upstream.clear();
+            start = 0;
+            match read_some(&mut wire, upstream).await {
+                Ok(0) if decoder.ends_at_close() => {
+                    reusable = false;
+                    break;
                 }
-                deliver(io, encode::LAST_CHUNK).await?;
+                Ok(0) | Err(_) => return Err(cut_short()),
+                Ok(_) => {}
             }
         }
+        if chunked {
+            out.extend_from_slice(encode::LAST_CHUNK);
+        }
+        deliver(io, out).await?;
         if reusable {
             self.worker.wires.put(endpoint, wire);
         }
@@ -359,12 +355,12 @@ impl Conn {
 }
 
 /// A response head from an endpoint, and where its body comes from.
-struct Exchange {
-    wire: Wire,
-    endpoint: SocketAddr,
-    response: FinalResponse,
+pub(super) struct Exchange {
+    pub(super) wire: Wire,
+    pub(super) endpoint: SocketAddr,
+    pub(super) response: FinalResponse,
     /// The route's actions, for the response header edits.
-    actions: Option<Arc<Actions>>,
+    pub(super) actions: Option<Arc<Actions>>,
 }
 
 /// Why an endpoint connection gave no usable response head.
@@ -435,6 +431,6 @@ async fn deliver<IO: AsyncWrite + Unpin>(io: &mut IO, bytes: &[u8]) -> std::io::
 }
 
 /// The error that ends a client connection whose response body the endpoint cut short.
-fn cut_short() -> std::io::Error {
+pub(super) fn cut_short() -> std::io::Error {
     std::io::Error::new(std::io::ErrorKind::UnexpectedEof, "the endpoint closed in the middle of a response body")
 }
