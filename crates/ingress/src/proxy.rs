@@ -373,14 +373,15 @@ impl Worker {
         };
         let config = &self.proxy.config;
         tokio::select! {
+            biased;
             () = served => {}
-            () = activity.idle(config.idle_timeout) => debug!(%peer, "idle connection closed"),
-            () = activity.no_request(config.client_header_timeout) => {
-                debug!(%peer, "no request within the client header timeout: closed");
-            }
-            () = activity.head_stalled(config.client_header_timeout) => {
-                debug!(%peer, "no whole request head within the client header timeout: closed");
-            }
+            closing = activity.closing(config.idle_timeout, config.client_header_timeout) => match closing {
+                Closing::Idle => debug!(%peer, "idle connection closed"),
+                Closing::NoRequest => debug!(%peer, "no request within the client header timeout: closed"),
+                Closing::HeadStalled => {
+                    debug!(%peer, "no whole request head within the client header timeout: closed");
+                }
+            },
         }
     }
 
@@ -1017,7 +1018,8 @@ async fn tunnel(client: OnUpgrade, backend: OnUpgrade, activity: Arc<Activity>, 
                 debug!("upgraded connection: {err}");
             }
         }
-        () = activity.idle(idle) => debug!("idle upgraded connection closed"),
+        // A request came on this connection: only the idle timeout applies.
+        _ = activity.closing(idle, Duration::MAX) => debug!("idle upgraded connection closed"),
     }
 }
 
@@ -1308,7 +1310,7 @@ impl Health {
 
 /// Whether a client connection moved bytes lately, and how many of its requests wait for an
 /// endpoint's response head: together they tell when it is idle. Moving bytes only sets a flag
-/// (no clock read on the data path), which [`Activity::idle`] samples four times per timeout.
+/// (no clock read on the data path), which [`Activity::closing`] samples.
 #[derive(Default)]
 struct Activity {
     moved: AtomicBool,
@@ -1321,6 +1323,14 @@ struct Activity {
     heads: AtomicU32,
 }
 
+/// Why [`Activity::closing`] closes a connection.
+#[derive(Debug, PartialEq, Eq)]
+enum Closing {
+    Idle,
+    NoRequest,
+    HeadStalled,
+}
+
 impl Activity {
     /// Counts a request as waiting until the returned guard is dropped.
     fn wait(&self) -> Waiting<'_> {
@@ -1329,44 +1339,39 @@ impl Activity {
         Waiting(self)
     }
 
-    /// Returns after `timeout` if no request came by then; else never.
-    async fn no_request(&self, timeout: Duration) {
-        tokio::time::sleep(timeout).await;
-        if self.requested.load(Relaxed) {
-            std::future::pending().await
-        }
-    }
-
     /// Notes that the fast path starts (`true`) or stops waiting for a request head.
     fn reading(&self, reading: bool) {
         self.reading.store(reading, Relaxed);
         self.heads.fetch_add(1, Relaxed);
     }
 
-    /// Returns once the fast path has waited for one request head for `timeout` (up to a
-    /// quarter more): a slow client's trickle of bytes does not reset it, only a whole head.
-    /// Sampled like [`Activity::idle`], so the hot path only stores and bumps.
-    async fn head_stalled(&self, timeout: Duration) {
-        let step = (timeout / 4).max(Duration::from_millis(1));
-        let (mut quiet, mut last) = (Duration::ZERO, self.heads.load(Relaxed));
-        while quiet < timeout {
+    /// Returns why the connection is to be closed, once: no byte has moved and no request has
+    /// waited for `idle`; no request came within `header`; or the fast path has waited for one
+    /// request head for `header` (a slow client's trickle of bytes does not reset that, only a
+    /// whole head). Sampled every quarter of the shorter timeout (so each may run over by as
+    /// much): the hot path only stores and bumps, and a connection's task polls one timer for
+    /// all three.
+    async fn closing(&self, idle: Duration, header: Duration) -> Closing {
+        let step = (idle.min(header) / 4).max(Duration::from_millis(1));
+        let (mut elapsed, mut quiet, mut stalled) = (Duration::ZERO, Duration::ZERO, Duration::ZERO);
+        let mut last_heads = self.heads.load(Relaxed);
+        loop {
             tokio::time::sleep(step).await;
-            let heads = self.heads.load(Relaxed);
-            let stalled = heads == last && self.reading.load(Relaxed);
-            quiet = if stalled { quiet + step } else { Duration::ZERO };
-            last = heads;
-        }
-    }
-
-    /// Returns once no byte has moved and no request has waited for `timeout` (up to a quarter
-    /// more).
-    async fn idle(&self, timeout: Duration) {
-        let step = (timeout / 4).max(Duration::from_millis(1));
-        let mut quiet = Duration::ZERO;
-        while quiet < timeout {
-            tokio::time::sleep(step).await;
+            elapsed += step;
             let active = self.moved.swap(false, Relaxed) || self.waiting.load(Relaxed) > 0;
             quiet = if active { Duration::ZERO } else { quiet + step };
+            let heads = self.heads.load(Relaxed);
+            stalled = if heads == last_heads && self.reading.load(Relaxed) { stalled + step } else { Duration::ZERO };
+            last_heads = heads;
+            if quiet >= idle {
+                return Closing::Idle;
+            }
+            if elapsed >= header && !self.requested.load(Relaxed) {
+                return Closing::NoRequest;
+            }
+            if stalled >= header {
+                return Closing::HeadStalled;
+            }
         }
     }
 }
