@@ -75,8 +75,8 @@ pub fn run(args: IngressBenchArgs) -> anyhow::Result<()> {
 
     println!(
         "reverse proxy on CPU {}, wrk (1 thread), h2load (1 thread) and 2 nginx backends on CPU {}, {} s per run, \
-         keep-alive; HTTP/2 with {} streams per connection",
-        args.proxy_cpu, args.client_cpu, args.seconds, args.h2_streams
+         keep-alive; HTTP/2 with {} streams per connection; median of {} run(s) per proxy and row, in turns",
+        args.proxy_cpu, args.client_cpu, args.seconds, args.h2_streams, args.rounds
     );
     println!();
     println!("| protocol | connections | proxy | requests/s | p50 | p99 | proxy CPU per request |");
@@ -91,28 +91,55 @@ pub fn run(args: IngressBenchArgs) -> anyhow::Result<()> {
         rows.push((Load::H2 { streams: args.h2_streams }, args.h2_connections));
     }
     for (load, connections) in rows {
-        for (name, [http, https], pid) in proxies {
-            let before = cpu_time(pid)?;
-            let run = match load {
-                Load::Http => wrk(&ns, &backend_cpu, &format!("http://127.0.0.1:{http}/"), connections, args.seconds)?,
-                Load::Https => {
-                    wrk(&ns, &backend_cpu, &format!("https://127.0.0.1:{https}/"), connections, args.seconds)?
-                }
-                Load::H2 { streams } => {
-                    h2load(&ns, &backend_cpu, https, connections, streams, args.seconds, dir.path())?
-                }
+        let mut measured: [Vec<Measured>; 2] = [Vec::new(), Vec::new()];
+        for round in 0..args.rounds {
+            // ABBA...: whichever proxy went second goes first next time.
+            let order = if round % 2 == 0 { [0, 1] } else { [1, 0] };
+            for index in order {
+                let (_, [http, https], pid) = proxies[index];
+                let before = cpu_time(pid)?;
+                let run = match load {
+                    Load::Http => {
+                        wrk(&ns, &backend_cpu, &format!("http://127.0.0.1:{http}/"), connections, args.seconds)?
+                    }
+                    Load::Https => {
+                        wrk(&ns, &backend_cpu, &format!("https://127.0.0.1:{https}/"), connections, args.seconds)?
+                    }
+                    Load::H2 { streams } => {
+                        h2load(&ns, &backend_cpu, https, connections, streams, args.seconds, dir.path())?
+                    }
+                };
+                let cpu_us = (cpu_time(pid)? - before).as_secs_f64() * 1e6 / run.requests;
+                measured[index].push(Measured { rate: run.requests / run.seconds, p50: run.p50, p99: run.p99, cpu_us });
+            }
+        }
+        for ((name, ..), runs) in proxies.iter().zip(measured) {
+            let median = |figure: fn(&Measured) -> f64| {
+                let mut values: Vec<f64> = runs.iter().map(figure).collect();
+                values.sort_by(f64::total_cmp);
+                values[values.len() / 2]
             };
-            let per_request = (cpu_time(pid)? - before).as_secs_f64() * 1e6 / run.requests;
             println!(
-                "| {} | {connections} | {name} | {:.0} | {} | {} | {per_request:.1} µs |",
+                "| {} | {connections} | {name} | {:.0} | {:.2}ms | {:.2}ms | {:.1} µs |",
                 load.label(),
-                run.requests / run.seconds,
-                run.p50,
-                run.p99
+                median(|m| m.rate),
+                median(|m| m.p50.as_secs_f64() * 1e3),
+                median(|m| m.p99.as_secs_f64() * 1e3),
+                median(|m| m.cpu_us),
             );
         }
     }
     Ok(())
+}
+
+/// One proxy's figures from one run of a row.
+struct Measured {
+    /// Requests per second.
+    rate: f64,
+    p50: Duration,
+    p99: Duration,
+    /// The proxy's CPU time per request, in µs.
+    cpu_us: f64,
 }
 
 /// What loads a row.
@@ -266,8 +293,23 @@ fn wait_for_200(ns: &Netns, url: &str) -> anyhow::Result<()> {
 struct Run {
     requests: f64,
     seconds: f64,
-    p50: String,
-    p99: String,
+    p50: Duration,
+    p99: Duration,
+}
+
+/// A latency as wrk prints it: `137.00us`, `3.22ms`, `1.02s`, `1.50m`.
+fn wrk_duration(text: &str) -> Option<Duration> {
+    let split = text.find(|c: char| c.is_ascii_alphabetic())?;
+    let (number, unit) = text.split_at(split);
+    let number: f64 = number.parse().ok()?;
+    let seconds = match unit {
+        "us" => number / 1e6,
+        "ms" => number / 1e3,
+        "s" => number,
+        "m" => number * 60.0,
+        _ => return None,
+    };
+    Duration::try_from_secs_f64(seconds).ok()
 }
 
 fn wrk(ns: &Netns, cpu: &str, url: &str, connections: usize, seconds: u32) -> anyhow::Result<Run> {
@@ -276,13 +318,10 @@ fn wrk(ns: &Netns, cpu: &str, url: &str, connections: usize, seconds: u32) -> an
     let args = ["taskset", "-c", cpu, "wrk", "-t1", "-c", &connections, "-d", &duration, "--latency", "-H", &host, url];
     let output = ns.exec(args)?;
     let text = String::from_utf8_lossy(&output.stdout);
+    // "    50%  137.00us" (wrk prints us, ms, s or m).
     let value = |label: &str| {
         text.lines()
-            .find_map(|l| {
-                l.trim_start()
-                    .strip_prefix(label)
-                    .map(|rest| rest.split_whitespace().next().unwrap_or_default().to_owned())
-            })
+            .find_map(|l| l.trim_start().strip_prefix(label)?.split_whitespace().next().and_then(wrk_duration))
             .with_context(|| format!("no {label:?} in wrk's output:\n{text}"))
     };
     if text.contains("Non-2xx or 3xx responses") {
@@ -353,11 +392,11 @@ fn h2load(
         .filter_map(|line| line.split('\t').nth(2)?.trim().parse().ok())
         .collect();
     durations.sort_unstable();
-    let percentile = |p: f64| -> String {
-        let us = durations.get(((durations.len() as f64 * p) as usize).min(durations.len().saturating_sub(1)));
-        us.map_or_else(|| "-".to_owned(), |us| format!("{:.2}ms", *us as f64 / 1000.0))
+    let percentile = |p: f64| {
+        let at = ((durations.len() as f64 * p) as usize).min(durations.len().saturating_sub(1));
+        durations.get(at).map(|&us| Duration::from_micros(us)).context("no request in h2load's log")
     };
-    Ok(Run { requests: ok, seconds, p50: percentile(0.50), p99: percentile(0.99) })
+    Ok(Run { requests: ok, seconds, p50: percentile(0.50)?, p99: percentile(0.99)? })
 }
 
 #[cfg(test)]
@@ -379,5 +418,16 @@ mod tests {
         assert_eq!(source.store().slices_for(&web).len(), BACKENDS.len());
         assert_eq!(source.store().ingresses().count(), 1);
         assert!(source.store().secret(&roadkeeper_cluster::NamespacedName::new("default", "web-tls")).is_some());
+    }
+
+    #[test]
+    fn wrk_latencies_read_in_every_unit() {
+        assert_eq!(wrk_duration("137.00us"), Some(Duration::from_micros(137)));
+        assert_eq!(wrk_duration("3.22ms"), Some(Duration::from_micros(3220)));
+        assert_eq!(wrk_duration("1.50s"), Some(Duration::from_millis(1500)));
+        assert_eq!(wrk_duration("2.00m"), Some(Duration::from_secs(120)));
+        for bad in ["", "ms", "3.22", "3.22h", "-1.00ms", "NaNms"] {
+            assert_eq!(wrk_duration(bad), None, "{bad}");
+        }
     }
 }

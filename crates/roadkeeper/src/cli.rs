@@ -203,6 +203,11 @@ pub struct IngressBenchArgs {
     /// Concurrent streams per connection of the HTTP/2 row.
     #[arg(long, default_value_t = 10)]
     pub h2_streams: usize,
+    /// Runs of each row per proxy, the two proxies taking turns to go first (ABBA...); each
+    /// figure is then the median of the runs, so that a drift of the machine's speed weighs on
+    /// both alike.
+    #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..=99))]
+    pub rounds: u32,
 }
 
 /// Flags of `bench dns`.
