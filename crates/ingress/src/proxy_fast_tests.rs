@@ -350,3 +350,28 @@ async fn http2_answers_502_to_ambiguous_framing_and_resets_a_broken_body() {
         assert_eq!(accepted.load(Relaxed), 2);
     }
 }
+
+#[tokio::test]
+async fn http2_requests_on_bare_connections_get_the_forwarded_fields_and_the_edits() {
+    let actions = Actions {
+        request_headers: edits(&[("x-added", "1")], &[], &[]),
+        response_headers: edits(&[("x-served-by", "roadkeeper")], &[], &["x-backend"]),
+        ..Actions::default()
+    };
+    let routes = vec![("a.example", "/", forward_with(target("svc", &[backend("a").await]), actions))];
+    let mut sender = h2_client(start_router(Decide::new(routes), ProxyConfig::default()).await).await;
+    let mut request = h2_request(Method::GET, "/path?q=1");
+    request.headers_mut().insert("x-forwarded-for", HeaderValue::from_static("203.0.113.7"));
+    request.headers_mut().insert("te", HeaderValue::from_static("trailers"));
+    let (status, headers, body) = on_h2(&mut sender, request).await;
+    assert_eq!(status, StatusCode::OK);
+    assert_eq!(headers["x-served-by"], "roadkeeper");
+    assert!(!headers.contains_key("x-backend"), "{headers:?}");
+    let reply: Value = serde_json::from_slice(&body).unwrap();
+    assert_eq!((reply["method"].as_str(), reply["path"].as_str()), (Some("GET"), Some("/path?q=1")));
+    let seen = &reply["headers"];
+    assert_eq!(seen["host"], "a.example", "the authority becomes Host");
+    assert_eq!(seen["x-forwarded-for"], "127.0.0.1", "an untrusted client's own is replaced");
+    assert_eq!((seen["x-forwarded-proto"].as_str(), seen["x-added"].as_str()), (Some("http"), Some("1")));
+    assert!(seen.get("te").is_none(), "{seen}");
+}
