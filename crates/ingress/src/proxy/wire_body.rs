@@ -1,8 +1,8 @@
 //! HTTP/2 requests without a body (every GET, for one) go to their endpoint as the fast path's
-//! do ([`Conn::send_bare`]): on a bare pooled connection, with no hyper
-//! client dispatcher, channel or task in between. The response head becomes a hyper response
-//! whose body ([`WireBody`]) hyper's server reads straight from the endpoint connection, which
-//! goes back to the pool once the body ended where its framing said.
+//! do ([`Conn::send_bare`]): on a bare pooled connection, with no hyper client dispatcher,
+//! channel or task in between. The response head becomes a hyper response whose body
+//! ([`WireBody`]) hyper's server reads straight from the endpoint connection, which goes back to
+//! the pool once the body ended where its framing said.
 
 use std::io;
 use std::net::SocketAddr;
