@@ -74,6 +74,7 @@ use tracing::{debug, warn};
 use crate::decision::{self, Actions, Decision, Forward, HeaderEdits, Listener, Listeners};
 use crate::drain::{Drain, DrainWatch};
 use crate::flood::FrameBudget;
+use crate::h1::parse::FinalResponse;
 use crate::host::request_host;
 use crate::path::normalize;
 use crate::pool::{Pool, PooledBody, SendError, Wire};
@@ -947,6 +948,17 @@ impl Conn {
     }
 }
 
+/// The header fields of an endpoint's response head (`response`, parsed from `head`) as a map,
+/// with the route's `edits` applied and the hop-by-hop fields dropped.
+fn edited_headers(response: &FinalResponse, head: &[u8], edits: Option<&HeaderEdits>) -> HeaderMap {
+    let mut headers = response.header_map(head);
+    if let Some(edits) = edits {
+        edit(edits, &mut headers);
+    }
+    strip_hop_by_hop(&mut headers, false);
+    headers
+}
+
 /// Applies header `edits` to a message's `headers`, but keeps its `Content-Length` (or its
 /// absence): the framing is the body's, not a rule's. The hop-by-hop fields are dropped after.
 fn edit(edits: &HeaderEdits, headers: &mut HeaderMap) {
@@ -1324,7 +1336,7 @@ struct Activity {
 }
 
 /// Why [`Activity::closing`] closes a connection.
-#[derive(Debug, PartialEq, Eq)]
+#[derive(Debug)]
 enum Closing {
     Idle,
     NoRequest,

@@ -20,8 +20,8 @@ use tokio::time::Sleep;
 use tracing::debug;
 
 use super::{
-    Answer, Conn, Failure, Forward, Forwarding, MIN_REQUEST_HEAD, Next, Routed, TargetState, edit, endpoint_host,
-    request_timed_out, strip_hop_by_hop,
+    Answer, Conn, Failure, Forward, Forwarding, MIN_REQUEST_HEAD, Next, Routed, TargetState, edited_headers,
+    endpoint_host, request_timed_out,
 };
 use crate::decision::Actions;
 use crate::drain::DrainWatch;
@@ -33,7 +33,8 @@ use crate::pool::{NoConnection, Wire};
 /// Bytes read from an endpoint at a time.
 pub(super) const READ: usize = 16 << 10;
 
-/// The buffers and the response timer of one client connection, reused from request to request.
+/// The buffers and the response timer of one client connection, reused from request to request
+/// (an HTTP/2 request on a bare connection has its own).
 pub(super) struct Buffers {
     /// Bytes from the client not yet taken.
     client: Vec<u8>,
@@ -235,9 +236,9 @@ impl Conn {
     }
 
     /// Writes the request head `out` to `endpoint` on a pooled connection and reads the response
-    /// head into `upstream`. A reused connection that the endpoint closed
-    /// before answering (its keep-alive timeout ran out) is replaced by another: at once for a
-    /// method that may be repeated, after checking that it is still open for one that may not.
+    /// head into `upstream`. A reused connection that the endpoint closed before answering (its
+    /// keep-alive timeout ran out) is replaced by another: at once for a method that may be
+    /// repeated, after checking that it is still open for one that may not.
     async fn send(
         &self,
         endpoint: SocketAddr,
@@ -302,9 +303,7 @@ impl Conn {
                 encode::response_head(status, reason, fields, framing, close, out);
             }
             Some(edits) => {
-                let mut headers = response.header_map(upstream);
-                edit(edits, &mut headers);
-                strip_hop_by_hop(&mut headers, false);
+                let headers = edited_headers(&response, upstream, Some(edits));
                 encode::response_head(status, reason, encode::map_fields(&headers), framing, close, out);
             }
         }

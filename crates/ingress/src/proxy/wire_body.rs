@@ -16,7 +16,7 @@ use hyper::Response;
 use hyper::body::{Body, Bytes, Frame, SizeHint};
 
 use super::fast::{Buffers, Exchange, READ, cut_short};
-use super::{Conn, Forwarding, ProxyBody, edit, strip_hop_by_hop};
+use super::{Conn, Forwarding, ProxyBody, edited_headers};
 use crate::h1::body::BodyDecoder;
 use crate::pool::{Pool, Wire};
 
@@ -29,11 +29,8 @@ impl Conn {
             Ok(exchange) => exchange,
             Err((answer, endpoint)) => return (answer.into_response(), endpoint),
         };
-        let mut headers = response.header_map(&buffers.upstream);
-        if let Some(actions) = &actions {
-            edit(&actions.response_headers, &mut headers);
-        }
-        strip_hop_by_hop(&mut headers, false);
+        let edits = actions.as_deref().map(|actions| &actions.response_headers);
+        let headers = edited_headers(&response, &buffers.upstream, edits);
         let first = Bytes::from(buffers.upstream).slice(response.len..);
         let mut body = WireBody {
             wire: Some(wire),
@@ -63,7 +60,7 @@ pub(super) struct WireBody {
     decoder: BodyDecoder,
     /// The body's first bytes, read with the head.
     first: Bytes,
-    /// Bytes read since.
+    /// The buffer reads from the endpoint go to (empty between reads).
     read: BytesMut,
     /// The endpoint keeps the connection open after the response.
     reusable: bool,
@@ -109,8 +106,6 @@ impl Body for WireBody {
             let Some(wire) = &this.wire else { return Poll::Ready(None) };
             let bytes = if !this.first.is_empty() {
                 std::mem::take(&mut this.first)
-            } else if !this.read.is_empty() {
-                this.read.split().freeze()
             } else {
                 this.read.reserve(READ);
                 ready!(wire.tcp.poll_read_ready(cx))?;
@@ -123,14 +118,13 @@ impl Body for WireBody {
                         this.wire = None;
                         return Poll::Ready(Some(Err(cut_short())));
                     }
-                    Ok(_) => {}
-                    Err(err) if err.kind() == io::ErrorKind::WouldBlock => {}
+                    Ok(_) => this.read.split().freeze(),
+                    Err(err) if err.kind() == io::ErrorKind::WouldBlock => continue,
                     Err(err) => {
                         this.wire = None;
                         return Poll::Ready(Some(Err(err)));
                     }
                 }
-                continue;
             };
             match this.decode(bytes) {
                 Ok(Some(data)) => return Poll::Ready(Some(Ok(Frame::data(data)))),
