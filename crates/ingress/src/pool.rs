@@ -53,7 +53,8 @@ pub(crate) trait Upstream: Send + Sized + 'static {
         endpoint: SocketAddr,
         slot: OwnedSemaphorePermit,
     ) -> impl Future<Output = Result<Self, hyper::Error>> + Send;
-    /// Whether the connection is known to be closed.
+    /// Whether the connection can no longer take a request: known to be closed, or (a bare
+    /// connection) holding bytes or an end that no request asked for.
     fn is_closed(&self) -> bool;
     /// Whether the connection can take a request at once.
     fn is_ready(&self) -> bool;
@@ -95,7 +96,10 @@ where
 
 /// A bare keep-alive connection to an endpoint, which the HTTP/1 fast path writes requests to
 /// and reads responses from itself; it holds its endpoint slot until dropped. A connection goes
-/// back to the pool only after a whole response, with nothing read past it.
+/// back to the pool only after a whole response, with nothing read past it, and is handed out
+/// again only while nothing is readable on it: bytes an endpoint sends after a response (an
+/// unasked second response, a body to HEAD or 204) would otherwise be read by the next request,
+/// another client's, as its answer.
 pub(crate) struct Wire {
     pub(crate) tcp: TcpStream,
     _slot: OwnedSemaphorePermit,
@@ -106,9 +110,15 @@ impl Upstream for Wire {
         Ok(Self { tcp, _slot: slot })
     }
 
-    /// Not known without a read; the fast path finds out when it uses the connection.
+    /// Asks the socket itself (`recv` with `MSG_PEEK`), not tokio's readiness, which may not
+    /// yet know of bytes that have arrived: anything readable, bytes or the endpoint's end, or
+    /// an error, makes the connection unusable.
     fn is_closed(&self) -> bool {
-        false
+        let mut byte = [std::mem::MaybeUninit::uninit(); 1];
+        !matches!(
+            socket2::SockRef::from(&self.tcp).peek(&mut byte),
+            Err(err) if err.kind() == std::io::ErrorKind::WouldBlock
+        )
     }
 
     fn is_ready(&self) -> bool {
@@ -345,6 +355,16 @@ impl<C> Pool<C> {
         if let Some(state) = endpoints.get_mut(&endpoint) {
             state.idle.push(Idle { connection, since: Instant::now() });
             state.returned.notify_one();
+        }
+    }
+}
+
+impl Pool<Wire> {
+    /// Puts `wire` back after a response that ended exactly where its framing said, unless
+    /// something is readable on it already (then it is closed).
+    pub(crate) fn put_back(&self, endpoint: SocketAddr, wire: Wire) {
+        if !wire.is_closed() {
+            self.put(endpoint, wire);
         }
     }
 }

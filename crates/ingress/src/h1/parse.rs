@@ -213,7 +213,11 @@ pub fn response(buf: &[u8], method: &Method) -> Result<ResponseHead, BadResponse
     };
     let body = framing(status, method, named("transfer-encoding"), named("content-length"))?;
     let close = named("connection").any(|value| has_token(value, b"close"));
-    let reusable = parsed.version == Some(1) && !close && body != Framing::UntilClose;
+    // A 204 may carry no framing fields (RFC 9110 §8.6, RFC 9112 §6.1): one that does says a
+    // body will follow, which would be the next request's answer.
+    let stray_body = status == StatusCode::NO_CONTENT
+        && (named("transfer-encoding").next().is_some() || named("content-length").any(|value| value != b"0"));
+    let reusable = parsed.version == Some(1) && !close && body != Framing::UntilClose && !stray_body;
     // From the status line, not httparse's reason, which is empty when it is not UTF-8 (obs-text
     // is valid): after "HTTP/1.x NNN ", up to the line's end.
     let line = buf.iter().position(|&b| b == b'\n').map_or(0, |end| end - usize::from(buf[..end].ends_with(b"\r")));

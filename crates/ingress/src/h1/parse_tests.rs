@@ -102,6 +102,12 @@ fn interim_responses_are_skipped_and_reuse_is_known() {
     assert!(!reused("HTTP/1.1 200 OK\r\nContent-Length: 0\r\nConnection: Close\r\n\r\n"));
     assert!(!reused("HTTP/1.0 200 OK\r\nContent-Length: 0\r\n\r\n"));
     assert!(!reused("HTTP/1.1 200 OK\r\n\r\n"));
+    // A 204 has no body; one announcing a body anyway will send it, after the response.
+    assert!(reused("HTTP/1.1 204 No Content\r\n\r\n"));
+    assert!(reused("HTTP/1.1 204 No Content\r\nContent-Length: 0\r\n\r\n"));
+    assert!(!reused("HTTP/1.1 204 No Content\r\nContent-Length: 5\r\n\r\n"));
+    assert!(!reused("HTTP/1.1 204 No Content\r\nTransfer-Encoding: chunked\r\n\r\n"));
+    assert!(reused("HTTP/1.1 304 Not Modified\r\nContent-Length: 5\r\n\r\n"));
     let response = final_response("HTTP/1.1 200 Fine\r\nA: 1\r\nB: 2\r\n\r\n", &Method::GET).unwrap();
     let buf = b"HTTP/1.1 200 Fine\r\nA: 1\r\nB: 2\r\n\r\n";
     assert_eq!(&buf[response.reason.clone()], b"Fine");

@@ -236,9 +236,10 @@ impl Conn {
     }
 
     /// Writes the request head `out` to `endpoint` on a pooled connection and reads the response
-    /// head into `upstream`. A reused connection that the endpoint closed before answering (its
-    /// keep-alive timeout ran out) is replaced by another: at once for a method that may be
-    /// repeated, after checking that it is still open for one that may not.
+    /// head into `upstream`. The pool hands out no connection with anything readable on it (the
+    /// endpoint's end among it); a reused connection that the endpoint closes after that but
+    /// before answering (its keep-alive timeout ran out meanwhile) is replaced by another for a
+    /// method that may be repeated.
     async fn send(
         &self,
         endpoint: SocketAddr,
@@ -255,9 +256,6 @@ impl Conn {
             };
             let repeatable =
                 matches!(*method, Method::GET | Method::HEAD | Method::OPTIONS | Method::PUT | Method::DELETE);
-            if reused && !repeatable && !still_open(&wire) {
-                continue;
-            }
             upstream.clear();
             let answered = async {
                 wire.tcp.write_all(out).await?;
@@ -347,7 +345,7 @@ impl Conn {
         }
         deliver(io, out).await?;
         if reusable {
-            self.worker.wires.put(endpoint, wire);
+            self.worker.wires.put_back(endpoint, wire);
         }
         Ok(())
     }
@@ -393,11 +391,6 @@ async fn read_some(wire: &mut Wire, buf: &mut Vec<u8>) -> std::io::Result<usize>
     buf.reserve(READ);
     let mut limited = (&mut wire.tcp).take(READ as u64);
     limited.read_buf(buf).await
-}
-
-/// Whether an idle endpoint connection is still open: nothing to read yet, and no end.
-fn still_open(wire: &Wire) -> bool {
-    matches!(wire.tcp.try_read(&mut [0; 1]), Err(err) if err.kind() == std::io::ErrorKind::WouldBlock)
 }
 
 /// Writes the proxy's own answer: its head with `Content-Length` (none for 204), and its body

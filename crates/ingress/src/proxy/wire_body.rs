@@ -91,7 +91,7 @@ impl WireBody {
             && exact
         {
             let (pool, endpoint) = &self.home;
-            pool.put(*endpoint, wire);
+            pool.put_back(*endpoint, wire);
         }
     }
 }
