@@ -179,7 +179,7 @@ impl ApiSource {
     /// The object if it is valid; otherwise logs why and returns `None` (its previous version,
     /// if any, stays).
     fn checked(&self, object: Object) -> Option<Object> {
-        let errors = validate(&object);
+        let errors = validate(&object, None);
         if errors.is_empty() {
             return Some(object);
         }

@@ -41,6 +41,9 @@ impl Error {
 pub struct ManifestError {
     /// The manifest file.
     pub file: PathBuf,
+    /// The document's position in a YAML file (1-based, counting its `---`-separated documents),
+    /// when the object it defines is unknown (e.g. it is not valid YAML).
+    pub document: Option<usize>,
     /// The object, as `Kind namespace/name` or `Kind name`.
     pub object: Option<String>,
     /// The field path inside the object.
@@ -52,13 +55,16 @@ pub struct ManifestError {
 impl ManifestError {
     /// An error about a whole file.
     pub(crate) fn file(file: impl Into<PathBuf>, message: impl Into<String>) -> Self {
-        Self { file: file.into(), object: None, field: None, message: message.into() }
+        Self { file: file.into(), document: None, object: None, field: None, message: message.into() }
     }
 }
 
 impl fmt::Display for ManifestError {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         write!(f, "{}", self.file.display())?;
+        if let Some(document) = self.document {
+            write!(f, ": document {document}")?;
+        }
         for part in [&self.object, &self.field].into_iter().flatten() {
             write!(f, ": {part}")?;
         }
@@ -77,5 +83,8 @@ mod tests {
         e.object = Some("Service default/hello".into());
         e.field = Some("spec.ports[0].port".into());
         assert_eq!(e.to_string(), "m/a.yaml: Service default/hello: spec.ports[0].port: 70000 is out of range 1-65535");
+        let e =
+            ManifestError { document: Some(2), ..ManifestError::file("m/a.yaml", "invalid YAML: line 7 column 3: x") };
+        assert_eq!(e.to_string(), "m/a.yaml: document 2: invalid YAML: line 7 column 3: x");
     }
 }

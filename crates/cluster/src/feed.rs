@@ -9,7 +9,7 @@ use crate::api_source::ApiSource;
 use crate::object::Kind;
 use crate::read::{Reader, read_manifest};
 use crate::source::manifest_path;
-use crate::{Changes, Error, ManifestError, ManifestSource, Store, Watcher, watch};
+use crate::{Changes, Error, ManifestError, ManifestSource, NodePortRange, Store, Watcher, watch};
 
 /// How long file events are collected before a reload.
 const WATCH_DEBOUNCE: Duration = Duration::from_millis(200);
@@ -20,10 +20,20 @@ const WAIT_LOG_PERIOD: Duration = Duration::from_secs(10);
 #[derive(Clone, Debug, PartialEq)]
 pub enum SourceSpec {
     /// A folder of manifests (see [`ManifestSource`]).
-    Manifests(PathBuf),
+    Manifests(ManifestFolder),
     /// A Kubernetes API server, configured from this kubeconfig file, or when `None` as kube-proxy
     /// does: `KUBECONFIG` or `~/.kube/config`, else the in-cluster service account.
     Kubernetes(Option<PathBuf>),
+}
+
+/// A folder of manifests, and what the API server would check that a folder cannot.
+#[derive(Clone, Debug, PartialEq)]
+pub struct ManifestFolder {
+    /// The folder.
+    pub dir: PathBuf,
+    /// The range a Service's NodePorts must be in (kube-apiserver's `--service-node-port-range`).
+    /// An API server's objects are not checked against it: the API server checked its own.
+    pub node_ports: NodePortRange,
 }
 
 /// What a component reads: the kinds, and the node it runs on (from an API server, only this
@@ -60,10 +70,11 @@ impl Feed {
     /// logged, naming the object and field, and never fail the feed. Runs inside a tokio runtime.
     pub async fn open(spec: &SourceSpec, interest: &Interest, follow: bool) -> Result<Self, Error> {
         let source = match spec {
-            SourceSpec::Manifests(dir) => {
-                let (mut source, paths, errors) = ManifestSource::open(dir)?;
+            SourceSpec::Manifests(ManifestFolder { dir, node_ports }) => {
+                let (mut source, paths, errors) = ManifestSource::open(dir, *node_ports)?;
                 log(&errors);
-                let mut reader = Reader::start(read_manifest);
+                let node_ports = *node_ports;
+                let mut reader = Reader::start(move |path: &std::path::Path| read_manifest(path, node_ports));
                 // Watch before reading, so that no edit between the read and the watch goes unseen.
                 let requests = reader.requests().clone();
                 let root = source.dir().to_owned();
@@ -146,7 +157,8 @@ mod tests {
             format!("apiVersion: v1\nkind: Service\nmetadata: {{name: a}}\nspec: {{ports: [{{port: {port}}}]}}\n")
         };
         std::fs::write(tmp.path().join("a.yaml"), service(80)).unwrap();
-        let spec = SourceSpec::Manifests(tmp.path().to_owned());
+        let spec =
+            SourceSpec::Manifests(ManifestFolder { dir: tmp.path().to_owned(), node_ports: NodePortRange::DEFAULT });
         let mut feed = Feed::open(&spec, &Interest::default(), true).await.unwrap();
         assert_eq!(feed.store().services().count(), 1);
         assert!(feed.describe().starts_with("manifests in /"));

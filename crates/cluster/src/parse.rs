@@ -9,7 +9,7 @@ use serde_json::{Map, Value};
 
 use crate::object::{Kind, ObjectKey};
 use crate::validate::{FieldError, validate};
-use crate::{ManifestError, NamespacedName, Object};
+use crate::{ManifestError, NamespacedName, NodePortRange, Object};
 
 /// One supported object found in a file.
 #[allow(clippy::large_enum_variant, reason = "short-lived while a file is read")]
@@ -35,28 +35,76 @@ fn yaml_options() -> serde_saphyr::Options {
     options
 }
 
-/// Parses a whole manifest file; `Err` when the file is not valid YAML/JSON at all (then none of
-/// its documents count). YAML documents are read one at a time and typed right away, so a file
-/// holding a whole cluster never exists as untyped values all at once.
-pub(crate) fn parse_file(file: &Path, text: &str) -> Result<Vec<Entry>, ManifestError> {
+/// Parses a whole manifest file. A YAML file is cut into its `---`-separated documents first
+/// (see [`yaml_documents`]), so a document that is not valid YAML is one invalid entry, naming its
+/// position, and the others still count. Documents are typed right away, so a file holding a whole
+/// cluster never exists as untyped values all at once. `node_ports`: the range a Service's
+/// NodePorts must be in.
+pub(crate) fn parse_file(file: &Path, text: &str, node_ports: NodePortRange) -> Vec<Entry> {
     let mut entries = Vec::new();
     if file.extension().is_some_and(|e| e == "json") {
-        let document =
-            serde_json::from_str::<Value>(text).map_err(|e| ManifestError::file(file, format!("invalid JSON: {e}")))?;
-        collect(file, document, &mut entries);
-        return Ok(entries);
+        match serde_json::from_str::<Value>(text) {
+            Ok(document) => collect(file, document, node_ports, &mut entries),
+            Err(e) => entries.push(unreadable(ManifestError::file(file, format!("invalid JSON: {e}")))),
+        }
+        return entries;
     }
-    let mut reader = text.as_bytes();
-    for document in serde_saphyr::read_with_options::<_, Value>(&mut reader, yaml_options()) {
-        let document = document.map_err(|e| ManifestError::file(file, format!("invalid YAML: {}", yaml_error(&e))))?;
-        collect(file, document, &mut entries);
+    for (index, (first_line, document)) in yaml_documents(text).into_iter().enumerate() {
+        let mut reader = document.as_bytes();
+        for value in serde_saphyr::read_with_options::<_, Value>(&mut reader, yaml_options()) {
+            match value {
+                Ok(value) => collect(file, value, node_ports, &mut entries),
+                Err(e) => {
+                    let message = format!("invalid YAML: {}", yaml_error(&e, first_line - 1));
+                    let error = ManifestError { document: Some(index + 1), ..ManifestError::file(file, message) };
+                    entries.push(unreadable(error));
+                    break;
+                }
+            }
+        }
     }
-    Ok(entries)
+    entries
 }
 
-/// A YAML error as one line: `line L column C: cause`. (The error renders a multi-line source
-/// snippet whose first line holds the cause, with the position in a suffix when streaming.)
-fn yaml_error(e: &serde_saphyr::Error) -> String {
+/// A document that could not be read: it may have defined any object of its file.
+fn unreadable(error: ManifestError) -> Entry {
+    Entry::Invalid(None, vec![error])
+}
+
+/// The documents of a YAML stream with the line each starts on (1-based): the text is cut before
+/// every line that starts with the `---` marker. YAML forbids that marker at the start of a line
+/// inside a document, so a broken document cannot hide where the next one starts. Text before the
+/// first marker that holds no content (only comments, blank lines and directives) goes with the
+/// first document.
+fn yaml_documents(text: &str) -> Vec<(usize, &str)> {
+    let mut documents = Vec::new();
+    let (mut start, mut start_line, mut content) = (0, 1, false);
+    let mut offset = 0;
+    for (number, line) in text.split_inclusive('\n').enumerate() {
+        let marker =
+            line.strip_prefix("---").is_some_and(|rest| rest.is_empty() || rest.starts_with([' ', '\t', '\r', '\n']));
+        if marker && (content || !documents.is_empty()) {
+            documents.push((start_line, &text[start..offset]));
+            (start, start_line) = (offset, number + 1);
+        }
+        if marker {
+            content = true;
+        } else if !content {
+            let line = line.trim();
+            content = !(line.is_empty() || line.starts_with('#') || line.starts_with('%'));
+        }
+        offset += line.len();
+    }
+    if content || documents.is_empty() {
+        documents.push((start_line, &text[start..]));
+    }
+    documents
+}
+
+/// A YAML error as one line, `line L column C: cause`, its line counted from the file's start
+/// (`lines_before`: the lines of the file before the document). (The error renders a multi-line
+/// source snippet whose first line holds the cause, with the position in a suffix when streaming.)
+fn yaml_error(e: &serde_saphyr::Error, lines_before: usize) -> String {
     let rendered = e.to_string();
     let first = rendered.lines().next().unwrap_or_default().trim_start_matches("error: ");
     match e.location() {
@@ -64,13 +112,14 @@ fn yaml_error(e: &serde_saphyr::Error) -> String {
             let suffix = format!(" at line {}, column {}", at.line(), at.column());
             let prefix = format!("line {} column {}: ", at.line(), at.column());
             let cause = first.strip_suffix(&suffix).unwrap_or(first);
-            format!("line {} column {}: {}", at.line(), at.column(), cause.strip_prefix(&prefix).unwrap_or(cause))
+            let cause = cause.strip_prefix(&prefix).unwrap_or(cause);
+            format!("line {} column {}: {cause}", at.line() as usize + lines_before, at.column())
         }
         None => first.to_string(),
     }
 }
 
-fn collect(file: &Path, document: Value, entries: &mut Vec<Entry>) {
+fn collect(file: &Path, document: Value, node_ports: NodePortRange, entries: &mut Vec<Entry>) {
     let mut map = match document {
         Value::Null => return,
         Value::Object(map) => map,
@@ -88,7 +137,7 @@ fn collect(file: &Path, document: Value, entries: &mut Vec<Entry>) {
     if (api_version, kind) == ("v1", "List") {
         if let Some(Value::Array(items)) = map.remove("items") {
             for item in items {
-                collect(file, item, entries);
+                collect(file, item, node_ports, entries);
             }
         }
         return;
@@ -103,7 +152,7 @@ fn collect(file: &Path, document: Value, entries: &mut Vec<Entry>) {
         return;
     };
     let errors = match typed(kind, Value::Object(map)) {
-        Ok(object) => match validate(&object) {
+        Ok(object) => match validate(&object, Some(node_ports)) {
             errors if errors.is_empty() => return entries.push(Entry::Valid(key, object)),
             errors => errors,
         },
@@ -112,7 +161,7 @@ fn collect(file: &Path, document: Value, entries: &mut Vec<Entry>) {
     let object = Some(key.to_string());
     let errors = errors
         .into_iter()
-        .map(|e| ManifestError { file: file.into(), object: object.clone(), field: e.field, message: e.message })
+        .map(|e| ManifestError { object: object.clone(), field: e.field, ..ManifestError::file(file, e.message) })
         .collect();
     entries.push(Entry::Invalid(Some(key), errors));
 }
@@ -216,8 +265,10 @@ fn type_name(value: &Value) -> &'static str {
 mod tests {
     use super::*;
 
+    const RANGE: NodePortRange = NodePortRange::DEFAULT;
+
     fn parse(text: &str) -> Vec<Entry> {
-        parse_file(Path::new("m/a.yaml"), text).unwrap()
+        parse_file(Path::new("m/a.yaml"), text, RANGE)
     }
 
     fn messages(entry: &Entry) -> Vec<String> {
@@ -259,9 +310,10 @@ mod tests {
     #[test]
     fn json_files() {
         let text = r#"{"apiVersion": "networking.k8s.io/v1", "kind": "ServiceCIDR", "metadata": {"name": "c"}, "spec": {"cidrs": ["10.96.0.0/12"]}}"#;
-        let entries = parse_file(Path::new("c.json"), text).unwrap();
+        let entries = parse_file(Path::new("c.json"), text, RANGE);
         assert!(matches!(entries[0], Entry::Valid(_, Object::ServiceCidr(_))));
-        assert!(parse_file(Path::new("c.json"), "{").unwrap_err().to_string().starts_with("c.json: invalid JSON"));
+        let entries = parse_file(Path::new("c.json"), "{", RANGE);
+        assert!(messages(&entries[0])[0].starts_with("c.json: invalid JSON"), "{entries:?}");
     }
 
     #[test]
@@ -381,9 +433,48 @@ mod tests {
     }
 
     #[test]
-    fn yaml_syntax_error_names_file_and_line() {
-        let err =
-            parse_file(Path::new("m/bad.yaml"), "apiVersion: v1\nkind: Service\nmetadata: {name: [\n").unwrap_err();
-        assert_eq!(err.to_string(), "m/bad.yaml: invalid YAML: line 3 column 18: unclosed bracket '['");
+    fn yaml_syntax_error_names_file_document_and_line() {
+        let entries = parse_file(Path::new("m/bad.yaml"), "apiVersion: v1\nkind: Service\nmetadata: {name: [\n", RANGE);
+        let [entry] = &entries[..] else { panic!("{entries:?}") };
+        assert_eq!(messages(entry), ["m/bad.yaml: document 1: invalid YAML: line 3 column 18: unclosed bracket '['"]);
+    }
+
+    #[test]
+    fn a_broken_document_leaves_the_others_of_its_file() {
+        let service = |name: &str| {
+            format!("apiVersion: v1\nkind: Service\nmetadata: {{name: {name}}}\nspec: {{ports: [{{port: 80}}]}}\n")
+        };
+        let text = format!(
+            "# comment\n{}---\n{}--- # second\napiVersion: v1\nkind: Service\nmetadata: {{name: [\n---\n\
+             metadata:\n  name: x\n bad: indent\n---\n{}...\n",
+            service("a"),
+            service("b"),
+            service("c")
+        );
+        let entries = parse(&text);
+        assert_eq!(
+            entries.iter().map(|e| key(e).unwrap_or_else(|| messages(e).join("; "))).collect::<Vec<_>>(),
+            [
+                "Service default/a",
+                "Service default/b",
+                "m/a.yaml: document 3: invalid YAML: line 14 column 18: unclosed bracket '['",
+                "m/a.yaml: document 4: invalid YAML: line 18 column 2: while parsing a block mapping, did not find expected key",
+                "Service default/c",
+            ]
+        );
+    }
+
+    #[test]
+    fn node_ports_outside_the_range_are_refused() {
+        let text = "apiVersion: v1\nkind: Service\nmetadata: {name: ssh}\n\
+            spec: {type: NodePort, ports: [{port: 22, nodePort: 22}]}\n";
+        let entries = parse(text);
+        assert_eq!(
+            messages(&entries[0]),
+            ["m/a.yaml: Service default/ssh: spec.ports[0].nodePort: 22 is not in the NodePort range 30000-32767 \
+              (--service-node-port-range)"]
+        );
+        let entries = parse_file(Path::new("m/a.yaml"), text, "1-1024".parse().unwrap());
+        assert!(matches!(entries[..], [Entry::Valid(..)]), "{entries:?}");
     }
 }

@@ -18,8 +18,8 @@ use std::time::{Duration, Instant};
 
 use tokio::sync::mpsc;
 
-use crate::ManifestError;
 use crate::parse::{Entry, parse_file};
+use crate::{ManifestError, NodePortRange};
 
 /// Largest manifest file read; a larger one is reported and its previous objects are kept.
 pub const MAX_MANIFEST_BYTES: u64 = 64 << 20;
@@ -35,8 +35,8 @@ pub(crate) enum Outcome {
     Gone,
     /// The file's documents.
     Parsed(Vec<Entry>),
-    /// The file cannot be used (not a regular file, too large, not UTF-8, bad syntax, an I/O
-    /// error): its previous objects stay.
+    /// The file cannot be used (not a regular file, too large, not UTF-8, an I/O error): its
+    /// previous objects stay.
     Unusable(ManifestError),
     /// Reading failed for a passing reason (EMFILE, ENOMEM, ...): its previous objects stay and it
     /// is read again later.
@@ -71,13 +71,11 @@ fn open_regular(path: &Path) -> io::Result<Result<File, &'static str>> {
     }
 }
 
-/// Reads and parses one manifest file (see the module documentation).
-pub(crate) fn read_manifest(path: &Path) -> FileRead {
+/// Reads and parses one manifest file (see the module documentation); a Service's NodePorts must
+/// be in `node_ports`.
+pub(crate) fn read_manifest(path: &Path, node_ports: NodePortRange) -> FileRead {
     let outcome = match read_text(path) {
-        Ok(Some(text)) => match parse_file(path, &text) {
-            Ok(entries) => Outcome::Parsed(entries),
-            Err(e) => Outcome::Unusable(e),
-        },
+        Ok(Some(text)) => Outcome::Parsed(parse_file(path, &text, node_ports)),
         Ok(None) => Outcome::Gone,
         Err(outcome) => outcome,
     };
@@ -171,7 +169,7 @@ pub(crate) struct Reader {
 
 impl Reader {
     /// Starts the thread.
-    pub(crate) fn start(read: fn(&Path) -> FileRead) -> Reader {
+    pub(crate) fn start(read: impl Fn(&Path) -> FileRead + Send + 'static) -> Reader {
         let requests = Requests::default();
         let (tx, reads) = mpsc::channel(1);
         let thread_requests = requests.clone();
@@ -194,7 +192,7 @@ impl Drop for Reader {
     }
 }
 
-fn read_loop(requests: &Requests, tx: &mpsc::Sender<Vec<FileRead>>, read: fn(&Path) -> FileRead) {
+fn read_loop(requests: &Requests, tx: &mpsc::Sender<Vec<FileRead>>, read: impl Fn(&Path) -> FileRead) {
     // Paths to read again, with when and the wait after that.
     let mut retries: BTreeMap<PathBuf, (Instant, Duration)> = BTreeMap::new();
     loop {
@@ -250,15 +248,21 @@ mod tests {
         let to_fifo = tmp.path().join("to-fifo.yaml");
         symlink(&fifo, &to_fifo).unwrap();
         for path in [&fifo, &zero, &to_fifo] {
-            assert!(unusable(&read_manifest(path)).starts_with("not a regular file"), "{}", path.display());
+            assert!(
+                unusable(&read_manifest(path, NodePortRange::DEFAULT)).starts_with("not a regular file"),
+                "{}",
+                path.display()
+            );
         }
         let huge = tmp.path().join("huge.yaml");
         File::create(&huge).unwrap().set_len(MAX_MANIFEST_BYTES + 1).unwrap();
-        assert!(unusable(&read_manifest(&huge)).starts_with("larger than the limit of 64 MiB"));
-        assert!(matches!(read_manifest(&tmp.path().join("gone.yaml")).outcome, Outcome::Gone));
+        assert!(unusable(&read_manifest(&huge, NodePortRange::DEFAULT)).starts_with("larger than the limit of 64 MiB"));
+        assert!(matches!(read_manifest(&tmp.path().join("gone.yaml"), NodePortRange::DEFAULT).outcome, Outcome::Gone));
         let good = tmp.path().join("good.yaml");
         std::fs::write(&good, "apiVersion: v1\nkind: Namespace\nmetadata: {name: a}\n").unwrap();
-        assert!(matches!(&read_manifest(&good).outcome, Outcome::Parsed(entries) if entries.len() == 1));
+        assert!(
+            matches!(&read_manifest(&good, NodePortRange::DEFAULT).outcome, Outcome::Parsed(entries) if entries.len() == 1)
+        );
     }
 
     static ATTEMPTS: AtomicUsize = AtomicUsize::new(0);
@@ -269,7 +273,7 @@ mod tests {
             let error = ManifestError::file(path, io::Error::from_raw_os_error(libc::EMFILE).to_string());
             return FileRead { path: path.to_owned(), outcome: Outcome::Retry(error) };
         }
-        read_manifest(path)
+        read_manifest(path, NodePortRange::DEFAULT)
     }
 
     #[tokio::test]

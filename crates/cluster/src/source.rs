@@ -11,7 +11,7 @@ use crate::object::ObjectKey;
 use crate::parse::Entry;
 use crate::read::{FileRead, Outcome, read_manifest};
 use crate::store::Batch;
-use crate::{Changes, Error, ManifestError, Object, Store};
+use crate::{Changes, Error, ManifestError, NodePortRange, Object, Store};
 
 /// File name extensions read as manifests.
 const EXTENSIONS: &[&str] = &["yaml", "yml", "json"];
@@ -24,6 +24,8 @@ const EXTENSIONS: &[&str] = &["yaml", "yml", "json"];
 #[derive(Debug)]
 pub struct ManifestSource {
     dir: PathBuf,
+    /// The range a Service's NodePorts must be in.
+    node_ports: NodePortRange,
     store: Store,
     /// Last good version of every object each file defines.
     files: BTreeMap<PathBuf, BTreeMap<ObjectKey, Object>>,
@@ -33,21 +35,26 @@ pub struct ManifestSource {
 
 impl ManifestSource {
     /// An empty source for `dir` (canonicalized) and the manifest files below it, to read and
-    /// [`apply`](Self::apply). Fails only if `dir` itself cannot be read.
-    pub(crate) fn open(dir: &Path) -> Result<(Self, Vec<PathBuf>, Vec<ManifestError>), Error> {
+    /// [`apply`](Self::apply), refusing NodePorts outside `node_ports`. Fails only if `dir` itself
+    /// cannot be read.
+    pub(crate) fn open(
+        dir: &Path,
+        node_ports: NodePortRange,
+    ) -> Result<(Self, Vec<PathBuf>, Vec<ManifestError>), Error> {
         let io_error = |source| Error::Io { path: dir.to_owned(), source };
         let dir = fs::canonicalize(dir).map_err(io_error)?;
         let mut errors = Vec::new();
         let mut paths = Vec::new();
         discover(&dir, &mut paths, &mut errors).map_err(io_error)?;
-        Ok((Self { dir, store: Store::default(), files: BTreeMap::new(), claims: Index::new() }, paths, errors))
+        let source = Self { dir, node_ports, store: Store::default(), files: BTreeMap::new(), claims: Index::new() };
+        Ok((source, paths, errors))
     }
 
     /// Reads every `*.yaml`, `*.yml` and `*.json` file below `dir` (recursively, in sorted path
-    /// order, multi-document YAML allowed), in this thread. Fails only if `dir` itself cannot be
-    /// read.
+    /// order, multi-document YAML allowed), in this thread, with the API server's default NodePort
+    /// range. Fails only if `dir` itself cannot be read.
     pub fn load(dir: &Path) -> Result<(Self, Vec<ManifestError>), Error> {
-        let (mut source, paths, mut errors) = Self::open(dir)?;
+        let (mut source, paths, mut errors) = Self::open(dir, NodePortRange::DEFAULT)?;
         let (_, reload_errors) = source.reload(&paths);
         errors.extend(reload_errors);
         Ok((source, errors))
@@ -59,7 +66,7 @@ impl ManifestSource {
         let mut paths: Vec<PathBuf> = paths.iter().filter_map(|p| manifest_path(&self.dir, p)).collect();
         paths.sort();
         paths.dedup();
-        self.apply(paths.iter().map(|p| read_manifest(p)).collect())
+        self.apply(paths.iter().map(|p| read_manifest(p, self.node_ports)).collect())
     }
 
     /// Applies what reading some files gave (see [`crate::read`]) to the store. A file that
@@ -96,6 +103,11 @@ impl ManifestSource {
     /// The manifest folder (canonicalized).
     pub fn dir(&self) -> &Path {
         &self.dir
+    }
+
+    /// The file whose definition of `object` (by kind, namespace and name) is in use.
+    pub fn file_of(&self, object: &Object) -> Option<&Path> {
+        self.claims.get(&object.key())?.first().map(PathBuf::as_path)
     }
 
     /// The objects `path` now defines, or `None` if the file cannot be used and its previous
@@ -342,11 +354,16 @@ mod tests {
             ]
         );
         assert_eq!(port(&source, "x"), Some(80));
+        let x = |source: &ManifestSource| {
+            Object::Service(source.store().service(&NamespacedName::new("default", "x")).unwrap().clone())
+        };
+        assert_eq!(source.file_of(&x(&source)), Some(dir.join("a.yaml").as_path()));
         fs::remove_file(&a).unwrap();
         let (changes, errors) = source.reload(&[a]);
         assert!(errors.is_empty(), "{errors:?}");
         assert_eq!(changes.services, svc_set(&["x"]));
         assert_eq!(port(&source, "x"), Some(81));
+        assert_eq!(source.file_of(&x(&source)), Some(dir.join("b.yaml").as_path()));
     }
 
     #[test]

@@ -9,14 +9,14 @@ use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 
 use ipnet::IpNet;
 use k8s_openapi::api::apps::v1::Deployment;
-use k8s_openapi::api::core::v1::{ConfigMap, Node, Pod, PodSpec, Service};
+use k8s_openapi::api::core::v1::{ConfigMap, Node, Pod, PodSpec, Service, ServiceSpec};
 use k8s_openapi::api::discovery::v1::EndpointSlice;
 use k8s_openapi::api::networking::v1::{Ingress, IngressClass, ServiceCIDR};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 
-use crate::Object;
 use crate::formats::{self, Check};
+use crate::{NodePortRange, Object};
 
 /// Label naming the Service an EndpointSlice belongs to.
 pub(crate) const SERVICE_NAME_LABEL: &str = "kubernetes.io/service-name";
@@ -28,13 +28,15 @@ pub(crate) struct FieldError {
     pub message: String,
 }
 
-/// Returns every field error of `object`; empty when it is valid.
-pub(crate) fn validate(object: &Object) -> Vec<FieldError> {
+/// Returns every field error of `object`; empty when it is valid. `node_ports` is the range a
+/// Service's NodePorts must be in: a manifest folder's; `None` for objects an API server has
+/// already checked against its own range.
+pub(crate) fn validate(object: &Object, node_ports: Option<NodePortRange>) -> Vec<FieldError> {
     let mut v = Errors::default();
     match object {
         Object::Service(s) => {
             metadata(&mut v, &s.metadata, formats::dns1035_label, true);
-            service(&mut v, s);
+            service(&mut v, s, node_ports);
         }
         Object::EndpointSlice(s) => {
             metadata(&mut v, &s.metadata, formats::dns1123_subdomain, true);
@@ -107,12 +109,18 @@ fn metadata(v: &mut Errors, meta: &ObjectMeta, name_format: fn(&str) -> Check, n
 
 const PROTOCOLS: &[&str] = &["TCP", "UDP", "SCTP"];
 const TRAFFIC_POLICIES: &[&str] = &["Cluster", "Local"];
+const IP_FAMILY_POLICIES: &[&str] = &["SingleStack", "PreferDualStack", "RequireDualStack"];
 
-fn service(v: &mut Errors, svc: &Service) {
+/// A Service as the API server validates it on creation, before its defaults are filled in
+/// (a missing `type` is ClusterIP, `protocol` TCP, `sessionAffinity` None); with `node_ports`,
+/// its NodePorts are checked against that range as the API server's allocator does.
+fn service(v: &mut Errors, svc: &Service, node_ports: Option<NodePortRange>) {
     let Some(spec) = &svc.spec else { return };
     if let Some(t) = &spec.type_ {
         v.one_of("spec.type", t, &["ClusterIP", "NodePort", "LoadBalancer", "ExternalName"]);
     }
+    let type_ = spec.type_.as_deref().unwrap_or("ClusterIP");
+    service_type_fields(v, spec, type_);
     if let Some(ip) = &spec.cluster_ip {
         v.cluster_ip("spec.clusterIP", ip);
     }
@@ -122,27 +130,146 @@ fn service(v: &mut Errors, svc: &Service) {
     for (i, ip) in spec.external_ips.iter().flatten().enumerate() {
         v.endpoint_ip(&format!("spec.externalIPs[{i}]"), ip);
     }
-    if spec.type_.as_deref() == Some("ExternalName") {
-        let name = spec.external_name.as_deref().unwrap_or_default();
-        v.format("spec.externalName", name.strip_suffix('.').unwrap_or(name), formats::dns1123_subdomain);
+    if type_ == "ExternalName" {
+        match spec.external_name.as_deref().unwrap_or_default() {
+            "" => v.push("spec.externalName", "is required".into()),
+            name => v.format("spec.externalName", name.strip_suffix('.').unwrap_or(name), formats::dns1123_subdomain),
+        }
     }
     v.labels("spec.selector", spec.selector.iter().flatten());
     if let Some(ip) = spec.load_balancer_ip.as_deref().filter(|ip| !ip.is_empty()) {
         v.ip("spec.loadBalancerIP", ip);
     }
-    for (i, range) in spec.load_balancer_source_ranges.iter().flatten().enumerate() {
+    let ranges = spec.load_balancer_source_ranges.as_deref().unwrap_or_default();
+    v.load_balancer_only("spec.loadBalancerSourceRanges", type_, !ranges.is_empty());
+    for (i, range) in ranges.iter().enumerate() {
         v.cidr(&format!("spec.loadBalancerSourceRanges[{i}]"), range);
     }
+    let mut families = BTreeSet::new();
     for (i, family) in spec.ip_families.iter().flatten().enumerate() {
         v.one_of(&format!("spec.ipFamilies[{i}]"), family, &["IPv4", "IPv6"]);
+        if !families.insert(family) {
+            v.push(&format!("spec.ipFamilies[{i}]"), format!("duplicate {family:?}"));
+        }
     }
+    if type_ != "ExternalName" {
+        cluster_ip_families(v, spec);
+    }
+    v.load_balancer_only("spec.allocateLoadBalancerNodePorts", type_, spec.allocate_load_balancer_node_ports.is_some());
+    service_ports(v, spec, type_, node_ports);
+    let affinity = spec.session_affinity.as_deref().unwrap_or("None");
+    if let Some(a) = &spec.session_affinity {
+        v.one_of("spec.sessionAffinity", a, &["None", "ClientIP"]);
+    }
+    if affinity == "None" && spec.session_affinity_config.is_some() {
+        v.push("spec.sessionAffinityConfig", "must not be set when session affinity is None".into());
+    }
+    let timeout = spec.session_affinity_config.as_ref().and_then(|c| c.client_ip.as_ref()?.timeout_seconds);
+    if let Some(t) = timeout.filter(|t| !(1..=86400).contains(t)) {
+        v.push("spec.sessionAffinityConfig.clientIP.timeoutSeconds", format!("{t} is out of range 1-86400"));
+    }
+    traffic_policies(v, spec, type_, node_ports);
+    let ingress = svc.status.as_ref().and_then(|s| s.load_balancer.as_ref()?.ingress.as_ref());
+    for (i, ing) in ingress.into_iter().flatten().enumerate() {
+        if let Some(ip) = &ing.ip {
+            v.ip(&format!("status.loadBalancer.ingress[{i}].ip"), ip);
+        }
+    }
+}
+
+/// What a Service's type forbids: addresses for ExternalName, headless NodePorts and
+/// LoadBalancers.
+fn service_type_fields(v: &mut Errors, spec: &ServiceSpec, type_: &str) {
+    let cluster_ips = spec.cluster_ips.as_deref().unwrap_or_default();
+    match type_ {
+        "ExternalName" => {
+            let forbidden = "may not be set for ExternalName services";
+            if spec.cluster_ip.as_deref().is_some_and(|ip| !ip.is_empty()) {
+                v.push("spec.clusterIP", forbidden.into());
+            }
+            for (field, set) in [
+                ("spec.clusterIPs", !cluster_ips.is_empty()),
+                ("spec.ipFamilies", spec.ip_families.as_ref().is_some_and(|f| !f.is_empty())),
+                ("spec.ipFamilyPolicy", spec.ip_family_policy.is_some()),
+            ] {
+                if set {
+                    v.push(field, forbidden.into());
+                }
+            }
+        }
+        "NodePort" | "LoadBalancer" => {
+            let headless = match spec.cluster_ip.as_deref().filter(|ip| !ip.is_empty()) {
+                Some(ip) => (ip == "None").then_some("spec.clusterIP"),
+                None => (cluster_ips.first().map(String::as_str) == Some("None")).then_some("spec.clusterIPs[0]"),
+            };
+            if let Some(field) = headless {
+                v.push(field, format!("may not be 'None' for {type_} services"));
+            }
+        }
+        _ => {}
+    }
+}
+
+/// `clusterIP`, `clusterIPs`, `ipFamilies` and `ipFamilyPolicy` agree: at most one address per
+/// family, in the order of the families, `None` alone.
+fn cluster_ip_families(v: &mut Errors, spec: &ServiceSpec) {
+    let ips = spec.cluster_ips.as_deref().unwrap_or_default();
+    let families = spec.ip_families.as_deref().unwrap_or_default();
+    if let Some(policy) = &spec.ip_family_policy {
+        v.one_of("spec.ipFamilyPolicy", policy, IP_FAMILY_POLICIES);
+    }
+    if ips.len() > 2 {
+        v.push("spec.clusterIPs", "may only hold up to 2 values".into());
+    }
+    if ips.len() > 1 && ips.iter().any(|ip| ip == "None") {
+        return v.push("spec.clusterIPs", "'None' must be the first and only value".into());
+    }
+    let valid = |ip: &str| matches!(ip, "None" | "") || ip.parse::<IpAddr>().is_ok();
+    if !ips.iter().all(|ip| valid(ip)) || !spec.cluster_ip.as_deref().is_none_or(valid) {
+        return; // invalid addresses are reported already
+    }
+    let parsed: Vec<IpAddr> = ips.iter().filter_map(|ip| ip.parse().ok()).collect();
+    if let (Some(ip), Some(first)) = (spec.cluster_ip.as_deref().filter(|ip| !ip.is_empty()), ips.first())
+        && ip != first
+    {
+        v.push("spec.clusterIPs", "first value must match `clusterIP`".into());
+    }
+    if parsed.len() > 1 && parsed.iter().filter(|ip| ip.is_ipv4()).count() != 1 {
+        v.push("spec.clusterIPs", "may specify no more than one IP for each IP family".into());
+    }
+    for (i, (ip, family)) in parsed.iter().zip(families).enumerate() {
+        let expected = match family.as_str() {
+            "IPv4" if ip.is_ipv6() => "IPv4",
+            "IPv6" if ip.is_ipv4() => "IPv6",
+            _ => continue,
+        };
+        let message = format!("expected an {expected} value as indicated by `ipFamilies[{i}]`");
+        v.push(&format!("spec.clusterIPs[{i}]"), message);
+    }
+    if spec.ip_family_policy.as_deref() == Some("SingleStack") && parsed.len().max(families.len()) > 1 {
+        v.push("spec.ipFamilyPolicy", "SingleStack may not have more than one IP family".into());
+    }
+}
+
+/// Each port (number, NodePort, target, protocol, appProtocol, name), and no two ports alike.
+fn service_ports(v: &mut Errors, spec: &ServiceSpec, type_: &str, node_ports: Option<NodePortRange>) {
     let ports = spec.ports.as_deref().unwrap_or_default();
     let mut names = BTreeSet::new();
+    let mut numbers = BTreeSet::new();
+    let mut node_port_numbers = BTreeSet::new();
     for (i, port) in ports.iter().enumerate() {
         let at = format!("spec.ports[{i}]");
+        let protocol = port.protocol.as_deref().unwrap_or("TCP");
         v.port(&format!("{at}.port"), port.port);
         if let Some(n) = port.node_port.filter(|&n| n != 0) {
-            v.port(&format!("{at}.nodePort"), n);
+            let field = format!("{at}.nodePort");
+            v.node_port(&field, n, node_ports.filter(|_| type_ != "ClusterIP"));
+            if type_ == "ClusterIP" {
+                v.push(&field, "may not be used when `type` is 'ClusterIP'".into());
+            }
+            if !node_port_numbers.insert((n, protocol)) {
+                v.push(&field, format!("duplicate nodePort {n}/{protocol}"));
+            }
         }
         match &port.target_port {
             Some(IntOrString::Int(n)) => v.port(&format!("{at}.targetPort"), *n),
@@ -155,32 +282,49 @@ fn service(v: &mut Errors, svc: &Service) {
         if let Some(p) = &port.protocol {
             v.one_of(&format!("{at}.protocol"), p, PROTOCOLS);
         }
-        let name = port.name.as_deref().unwrap_or_default();
-        if !name.is_empty() {
-            v.format(&format!("{at}.name"), name, formats::dns1123_label);
+        if let Some(app) = &port.app_protocol {
+            v.format(&format!("{at}.appProtocol"), app, formats::qualified_name);
         }
-        if ports.len() > 1 && !names.insert(name) {
-            v.push(&format!("{at}.name"), format!("duplicate port name {name:?}"));
+        match port.name.as_deref().unwrap_or_default() {
+            "" if ports.len() > 1 => {
+                v.push(&format!("{at}.name"), "is required when a Service has more than one port".into())
+            }
+            "" => {}
+            name => {
+                v.format(&format!("{at}.name"), name, formats::dns1123_label);
+                if !names.insert(name) {
+                    v.push(&format!("{at}.name"), format!("duplicate port name {name:?}"));
+                }
+            }
+        }
+        if !numbers.insert((port.port, protocol)) {
+            v.push(&at, format!("duplicate port {}/{protocol}", port.port));
         }
     }
-    if let Some(a) = &spec.session_affinity {
-        v.one_of("spec.sessionAffinity", a, &["None", "ClientIP"]);
-    }
-    let timeout = spec.session_affinity_config.as_ref().and_then(|c| c.client_ip.as_ref()?.timeout_seconds);
-    if let Some(t) = timeout.filter(|t| !(1..=86400).contains(t)) {
-        v.push("spec.sessionAffinityConfig.clientIP.timeoutSeconds", format!("{t} is out of range 1-86400"));
-    }
+}
+
+/// `externalTrafficPolicy` (only for Services reachable from outside), `healthCheckNodePort`
+/// (only for `Local` LoadBalancers, in the NodePort range) and `internalTrafficPolicy`.
+fn traffic_policies(v: &mut Errors, spec: &ServiceSpec, type_: &str, node_ports: Option<NodePortRange>) {
+    let external = matches!(type_, "NodePort" | "LoadBalancer")
+        || (type_ == "ClusterIP" && spec.external_ips.as_ref().is_some_and(|ips| !ips.is_empty()));
     if let Some(p) = &spec.external_traffic_policy {
-        v.one_of("spec.externalTrafficPolicy", p, TRAFFIC_POLICIES);
+        if !TRAFFIC_POLICIES.contains(&p.as_str()) {
+            v.one_of("spec.externalTrafficPolicy", p, TRAFFIC_POLICIES);
+        } else if !external {
+            v.push("spec.externalTrafficPolicy", "may only be set for externally-accessible services".into());
+        }
+    }
+    if let Some(n) = spec.health_check_node_port.filter(|&n| n != 0) {
+        if type_ == "LoadBalancer" && spec.external_traffic_policy.as_deref() == Some("Local") {
+            v.node_port("spec.healthCheckNodePort", n, node_ports);
+        } else {
+            let message = "may only be set when `type` is 'LoadBalancer' and `externalTrafficPolicy` is 'Local'";
+            v.push("spec.healthCheckNodePort", message.into());
+        }
     }
     if let Some(p) = &spec.internal_traffic_policy {
         v.one_of("spec.internalTrafficPolicy", p, TRAFFIC_POLICIES);
-    }
-    let ingress = svc.status.as_ref().and_then(|s| s.load_balancer.as_ref()?.ingress.as_ref());
-    for (i, ing) in ingress.into_iter().flatten().enumerate() {
-        if let Some(ip) = &ing.ip {
-            v.ip(&format!("status.loadBalancer.ingress[{i}].ip"), ip);
-        }
     }
 }
 
@@ -518,6 +662,21 @@ impl Errors {
         }
     }
 
+    /// A NodePort: a port number, in `range` when one is given.
+    fn node_port(&mut self, field: &str, port: i32, range: Option<NodePortRange>) {
+        self.port(field, port);
+        if let Some(range) = range.filter(|range| (1..=65535).contains(&port) && !range.contains(port)) {
+            self.push(field, format!("{port} is not in the NodePort range {range} (--service-node-port-range)"));
+        }
+    }
+
+    /// Refuses `field` (when `set`) on a Service whose type is not LoadBalancer.
+    fn load_balancer_only(&mut self, field: &str, type_: &str, set: bool) {
+        if set && type_ != "LoadBalancer" {
+            self.push(field, "may only be used when `type` is 'LoadBalancer'".into());
+        }
+    }
+
     fn port(&mut self, field: &str, port: i32) {
         if !(1..=65535).contains(&port) {
             self.push(field, format!("{port} is out of range 1-65535"));
@@ -537,7 +696,7 @@ mod tests {
     use serde_json::{Value, json};
 
     fn errors(object: Object) -> Vec<String> {
-        validate(&object).into_iter().map(|e| format!("{}: {}", e.field.unwrap_or_default(), e.message)).collect()
+        validate(&object, None).into_iter().map(|e| format!("{}: {}", e.field.unwrap_or_default(), e.message)).collect()
     }
 
     fn service(spec: Value, status: Value) -> Object {
@@ -579,6 +738,7 @@ mod tests {
                 "spec.clusterIPs[0]: \"x\" is not a valid IP address",
                 "spec.externalIPs[0]: \"1.2.3\" is not a valid IP address",
                 "spec.loadBalancerIP: \"lb\" is not a valid IP address",
+                "spec.loadBalancerSourceRanges: may only be used when `type` is 'LoadBalancer'",
                 "spec.loadBalancerSourceRanges[0]: \"10.0.0.0/33\" is not a valid CIDR",
                 "spec.ipFamilies[0]: \"IPv5\" is not one of IPv4, IPv6",
                 "status.loadBalancer.ingress[0].ip: \"nope\" is not a valid IP address",
@@ -597,10 +757,141 @@ mod tests {
                 "spec.ports[0].port: 70000 is out of range 1-65535",
                 "spec.ports[0].targetPort: 0 is out of range 1-65535",
                 "spec.ports[1].nodePort: 65536 is out of range 1-65535",
+                "spec.ports[1].nodePort: may not be used when `type` is 'ClusterIP'",
                 "spec.ports[1].targetPort: must be a port number or a non-empty name",
                 "spec.ports[1].protocol: \"ICMP\" is not one of TCP, UDP, SCTP",
                 "spec.ports[1].name: duplicate port name \"a\"",
             ]
+        );
+    }
+
+    fn range_errors(spec: Value, node_ports: &str) -> Vec<String> {
+        let object = service(spec, json!({}));
+        let errors = validate(&object, Some(node_ports.parse().unwrap()));
+        errors.into_iter().map(|e| format!("{}: {}", e.field.unwrap_or_default(), e.message)).collect()
+    }
+
+    #[test]
+    fn node_ports_must_be_in_the_node_port_range() {
+        let spec = json!({"type": "LoadBalancer", "externalTrafficPolicy": "Local", "healthCheckNodePort": 10256,
+            "ports": [{"name": "ssh", "port": 22, "nodePort": 22}, {"name": "a", "port": 80, "nodePort": 30000},
+                      {"name": "b", "port": 81, "nodePort": 32767}, {"name": "c", "port": 82, "nodePort": 32768}]});
+        assert_eq!(
+            range_errors(spec.clone(), "30000-32767"),
+            [
+                "spec.ports[0].nodePort: 22 is not in the NodePort range 30000-32767 (--service-node-port-range)",
+                "spec.ports[3].nodePort: 32768 is not in the NodePort range 30000-32767 (--service-node-port-range)",
+                "spec.healthCheckNodePort: 10256 is not in the NodePort range 30000-32767 (--service-node-port-range)",
+            ]
+        );
+        assert_eq!(range_errors(spec.clone(), "22-32767").len(), 1, "a configured range is honoured");
+        // An API server's object was checked against the API server's own range.
+        assert!(errors(service(spec, json!({}))).is_empty());
+    }
+
+    #[test]
+    fn fields_only_some_service_types_may_set() {
+        let cluster_ip = json!({"externalTrafficPolicy": "Local", "healthCheckNodePort": 30001,
+            "loadBalancerSourceRanges": ["10.0.0.0/8"], "allocateLoadBalancerNodePorts": true,
+            "ports": [{"port": 80, "nodePort": 30080}]});
+        assert_eq!(
+            errors(service(cluster_ip, json!({}))),
+            [
+                "spec.loadBalancerSourceRanges: may only be used when `type` is 'LoadBalancer'",
+                "spec.allocateLoadBalancerNodePorts: may only be used when `type` is 'LoadBalancer'",
+                "spec.ports[0].nodePort: may not be used when `type` is 'ClusterIP'",
+                "spec.externalTrafficPolicy: may only be set for externally-accessible services",
+                "spec.healthCheckNodePort: may only be set when `type` is 'LoadBalancer' and `externalTrafficPolicy` \
+                 is 'Local'",
+            ]
+        );
+        // externalIPs make a ClusterIP Service externally accessible.
+        let external = json!({"externalIPs": ["1.2.3.4"], "externalTrafficPolicy": "Local", "ports": [{"port": 80}]});
+        assert!(errors(service(external, json!({}))).is_empty());
+        let node_port = json!({"type": "NodePort", "clusterIP": "None", "externalTrafficPolicy": "Local",
+            "healthCheckNodePort": 30001, "ports": [{"port": 80}]});
+        assert_eq!(
+            errors(service(node_port, json!({}))),
+            [
+                "spec.clusterIP: may not be 'None' for NodePort services",
+                "spec.healthCheckNodePort: may only be set when `type` is 'LoadBalancer' and `externalTrafficPolicy` \
+                 is 'Local'",
+            ]
+        );
+        let external_name = json!({"type": "ExternalName", "clusterIP": "10.0.0.1", "clusterIPs": ["10.0.0.1"],
+            "ipFamilies": ["IPv4"], "ipFamilyPolicy": "SingleStack"});
+        assert_eq!(
+            errors(service(external_name, json!({}))),
+            [
+                "spec.clusterIP: may not be set for ExternalName services",
+                "spec.clusterIPs: may not be set for ExternalName services",
+                "spec.ipFamilies: may not be set for ExternalName services",
+                "spec.ipFamilyPolicy: may not be set for ExternalName services",
+                "spec.externalName: is required",
+            ]
+        );
+    }
+
+    #[test]
+    fn cluster_ips_and_ip_families_agree() {
+        let errors_of = |spec: Value| errors(service(spec, json!({})));
+        assert_eq!(
+            errors_of(json!({"clusterIP": "10.0.0.1", "clusterIPs": ["10.0.0.2"], "ipFamilies": ["IPv4", "IPv4"],
+                "ipFamilyPolicy": "DualStack"})),
+            [
+                "spec.ipFamilies[1]: duplicate \"IPv4\"",
+                "spec.ipFamilyPolicy: \"DualStack\" is not one of SingleStack, PreferDualStack, RequireDualStack",
+                "spec.clusterIPs: first value must match `clusterIP`",
+            ]
+        );
+        assert_eq!(
+            errors_of(json!({"clusterIPs": ["10.0.0.1", "10.0.0.2", "fd00::1"]})),
+            [
+                "spec.clusterIPs: may only hold up to 2 values",
+                "spec.clusterIPs: may specify no more than one IP for each IP family",
+            ]
+        );
+        assert_eq!(
+            errors_of(json!({"clusterIPs": ["None", "fd00::1"]})),
+            ["spec.clusterIPs: 'None' must be the first and only value"]
+        );
+        assert_eq!(
+            errors_of(json!({"clusterIPs": ["10.0.0.1", "fd00::1"], "ipFamilies": ["IPv6", "IPv4"]})),
+            [
+                "spec.clusterIPs[0]: expected an IPv6 value as indicated by `ipFamilies[0]`",
+                "spec.clusterIPs[1]: expected an IPv4 value as indicated by `ipFamilies[1]`",
+            ]
+        );
+        assert_eq!(
+            errors_of(json!({"clusterIPs": ["10.0.0.1", "fd00::1"], "ipFamilyPolicy": "SingleStack"})),
+            ["spec.ipFamilyPolicy: SingleStack may not have more than one IP family"]
+        );
+        let dual = json!({"clusterIP": "fd00::1", "clusterIPs": ["fd00::1", "10.0.0.1"],
+            "ipFamilies": ["IPv6", "IPv4"], "ipFamilyPolicy": "RequireDualStack"});
+        assert!(errors_of(dual).is_empty());
+    }
+
+    #[test]
+    fn port_names_protocols_and_duplicates() {
+        let spec = json!({"type": "NodePort", "ports": [
+            {"port": 80, "nodePort": 30080},
+            {"port": 80, "protocol": "TCP", "nodePort": 30080, "appProtocol": "kubernetes.io/h2c"},
+            {"name": "udp", "port": 80, "protocol": "UDP", "nodePort": 30080, "appProtocol": "http 2"}]});
+        assert_eq!(
+            errors(service(spec, json!({}))),
+            [
+                "spec.ports[0].name: is required when a Service has more than one port",
+                "spec.ports[1].nodePort: duplicate nodePort 30080/TCP",
+                "spec.ports[1].name: is required when a Service has more than one port",
+                "spec.ports[1]: duplicate port 80/TCP",
+                "spec.ports[2].appProtocol: \"http 2\" name part must consist of letters, digits, '-', '_' or '.', \
+                 starting and ending with a letter or digit",
+            ]
+        );
+        let affinity = json!({"sessionAffinityConfig": {"clientIP": {"timeoutSeconds": 60}}, "ports": [{"port": 80}]});
+        assert_eq!(
+            errors(service(affinity, json!({}))),
+            ["spec.sessionAffinityConfig: must not be set when session affinity is None"]
         );
     }
 

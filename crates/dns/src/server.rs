@@ -1,9 +1,10 @@
 //! Serving: hickory-server's UDP and TCP front ends (wire format, EDNS0, truncation with the TC
 //! bit, FORMERR for malformed requests) calling [`Handler`], which answers from the current
-//! [`ZoneData`] snapshot or forwards upstream. One [`Server`] per worker runtime ([`serve_on`]).
+//! [`ZoneData`] snapshot or forwards upstream; over TCP, [`tcp`]'s bounded front end instead,
+//! with the same handling of each message. One [`Serving`] per worker runtime ([`serve_on`]).
 
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 use arc_swap::ArcSwap;
 use hickory_proto::op::{Edns, Message, MessageType, OpCode, Query, ResponseCode};
@@ -12,9 +13,11 @@ use hickory_server::net::runtime::Time;
 use hickory_server::server::{Request, RequestHandler, ResponseHandler, ResponseInfo, Server};
 use hickory_server::zone_handler::MessageResponseBuilder;
 use metrics::{counter, histogram};
+use tokio::task::JoinSet;
 
 use crate::answer::{Outcome, Zones};
 use crate::forward::Forwarder;
+use crate::tcp::{self, TcpLimits};
 use crate::wire::{self, MAX_UDP_PAYLOAD};
 use crate::zone::ZoneData;
 
@@ -24,8 +27,6 @@ pub const REQUESTS_TOTAL: &str = "roadkeeper_dns_requests_total";
 pub const RESPONSES_TOTAL: &str = "roadkeeper_dns_responses_total";
 /// `roadkeeper_dns_request_duration_seconds{source}`: time to answer, from the zone or upstream.
 pub const REQUEST_DURATION_SECONDS: &str = "roadkeeper_dns_request_duration_seconds";
-/// How long a TCP connection may stay idle.
-const TCP_IDLE_TIMEOUT: Duration = Duration::from_secs(10);
 
 /// The current zone snapshot, replaced as a whole on every change (readers never lock).
 pub type SharedZone = Arc<ArcSwap<ZoneData>>;
@@ -139,19 +140,43 @@ fn rcode_label(code: ResponseCode) -> &'static str {
     }
 }
 
-/// A server of `handler` on `udp` sockets and `tcp` listeners, bound (and listening) already:
-/// tasks on the current tokio runtime.
+/// One worker's handler, shared by its UDP and TCP front ends.
+#[derive(Clone)]
+struct Shared(Arc<Handler>);
+
+#[async_trait::async_trait]
+impl RequestHandler for Shared {
+    async fn handle_request<R: ResponseHandler, T: Time>(&self, request: &Request, response: R) -> ResponseInfo {
+        self.0.handle_request::<R, T>(request, response).await
+    }
+}
+
+/// One worker's DNS service: hickory-server on its UDP sockets, [`tcp`] on its TCP listeners.
+pub struct Serving {
+    udp: Server<Shared>,
+    tcp: JoinSet<()>,
+}
+
+impl Serving {
+    /// Stops serving: TCP connections are closed, answers being sent over UDP are finished.
+    pub async fn shutdown(mut self) -> std::io::Result<()> {
+        self.tcp.shutdown().await;
+        self.udp.shutdown_gracefully().await.map_err(std::io::Error::other)
+    }
+}
+
+/// A service of `handler` on `udp` sockets and `tcp` listeners, bound (and listening) already,
+/// with `limits` on the TCP connections: tasks on the current tokio runtime.
 pub fn serve_on(
     udp: Vec<std::net::UdpSocket>,
     tcp: Vec<std::net::TcpListener>,
     handler: Handler,
-) -> std::io::Result<Server<Handler>> {
-    let mut server = Server::new(handler);
+    limits: TcpLimits,
+) -> std::io::Result<Serving> {
+    let handler = Shared(Arc::new(handler));
+    let mut server = Server::new(handler.clone());
     for socket in udp {
         server.register_socket(tokio::net::UdpSocket::from_std(socket)?);
     }
-    for listener in tcp {
-        server.register_listener(tokio::net::TcpListener::from_std(listener)?, TCP_IDLE_TIMEOUT, 64 * 1024);
-    }
-    Ok(server)
+    Ok(Serving { udp: server, tcp: tcp::serve(tcp, handler, limits)? })
 }

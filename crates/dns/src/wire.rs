@@ -12,7 +12,7 @@ use hickory_proto::rr::rdata::{CNAME, NS, PTR};
 use hickory_proto::rr::{DNSClass, Name, RData, Record};
 use hickory_proto::serialize::binary::{BinDecodable, BinDecoder, BinEncodable, BinEncoder, NameEncoding};
 use hickory_server::net::xfer::Protocol;
-use hickory_server::server::Request;
+use hickory_server::server::{Request, ResponseInfo};
 use hickory_server::zone_handler::{MessageResponse, MessageResponseBuilder, Queries};
 use roadkeeper_cluster::{Object, Store};
 use serde_json::{Value, json};
@@ -170,17 +170,10 @@ const SOURCE: SocketAddr = SocketAddr::new(std::net::IpAddr::V4(Ipv4Addr::LOCALH
 /// sends nothing (no readable header, or a response). Names outside the zones get SERVFAIL: this
 /// path does not forward.
 pub fn respond(zones: &Zones, data: &ZoneData, bytes: &[u8]) -> Option<Vec<u8>> {
-    let header = Header::read(&mut BinDecoder::new(bytes)).ok()?;
-    let Ok(request) = Request::from_bytes(bytes.to_vec(), SOURCE, Protocol::Udp) else {
-        // As hickory-server's own FORMERR for a request it cannot read: no question, no EDNS.
-        let queries = Queries::read(&mut BinDecoder::new(&[]), 0).ok()?;
-        return Some(encode(
-            MessageResponseBuilder::new(&queries, None).error_msg(&header.metadata, ResponseCode::FormErr),
-        ));
+    let request = match read_request(bytes, SOURCE, Protocol::Udp) {
+        Ok(request) => request,
+        Err(formerr) => return formerr,
     };
-    if request.metadata.message_type == MessageType::Response {
-        return None;
-    }
     let (edns, mut metadata) = response_head(&request);
     let questions = echoed_questions(&request);
     let limit = size_limit(&request, edns.as_ref());
@@ -190,18 +183,37 @@ pub fn respond(zones: &Zones, data: &ZoneData, bytes: &[u8]) -> Option<Vec<u8>> 
             if let Some(edns) = &edns {
                 builder.edns(edns);
             }
-            encode(builder.error_msg(&request.metadata, code))
+            encode(builder.error_msg(&request.metadata, code), Protocol::Udp)
         }
-        Ok((_, Outcome::Answer(answer))) => encode(authoritative(&questions, edns.as_ref(), metadata, &answer, limit)),
+        Ok((_, Outcome::Answer(answer))) => {
+            encode(authoritative(&questions, edns.as_ref(), metadata, &answer, limit), Protocol::Udp)
+        }
         Ok((_, Outcome::Forward)) => {
             metadata.response_code = ResponseCode::ServFail;
-            encode(fitted(&questions, edns.as_ref(), metadata, [&[], &[], &[]], limit))
+            encode(fitted(&questions, edns.as_ref(), metadata, [&[], &[], &[]], limit), Protocol::Udp)
         }
     })
 }
 
-/// `message` (already cut to its size, [`fitted`]) in wire format; a header-only SERVFAIL when it
-/// cannot be encoded. What hickory-server's UDP `ResponseHandle` does.
+/// The request in `bytes`, received from `src` over `protocol`, as hickory-server reads it; else
+/// what is sent back: FORMERR (no question, no EDNS) for a request with a header but nothing
+/// readable after it, nothing for one without a header or for a response.
+pub(crate) fn read_request(bytes: &[u8], src: SocketAddr, protocol: Protocol) -> Result<Request, Option<Vec<u8>>> {
+    let header = Header::read(&mut BinDecoder::new(bytes)).map_err(|_| None)?;
+    let Ok(request) = Request::from_bytes(bytes.to_vec(), src, protocol) else {
+        let queries = Queries::read(&mut BinDecoder::new(&[]), 0).map_err(|_| None)?;
+        let formerr = MessageResponseBuilder::new(&queries, None).error_msg(&header.metadata, ResponseCode::FormErr);
+        return Err(Some(encode(formerr, protocol)));
+    };
+    if request.metadata.message_type == MessageType::Response {
+        return Err(None);
+    }
+    Ok(request)
+}
+
+/// `message` (already cut to its size, [`fitted`]) in wire format for `protocol` (over UDP at
+/// most its EDNS payload size, or 512 bytes); a header-only SERVFAIL when it cannot be encoded.
+/// What hickory-server's `ResponseHandle` does.
 fn encode<'a>(
     message: MessageResponse<
         '_,
@@ -211,19 +223,39 @@ fn encode<'a>(
         impl Iterator<Item = &'a Record> + Send + 'a,
         impl Iterator<Item = &'a Record> + Send + 'a,
     >,
+    protocol: Protocol,
 ) -> Vec<u8> {
+    emit(message, protocol).1
+}
+
+/// [`encode`], with the header of what was encoded.
+pub(crate) fn emit<'a>(
+    message: MessageResponse<
+        '_,
+        'a,
+        impl Iterator<Item = &'a Record> + Send + 'a,
+        impl Iterator<Item = &'a Record> + Send + 'a,
+        impl Iterator<Item = &'a Record> + Send + 'a,
+        impl Iterator<Item = &'a Record> + Send + 'a,
+    >,
+    protocol: Protocol,
+) -> (ResponseInfo, Vec<u8>) {
     let id = message.metadata().id;
     let mut bytes = Vec::with_capacity(512);
     let mut encoder = BinEncoder::new(&mut bytes);
-    encoder.set_max_size(message.edns().map_or(512, Edns::max_payload));
-    if message.destructive_emit(&mut encoder).is_err() {
-        bytes.clear();
-        let mut metadata = Metadata::new(id, MessageType::Response, OpCode::Query);
-        metadata.response_code = ResponseCode::ServFail;
-        let header = Header { metadata, counts: HeaderCounts::default() };
-        header.emit(&mut BinEncoder::new(&mut bytes)).expect("a header fits");
+    encoder.set_max_size(match protocol {
+        Protocol::Udp => message.edns().map_or(512, Edns::max_payload),
+        _ => u16::MAX,
+    });
+    if let Ok(info) = message.destructive_emit(&mut encoder) {
+        return (info, bytes);
     }
-    bytes
+    bytes.clear();
+    let mut metadata = Metadata::new(id, MessageType::Response, OpCode::Query);
+    metadata.response_code = ResponseCode::ServFail;
+    let header = Header { metadata, counts: HeaderCounts::default() };
+    header.emit(&mut BinEncoder::new(&mut bytes)).expect("a header fits");
+    (header.into(), bytes)
 }
 
 /// [`respond`], checked as the fuzz target checks it: a response parses back whole (no byte after
@@ -436,7 +468,7 @@ mod tests {
         for (sections, truncated) in
             [([&answers[..], &[], &additionals], false), ([&additionals[..], &[], &answers], true)]
         {
-            let bytes = encode(fitted(&questions, None, metadata, sections, 512));
+            let bytes = encode(fitted(&questions, None, metadata, sections, 512), Protocol::Udp);
             assert!(bytes.len() <= 512 && bytes.len() > 512 - 28, "{} bytes", bytes.len());
             let mut decoder = BinDecoder::new(&bytes);
             let response = Message::read(&mut decoder).unwrap();

@@ -12,6 +12,7 @@ use std::collections::btree_map::Entry;
 use std::net::Ipv4Addr;
 use std::ops::RangeInclusive;
 
+use roadkeeper_cluster::NodePortRange;
 use roadkeeper_cluster::k8s_openapi::api::core::v1::{LoadBalancerIngress, LoadBalancerStatus, Service, ServiceStatus};
 use roadkeeper_netlab::cluster::SERVICE_CIDR;
 use serde::{Deserialize, Serialize};
@@ -19,8 +20,9 @@ use serde::{Deserialize, Serialize};
 /// ClusterIPs handed out to Services that ask for none start here (the ones below are left to
 /// explicit requests, such as kube-dns's 10.96.0.10).
 pub const FIRST_DYNAMIC_CLUSTER_IP: Ipv4Addr = Ipv4Addr::new(10, 96, 0, 100);
-/// NodePorts.
-pub const NODE_PORTS: RangeInclusive<u16> = 30000..=32767;
+/// NodePorts: the API server's default range, the one every lab component reading the generated
+/// manifests checks them against.
+pub const NODE_PORTS: RangeInclusive<u16> = NodePortRange::DEFAULT.first()..=NodePortRange::DEFAULT.last();
 /// Load-balancer addresses handed out (inside [`roadkeeper_netlab::cluster::LB_POOL`]).
 pub const LB_ADDRESSES: RangeInclusive<u8> = 200..=250;
 

@@ -10,11 +10,13 @@
 //! nearest existing folder whose upper layer is a tmpfs of the container's own: the host's
 //! folders are never written.
 //!
-//! What a container runs: the `roadkeeper` image runs the roadkeeper binary with the
-//! container's `command` (its first word replaced by the binary) and `args`; any other image is
-//! served by the lab's web server ([`roadkeeper_netlab::web`]) on its TCP ports, serving the
-//! files below the pod's document root (annotation `lab.roadkeeper.dev/document-root`, default
-//! nginx's `/usr/share/nginx/html`), and by the echo server on its UDP ports.
+//! What a container runs ([`crate::confine`] decides what it may): the `roadkeeper` image runs
+//! the roadkeeper binary with the container's `command` (its first word replaced by the binary)
+//! and `args`, if they name a subcommand a pod runs; any other image is served by the lab's web
+//! server ([`roadkeeper_netlab::web`]) on its TCP ports and by the echo server on its UDP ports.
+//! The web server serves the pod's document root (annotation `lab.roadkeeper.dev/document-root`,
+//! default nginx's `/usr/share/nginx/html`) from the lab's folder of the volume mounted there,
+//! and an empty folder when no volume of the container holds it: never this machine's files.
 
 use std::collections::BTreeMap;
 use std::ffi::CString;
@@ -28,14 +30,10 @@ use roadkeeper_cluster::k8s_openapi::api::core::v1::{ConfigMap, Container as Con
 use roadkeeper_cluster::{NamespacedName, Store};
 use serde::{Deserialize, Serialize};
 
+use crate::confine::{self, DEFAULT_DOCUMENT_ROOT, DOCUMENT_ROOT_ANNOTATION};
 use crate::state::{LabDir, Pod};
-use crate::system::{CLUSTER_DOMAIN, DNS_IP, ROADKEEPER_IMAGE};
+use crate::system::{CLUSTER_DOMAIN, DNS_IP};
 use crate::{Error, Result};
-
-/// The annotation naming the folder the lab's web server serves in a pod's containers.
-pub const DOCUMENT_ROOT_ANNOTATION: &str = "lab.roadkeeper.dev/document-root";
-/// The document root without that annotation: nginx's.
-pub const DEFAULT_DOCUMENT_ROOT: &str = "/usr/share/nginx/html";
 
 /// Everything the runner needs to start one container.
 #[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
@@ -67,18 +65,22 @@ pub struct Mount {
     pub read_only: bool,
 }
 
-/// The program a container runs (pure).
-pub fn argv(binary: &Path, pod: &Pod, container: &ContainerSpecObject) -> Vec<String> {
+/// The program a container runs (pure), its web server serving `root` (a folder of the lab's);
+/// refused when a container of image roadkeeper names no subcommand a pod runs.
+pub fn argv(
+    binary: &Path,
+    pod: &Pod,
+    container: &ContainerSpecObject,
+    root: &Path,
+) -> std::result::Result<Vec<String>, String> {
     let binary = binary.display().to_string();
-    let image = container.image.as_deref().unwrap_or_default();
-    let repository = image.rsplit('/').next().unwrap_or_default().split([':', '@']).next().unwrap_or_default();
-    if repository == ROADKEEPER_IMAGE {
-        let command = container.command.iter().flatten().skip(1).cloned();
-        return std::iter::once(binary).chain(command).chain(container.args.iter().flatten().cloned()).collect();
+    if confine::is_roadkeeper(container) {
+        let args = confine::roadkeeper_args(container);
+        confine::check_args(&args).map_err(|(_, why)| why)?;
+        return Ok(std::iter::once(binary).chain(args).collect());
     }
-    let root = pod.annotations.get(DOCUMENT_ROOT_ANNOTATION).map_or(DEFAULT_DOCUMENT_ROOT, String::as_str);
-    let mut argv =
-        vec![binary, "lab".into(), "serve".into(), "--name".into(), pod.name.clone(), "--root".into(), root.into()];
+    let root = root.display().to_string();
+    let mut argv = vec![binary, "lab".into(), "serve".into(), "--name".into(), pod.name.clone(), "--root".into(), root];
     let ports = container.ports.iter().flatten();
     let tcp: Vec<i32> =
         ports.clone().filter(|p| p.protocol.as_deref().unwrap_or("TCP") == "TCP").map(|p| p.container_port).collect();
@@ -90,7 +92,20 @@ pub fn argv(binary: &Path, pod: &Pod, container: &ContainerSpecObject) -> Vec<St
             argv.extend(["--udp".into(), port.container_port.to_string()]);
         }
     }
-    argv
+    Ok(argv)
+}
+
+/// The folder of the pod's that is a container's document root (the pod's annotation, else
+/// nginx's): below the deepest of its volume `mounts` holding it, in the lab's folder of that
+/// volume; `None` when no volume holds it, or it is missing or leads (through a link) out of the
+/// pod's `volumes`.
+fn document_root(pod: &Pod, mounts: &[Mount], volumes: &Path) -> Option<PathBuf> {
+    let root = pod.annotations.get(DOCUMENT_ROOT_ANNOTATION).map_or(DEFAULT_DOCUMENT_ROOT, String::as_str);
+    let points: Vec<&Path> = mounts.iter().map(|m| m.target.as_path()).collect();
+    let (i, rest) = confine::below(root, &points)?;
+    let source = &mounts[i].source;
+    let folder = if rest.as_os_str().is_empty() { source.clone() } else { source.join(rest) };
+    folder.canonicalize().ok()?.starts_with(volumes.canonicalize().ok()?).then_some(folder)
 }
 
 /// The pod's `resolv.conf` for `dnsPolicy: ClusterFirst` (the default): the cluster DNS and the
@@ -105,7 +120,8 @@ pub fn resolv_conf(pod: &Pod) -> Option<String> {
 
 /// Writes the pod's files (volumes, `resolv.conf`, each container's [`Spec`]) into its folder
 /// and returns the path of each container's spec, in spec order. ConfigMaps come from
-/// `manifests`; a missing one is a problem, and its volume stays empty.
+/// `manifests`; a missing one is a problem, and its volume stays empty. Fails for a container
+/// [`argv`] refuses; environment variables [`confine::passes_env`] refuses are left out.
 pub fn prepare(lab: &LabDir, binary: &Path, pod: &Pod, manifests: &Store) -> Result<(Vec<PathBuf>, Vec<String>)> {
     let dir = lab.pod_dir(&pod.uid);
     fs::create_dir_all(&dir).map_err(Error::io(&dir))?;
@@ -140,6 +156,8 @@ pub fn prepare(lab: &LabDir, binary: &Path, pod: &Pod, manifests: &Store) -> Res
         }
         None => None,
     };
+    let empty = dir.join("empty");
+    fs::create_dir_all(&empty).map_err(Error::io(&empty))?;
     let mut specs = Vec::new();
     for container in &pod.spec.containers {
         let mounts = container
@@ -158,16 +176,19 @@ pub fn prepare(lab: &LabDir, binary: &Path, pod: &Pod, manifests: &Store) -> Res
                     read_only: *config_map || m.read_only == Some(true),
                 })
             })
-            .collect();
-        let env =
-            container.env.iter().flatten().filter_map(|var| Some((var.name.clone(), var.value.clone()?))).collect();
+            .collect::<Vec<_>>();
+        let root = document_root(pod, &mounts, &dir.join("volumes")).unwrap_or_else(|| empty.clone());
+        let argv = argv(binary, pod, container, &root)
+            .map_err(|why| Error::Invalid(format!("container {}: {why}", container.name)))?;
+        let env = container.env.iter().flatten().filter(|var| confine::passes_env(&var.name));
+        let env = env.filter_map(|var| Some((var.name.clone(), var.value.clone()?))).collect();
         let spec = Spec {
             netns: roadkeeper_netlab::netns::path_of(&pod.netns),
             hostname: pod.name.clone(),
             mounts,
             resolv_conf: resolv.clone(),
             scratch: dir.join(format!("scratch-{}", container.name)),
-            argv: argv(binary, pod, container),
+            argv,
             env,
         };
         fs::create_dir_all(&spec.scratch).map_err(Error::io(&spec.scratch))?;
@@ -328,8 +349,9 @@ mod tests {
         let pod = crate::testing::pod("hello-abc", "node-1", [10, 244, 1, 2], &[]);
         let web = container(json!({"name": "nginx", "image": "nginx:1.27", "ports": [{"containerPort": 80},
             {"containerPort": 53, "protocol": "UDP"}, {"containerPort": 80, "protocol": "UDP"}]}));
+        let root = Path::new("/lab/pods/u/volumes/html");
         assert_eq!(
-            argv(Path::new("/rk"), &pod, &web),
+            argv(Path::new("/rk"), &pod, &web, root).unwrap(),
             [
                 "/rk",
                 "lab",
@@ -337,7 +359,7 @@ mod tests {
                 "--name",
                 "hello-abc",
                 "--root",
-                "/usr/share/nginx/html",
+                "/lab/pods/u/volumes/html",
                 "--tcp",
                 "80",
                 "--udp",
@@ -347,7 +369,9 @@ mod tests {
         let own = container(
             json!({"name": "dns", "image": "ghcr.io/x/roadkeeper:0.1", "command": ["roadkeeper", "dns"], "args": ["--ttl", "1"]}),
         );
-        assert_eq!(argv(Path::new("/rk"), &pod, &own), ["/rk", "dns", "--ttl", "1"]);
+        assert_eq!(argv(Path::new("/rk"), &pod, &own, root).unwrap(), ["/rk", "dns", "--ttl", "1"]);
+        let escape = container(json!({"name": "c", "image": "roadkeeper", "command": ["roadkeeper", "lab", "exec"]}));
+        assert!(argv(Path::new("/rk"), &pod, &escape, root).unwrap_err().starts_with("\"lab\" is not run in a lab"));
         assert_eq!(
             resolv_conf(&pod).unwrap(),
             "search default.svc.cluster.local svc.cluster.local cluster.local\nnameserver 10.96.0.10\noptions ndots:5\n"
@@ -374,7 +398,56 @@ mod tests {
         let volume = lab.pod_dir(&pod.uid).join("volumes/html");
         assert_eq!(fs::read_to_string(volume.join("hello/index.html")).unwrap(), "<h1>hi</h1>");
         let spec: Spec = serde_json::from_slice(&fs::read(&specs[0]).unwrap()).unwrap();
-        assert_eq!(spec.mounts, [Mount { source: volume, target: "/usr/share/nginx/html".into(), read_only: true }]);
+        assert_eq!(
+            spec.mounts,
+            [Mount { source: volume.clone(), target: "/usr/share/nginx/html".into(), read_only: true }]
+        );
         assert_eq!(spec.netns, Path::new("/var/run/netns/rkl-x-pod-0"));
+        assert_eq!(spec.argv[5..7], ["--root".to_owned(), volume.display().to_string()]);
+    }
+
+    /// A pod of `spec` with `annotations`, prepared in a scratch lab: its folder and its first
+    /// container's spec, or why not.
+    fn prepared(spec: serde_json::Value, annotations: &[(&str, &str)]) -> (tempfile::TempDir, PathBuf, Result<Spec>) {
+        let dir = tempfile::tempdir().unwrap();
+        let lab = LabDir::resolve(Some(dir.path()));
+        let mut pod = crate::testing::pod("p", "node-1", [10, 244, 1, 2], &[]);
+        pod.spec = serde_json::from_value(spec).unwrap();
+        pod.annotations = annotations.iter().map(|(k, v)| ((*k).to_owned(), (*v).to_owned())).collect();
+        let spec = prepare(&lab, Path::new("/rk"), &pod, &Store::default())
+            .map(|(specs, _)| serde_json::from_slice(&fs::read(&specs[0]).unwrap()).unwrap());
+        (dir, lab.pod_dir(&pod.uid), spec)
+    }
+
+    #[test]
+    fn document_roots_are_folders_of_the_pods_volumes() {
+        // The folder served (below the pod's) for a document root and the volume's mount point.
+        let served = |root: &str, mount: &str| {
+            let spec = json!({"volumes": [{"name": "site", "emptyDir": {}}], "containers": [{"name": "web",
+                "image": "nginx", "ports": [{"containerPort": 80}],
+                "volumeMounts": [{"name": "site", "mountPath": mount}]}]});
+            let (_dir, pod_dir, spec) = prepared(spec, &[(DOCUMENT_ROOT_ANNOTATION, root)]);
+            PathBuf::from(&spec.unwrap().argv[6]).strip_prefix(pod_dir).unwrap().to_owned()
+        };
+        assert_eq!(served("/srv/site", "/srv/site"), Path::new("volumes/site"));
+        assert_eq!(served("/srv/site/a", "/srv"), Path::new("empty"), "a missing folder of the volume");
+        for outside in ["/etc", "/srv/site/../../etc", "/srv"] {
+            assert_eq!(served(outside, "/srv/site"), Path::new("empty"), "{outside}");
+        }
+        assert_eq!(served(DEFAULT_DOCUMENT_ROOT, "/srv/site"), Path::new("empty"), "nginx's, without a volume");
+    }
+
+    #[test]
+    fn what_a_manifest_may_not_pass() {
+        let (_dir, _, spec) = prepared(
+            json!({"containers": [{"name": "c", "image": "nginx", "env": [{"name": "LD_PRELOAD", "value": "/x.so"},
+                {"name": "PATH", "value": "/x"}, {"name": "ROADKEEPER_LAB_ID", "value": "other"},
+                {"name": "GREETING", "value": "hi"}]}]}),
+            &[],
+        );
+        assert_eq!(spec.unwrap().env, BTreeMap::from([("GREETING".to_owned(), "hi".to_owned())]));
+        let (_dir, _, refused) =
+            prepared(json!({"containers": [{"name": "c", "image": "roadkeeper", "args": ["-v", "cleanup"]}]}), &[]);
+        assert!(refused.unwrap_err().to_string().starts_with("container c: \"cleanup\" is not run in a lab container"));
     }
 }

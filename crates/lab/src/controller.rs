@@ -23,7 +23,7 @@ use crate::files::Tree;
 use crate::render::{Inputs, NodeInfo};
 use crate::replicas::Wanted;
 use crate::state::{Config, Host, LabDir, Phase, Pod, ProcessRef, Role, State};
-use crate::{Error, Result, alloc, container, process, render, replicas, system};
+use crate::{Error, Result, alloc, confine, container, process, render, replicas, system};
 
 /// Time a deleted pod keeps serving its connections (as Terminating) before it is stopped.
 const GRACE: Duration = Duration::from_secs(1);
@@ -360,7 +360,8 @@ impl Controller {
     }
 
     /// The objects wanted: the manifests' and the lab's own (which win over a manifest's of the
-    /// same identity, named in a problem).
+    /// same identity, named in a problem); what the lab refuses of the manifests' pods and pod
+    /// templates is named in a problem too (file, object and field).
     fn wanted(
         &self,
     ) -> (
@@ -389,8 +390,12 @@ impl Controller {
             if reserved_deployments.contains(&identity(&deployment.metadata)) {
                 problems.push(format!("Deployment {key}: the lab runs its own; ignored"));
             } else {
+                problems.extend(self.refused(&Object::Deployment(deployment.clone()), &format!("Deployment {key}")));
                 deployments.push(deployment.clone());
             }
+        }
+        for (key, pod) in store.pods() {
+            problems.extend(self.refused(&Object::Pod(pod.clone()), &format!("Pod {key}")));
         }
         let mut services: Vec<_> = system_services.iter().map(|s| (**s).clone()).collect();
         for (key, service) in store.services() {
@@ -401,6 +406,14 @@ impl Controller {
             }
         }
         (deployments, services, problems)
+    }
+
+    /// What the lab refuses of a manifest's Pod or Deployment (`name`: its kind and key), as a
+    /// manifest error reads: file, object, field and why.
+    fn refused(&self, object: &Object, name: &str) -> Vec<String> {
+        let file = self.source.file_of(object).unwrap_or(self.source.dir()).display();
+        let problems = confine::problems(object).into_iter();
+        problems.map(|(field, why)| format!("{file}: {name}: {field}: {why}")).collect()
     }
 
     /// Makes pods, allocations and the generated state match the manifests.

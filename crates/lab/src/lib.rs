@@ -7,15 +7,18 @@
 //! would hold into a generated cluster-state folder ([`render`]), which every component reads
 //! with `--manifests`: `roadkeeper proxy` in every node, `roadkeeper dns` and `roadkeeper
 //! ingress` in pods of their own. Pods are namespaces on their node ([`roadkeeper_netlab::cluster`]),
-//! each container a process with mounts of its own ([`container`]). [`state`] is the public
-//! record of a lab other commands use to find it and enter its hosts.
+//! each container a process with mounts of its own ([`container`]) that runs only what
+//! [`confine`] allows. [`state`] is the public record of a lab other commands use to find it and
+//! enter its hosts.
 //!
-//! Pure: [`alloc`], [`replicas`], [`render`], [`system`], [`table`], [`selector`], [`scale`].
+//! Pure: [`alloc`], [`confine`], [`replicas`], [`render`], [`system`], [`table`], [`selector`],
+//! [`scale`].
 //! Thin: [`container`], [`controller`], [`commands`], [`checks`], [`process`], [`files`].
 
 pub mod alloc;
 pub mod checks;
 pub mod commands;
+pub mod confine;
 pub mod container;
 pub mod controller;
 mod error;

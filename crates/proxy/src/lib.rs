@@ -3,7 +3,8 @@
 //! [`nft`] sends the nftables ops as netlink batches and reads the kernel's answers; [`iptables`]
 //! runs `iptables-restore`; [`conntrack`] dumps and deletes stale flows over ctnetlink;
 //! [`proxier`] is the trait the sync loop drives, with the state both backends keep; [`node`]
-//! finds this node's identity; [`health`] is what `/healthz` reports.
+//! finds this node's identity; [`health`] is what `/healthz` reports; [`sysctls`] writes
+//! kube-proxy's conntrack settings.
 
 pub mod conntrack;
 pub mod health;
@@ -12,6 +13,7 @@ mod netlink_socket;
 pub mod nft;
 pub mod node;
 pub mod proxier;
+pub mod sysctls;
 mod tool;
 
 /// Errors of the proxy crate.

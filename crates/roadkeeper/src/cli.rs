@@ -4,7 +4,7 @@ use std::net::SocketAddr;
 use std::path::PathBuf;
 
 use clap::{Args, Parser, Subcommand};
-use roadkeeper_cluster::{NamespacedName, SourceSpec};
+use roadkeeper_cluster::{ManifestFolder, NamespacedName, NodePortRange, SourceSpec};
 use roadkeeper_dns::forward::ForwardConfig;
 use roadkeeper_ingress::status::Address;
 
@@ -83,6 +83,12 @@ pub struct SourceArgs {
     /// `--manifests`: `KUBECONFIG`, else `~/.kube/config`, else the in-cluster service account.
     #[arg(long, value_name = "FILE")]
     pub kubeconfig: Option<PathBuf>,
+    /// With `--manifests`: the ports a Service may take as `nodePort` or `healthCheckNodePort`,
+    /// as kube-apiserver's flag of this name (`MIN-MAX`, `BASE+OFFSET` or one port; default
+    /// 30000-32767). A Service asking for another port is refused, naming its file and field. An
+    /// API server checks its own range.
+    #[arg(long, value_name = "RANGE", requires = "manifests", conflicts_with = "kubeconfig")]
+    pub service_node_port_range: Option<NodePortRange>,
 }
 
 impl SourceArgs {
@@ -90,7 +96,10 @@ impl SourceArgs {
     /// kubeconfig), else the default one.
     pub fn spec(&self, fallback: Option<&std::path::Path>) -> SourceSpec {
         match &self.manifests {
-            Some(dir) => SourceSpec::Manifests(dir.clone()),
+            Some(dir) => SourceSpec::Manifests(ManifestFolder {
+                dir: dir.clone(),
+                node_ports: self.service_node_port_range.unwrap_or_default(),
+            }),
             None => SourceSpec::Kubernetes(self.kubeconfig.clone().or_else(|| fallback.map(Into::into))),
         }
     }
@@ -118,14 +127,47 @@ pub struct ProxyArgs {
     /// empty disables it. Watch mode only.
     #[arg(long, value_name = "IP:PORT")]
     pub healthz_bind_address: Option<String>,
-    /// Address and port of the Prometheus metrics server (`/metrics`), default
-    /// `127.0.0.1:10249`; empty disables it. Watch mode only.
+    /// Address and port of the metrics server (Prometheus text at `/metrics`, the proxy mode at
+    /// `/proxyMode`), default `127.0.0.1:10249`; empty disables it. Watch mode only.
     #[arg(long, value_name = "IP:PORT")]
     pub metrics_bind_address: Option<String>,
+    /// The node's conntrack settings.
+    #[command(flatten)]
+    pub conntrack: ConntrackArgs,
     /// Program the kernel once and exit: 0 when the rules are in place (serves no health or
     /// metrics endpoint).
     #[arg(long)]
     pub once: bool,
+    /// Write the node's conntrack settings and exit, as kube-proxy's `--init-only`: for a
+    /// privileged init container, so that the proxy itself runs with `NET_ADMIN` alone (its
+    /// `/proc/sys` read-only). Fails if a setting cannot be written.
+    #[arg(long, conflicts_with = "once")]
+    pub init_only: bool,
+}
+
+/// kube-proxy's `--conntrack-*` flags: netfilter sysctls `proxy` writes at start, when the node
+/// holds other values (a setting the kernel or the container does not let it write is logged and
+/// left). Durations are Go durations in whole seconds; 0 leaves a setting as it is.
+#[derive(Debug, Args, Clone, Default)]
+pub struct ConntrackArgs {
+    /// `nf_conntrack_max` per CPU (default 32768); 0 leaves the limit and --conntrack-min alone.
+    #[arg(long, value_name = "N", allow_negative_numbers = true, value_parser = clap::value_parser!(u32).range(0..=i64::from(i32::MAX)))]
+    pub conntrack_max_per_core: Option<u32>,
+    /// The least `nf_conntrack_max`, whatever the CPU count (default 131072).
+    #[arg(long, value_name = "N", allow_negative_numbers = true, value_parser = clap::value_parser!(u32).range(0..=i64::from(i32::MAX)))]
+    pub conntrack_min: Option<u32>,
+    /// Idle timeout of established TCP flows (default 24h).
+    #[arg(long, value_name = "DURATION")]
+    pub conntrack_tcp_timeout_established: Option<String>,
+    /// Timeout of TCP flows in CLOSE_WAIT (default 1h).
+    #[arg(long, value_name = "DURATION")]
+    pub conntrack_tcp_timeout_close_wait: Option<String>,
+    /// Timeout of unreplied UDP flows (default 0: left as it is).
+    #[arg(long, value_name = "DURATION")]
+    pub conntrack_udp_timeout: Option<String>,
+    /// Timeout of assured UDP flows (default 0: left as it is).
+    #[arg(long, value_name = "DURATION")]
+    pub conntrack_udp_timeout_stream: Option<String>,
 }
 
 /// The flags of `proxy` that decide a node's rules (also those of `trace`), named as
@@ -156,6 +198,12 @@ pub struct RuleArgs {
     /// iptables mode: NodePorts also answer on 127.0.0.1 (default true).
     #[arg(long, value_name = "BOOL", num_args = 0..=1, default_missing_value = "true")]
     pub iptables_localhost_nodeports: Option<bool>,
+    /// Liberal TCP tracking: `proxy` sets `nf_conntrack_tcp_be_liberal=1`, so that conntrack does
+    /// not call out-of-window packets INVALID (they would leave a pod un-NATed). The iptables mode
+    /// drops INVALID packets unless the node's tracking is liberal; the nftables mode never does,
+    /// as kube-proxy's (default false: the sysctl is left as it is).
+    #[arg(long, value_name = "BOOL", num_args = 0..=1, default_missing_value = "true")]
+    pub conntrack_tcp_be_liberal: Option<bool>,
 }
 
 /// Flags of `echo`.
@@ -307,7 +355,9 @@ pub enum LabCommand {
     /// Build the lab from the manifests of DIR and return once every part answers: N nodes
     /// joined by a router, a pod network per node, a client and an internet host, the
     /// Deployments' and Pods' pods, `roadkeeper proxy` in every node, `roadkeeper dns` and
-    /// `roadkeeper ingress` in pods behind their Services. DIR stays watched.
+    /// `roadkeeper ingress` in pods behind their Services. DIR stays watched. Containers run as
+    /// root on this machine: image `roadkeeper` only `proxy`, `rules`, `dns`, `ingress`, `gateway`
+    /// or `echo`; any other image is served from its volumes by the lab's web server.
     Up {
         /// The manifest folder (Deployments, ConfigMaps, Services, Ingresses, IngressClasses,
         /// Pods, EndpointSlices, Secrets).
@@ -443,6 +493,15 @@ pub struct DnsArgs {
     /// per upstream socket).
     #[arg(long, value_name = "N", default_value_t = 1000, value_parser = clap::value_parser!(u16).range(1..))]
     pub max_concurrent: u16,
+    /// Most client TCP connections open at once, all workers together (each holds its share),
+    /// and never more than the file descriptors RLIMIT_NOFILE leaves after those kept for the
+    /// listeners, the upstream sockets and the health and metrics servers. At the bound a new
+    /// connection takes the place of the one idle the longest (or is closed at once when all are
+    /// being answered); above 3/4 of it idle connections close after 2 s instead of 10 s. CoreDNS
+    /// has no such bound (only its descriptor limit and idle timeout): at that limit its upstream
+    /// sockets fail; 4096 is room for far more TCP clients than a cluster's resolvers open.
+    #[arg(long, value_name = "N", default_value_t = 4096, value_parser = clap::value_parser!(u32).range(1..))]
+    pub max_tcp_connections: u32,
     /// Most bytes the cache of upstream answers holds (each entry: its response in wire format,
     /// its name and 256 bytes of bookkeeping); 0 caches nothing.
     #[arg(long, value_name = "BYTES", default_value_t = ForwardConfig::default().cache_max_bytes)]

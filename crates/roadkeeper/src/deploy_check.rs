@@ -220,7 +220,9 @@ mod tests {
     }
 
     fn container(ds: &DaemonSet) -> &Container {
-        only_container(pod_spec(ds))
+        let pod = pod_spec(ds);
+        assert_eq!(pod.containers.len(), 1, "one container");
+        &pod.containers[0]
     }
 
     fn only_container(pod: &PodSpec) -> &Container {
@@ -402,6 +404,35 @@ mod tests {
         assert!(!argv.iter().any(|arg| arg == "--once"), "the proxy must keep running: {argv:?}");
         let args = proxy_args(container(ds));
         assert_eq!(args.hostname_override.as_deref(), Some(NODE), "--hostname-override=$(NODE_NAME)");
+    }
+
+    /// The node's conntrack settings need a writable `/proc/sys`: a privileged init container
+    /// writes them (`proxy --init-only`, kube-proxy's answer) from the same config file, so
+    /// that the proxy itself keeps only its capabilities.
+    #[test]
+    fn a_privileged_init_container_writes_the_conntrack_settings_from_the_same_config() {
+        let deploy = load(PROXY);
+        let ds = only("DaemonSet", &deploy.daemon_sets);
+        let init = pod_spec(ds).init_containers.as_deref().unwrap_or_default();
+        assert_eq!(init.len(), 1, "one init container");
+        let (init, main) = (&init[0], container(ds));
+        let (init_args, main_args) = (proxy_args(init), proxy_args(main));
+        assert!(init_args.init_only && !main_args.init_only, "--init-only in the init container only");
+        assert_eq!(init_args.rules.config, main_args.rules.config, "the same --config");
+        assert_eq!(init.image, main.image, "the same image");
+        let config_mount = |container: &Container| {
+            let path = main_args.rules.config.as_deref().expect("--config");
+            container
+                .volume_mounts
+                .iter()
+                .flatten()
+                .find(|mount| path.starts_with(&mount.mount_path))
+                .map(|mount| (mount.name.clone(), mount.mount_path.clone()))
+        };
+        assert!(config_mount(init).is_some() && config_mount(init) == config_mount(main), "the same config volume");
+        let privileged = |container: &Container| container.security_context.as_ref().and_then(|s| s.privileged);
+        assert_eq!(privileged(init), Some(true), "/proc/sys is writable only in a privileged container");
+        assert_ne!(privileged(main), Some(true), "the proxy itself is not privileged");
     }
 
     #[test]

@@ -14,6 +14,7 @@ use roadkeeper_cluster::{Feed, Interest, Kind};
 use roadkeeper_dns::answer::Zones;
 use roadkeeper_dns::forward::{self, Forwarder};
 use roadkeeper_dns::server::{self, Handler};
+use roadkeeper_dns::tcp::{self, TcpLimits};
 use roadkeeper_dns::zone::{PodMode, ZoneData, ZoneOptions};
 
 use crate::cli::DnsArgs;
@@ -27,13 +28,15 @@ const RESOLV_CONF: &str = "/etc/resolv.conf";
 /// The cluster state, zone updates, health and metrics run on the main thread's runtime; DNS is
 /// served by one worker thread per CPU this process may run on, each with a single-threaded
 /// runtime, its own `SO_REUSEPORT` UDP socket and TCP listener on every `--listen` address (the
-/// kernel spreads clients among them) and its own upstream sockets, as the ingress's workers. The
-/// zone snapshot, the cache and the bound on questions in flight are shared.
+/// kernel spreads clients among them), its share of the TCP connections and its own upstream
+/// sockets, as the ingress's workers. The zone snapshot, the cache and the bound on questions in
+/// flight are shared.
 pub fn run(args: DnsArgs) -> anyhow::Result<()> {
     let zones = zones(&args)?;
     let options = ZoneOptions { endpoint_pod_names: args.endpoint_pod_names, pods: zones.pods };
     let upstreams = upstreams(&args.upstream)?;
     let workers = std::thread::available_parallelism().map_or(2, usize::from);
+    let tcp_limits = tcp_limits(&args, workers, upstreams.len());
     let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
     let threads = runtime.block_on(async move {
         use tokio::signal::unix::{SignalKind, signal};
@@ -67,7 +70,7 @@ pub fn run(args: DnsArgs) -> anyhow::Result<()> {
             let handler = Handler::new(zones.clone(), shared.clone(), forwarder.worker());
             let stopping = stopping.clone();
             let thread = std::thread::Builder::new().name(format!("dns-{index}"));
-            threads.push(thread.spawn(move || serve_worker(sockets, handler, stopping))?);
+            threads.push(thread.spawn(move || serve_worker(sockets, handler, tcp_limits, stopping))?);
         }
         ready.store(true, Ordering::Relaxed);
         tracing::info!(listen = ?args.listen, workers, ?upstreams, source = feed.describe(), "serving DNS");
@@ -116,13 +119,57 @@ fn bind_workers(listen: &[SocketAddr], count: usize) -> anyhow::Result<Vec<Worke
 
 /// One worker thread: serves DNS on its sockets until `stopping` turns true, then stops
 /// (answers being sent are finished).
-fn serve_worker((udp, tcp): WorkerSockets, handler: Handler, mut stopping: tokio::sync::watch::Receiver<bool>) {
+fn serve_worker(
+    (udp, tcp): WorkerSockets,
+    handler: Handler,
+    limits: TcpLimits,
+    mut stopping: tokio::sync::watch::Receiver<bool>,
+) {
     serve::run_worker("dns worker", async move {
-        let mut server = server::serve_on(udp, tcp, handler)?;
+        let serving = server::serve_on(udp, tcp, handler, limits)?;
         // An error means the sender is gone: the process is ending anyway.
         let _ = stopping.wait_for(|stop| *stop).await;
-        server.shutdown_gracefully().await.map_err(std::io::Error::other)
+        serving.shutdown().await
     });
+}
+
+/// The bound on each worker's TCP connections: `--max-tcp-connections`, within the descriptors
+/// RLIMIT_NOFILE (raised first, [`raise_nofile_limit`]) leaves after those the process keeps for
+/// its listeners, upstream sockets and health and metrics servers ([`tcp::Reserve`]).
+fn tcp_limits(args: &DnsArgs, workers: usize, upstreams: usize) -> TcpLimits {
+    let nofile = raise_nofile_limit();
+    let http_servers = [&args.health_bind_address, &args.metrics_bind_address].iter().filter(|a| !a.is_empty()).count();
+    let reserve = tcp::Reserve {
+        workers,
+        listen: args.listen.len(),
+        upstreams,
+        http_connections: http_servers * serve::MAX_CONNECTIONS,
+    };
+    let per_worker = reserve.max_connections_per_worker(args.max_tcp_connections as usize, nofile);
+    tracing::info!(per_worker, workers, nofile, reserved = reserve.descriptors(), "TCP connections bounded");
+    TcpLimits::new(per_worker)
+}
+
+/// The soft RLIMIT_NOFILE, raised to the hard limit first, as Go programs (CoreDNS among them)
+/// start; unbounded when it cannot be read.
+fn raise_nofile_limit() -> u64 {
+    use nix::sys::resource::{Resource, getrlimit, setrlimit};
+    match getrlimit(Resource::RLIMIT_NOFILE) {
+        Ok((soft, hard)) if soft < hard => match setrlimit(Resource::RLIMIT_NOFILE, hard, hard) {
+            Ok(()) => hard,
+            Err(err) => {
+                tracing::warn!("raising the open files limit from {soft} to {hard}: {err}");
+                soft
+            }
+        },
+        Ok((soft, _)) => soft,
+        Err(err) => {
+            tracing::warn!(
+                "reading the open files limit: {err}; TCP connections bounded by --max-tcp-connections only"
+            );
+            u64::MAX
+        }
+    }
 }
 
 /// The zones of `--zone`, `--fallthrough` and the record options.
@@ -256,6 +303,11 @@ fn install_metrics() -> anyhow::Result<metrics_exporter_prometheus::PrometheusHa
         forward::MAX_CONCURRENT_REJECTS_TOTAL,
         "Questions answered SERVFAIL at once because --max-concurrent were waiting on the upstreams"
     );
+    describe_gauge!(tcp::TCP_CONNECTIONS, "Client TCP connections open");
+    describe_counter!(
+        tcp::TCP_CONNECTIONS_SHED_TOTAL,
+        "TCP connections closed or not taken for lack of room (--max-tcp-connections or descriptors), by reason"
+    );
     describe_histogram!(forward::FORWARD_DURATION_SECONDS, Unit::Seconds, "Time to get an answer from upstream");
     Ok(handle)
 }
@@ -286,6 +338,14 @@ mod tests {
             let error = Cli::try_parse_from(["roadkeeper", "dns", "--max-concurrent", bad]).unwrap_err().to_string();
             assert!(error.contains("--max-concurrent"), "{error}");
         }
+    }
+
+    #[test]
+    fn max_tcp_connections_is_a_positive_count() {
+        assert_eq!(dns_args(&[]).max_tcp_connections, 4096);
+        assert_eq!(dns_args(&["--max-tcp-connections", "8"]).max_tcp_connections, 8);
+        let error = Cli::try_parse_from(["roadkeeper", "dns", "--max-tcp-connections", "0"]).unwrap_err().to_string();
+        assert!(error.contains("--max-tcp-connections"), "{error}");
     }
 
     #[test]

@@ -14,7 +14,10 @@ use roadkeeper_proxy::nft::apply::{NftBinary, NftRunner, Recorder};
 use roadkeeper_proxy::nft::proxier::NftProxier;
 use roadkeeper_proxy::node::{host_addresses, hostname, node_eligible, node_info};
 use roadkeeper_proxy::proxier::{Proxier, RulesCheck, SyncReport};
-use roadkeeper_rules::config::{NodePortAddresses, ProxyConfig, ProxyMode, parse_cidrs, parse_go_duration};
+use roadkeeper_proxy::sysctls;
+use roadkeeper_rules::config::{
+    NodePortAddresses, ProxyConfig, ProxyMode, parse_cidrs, parse_conntrack_timeout, parse_go_duration,
+};
 use roadkeeper_rules::nft::transaction;
 use roadkeeper_rules::plan::service_cidrs;
 use roadkeeper_rules::table::{IpFamily, NodeInfo};
@@ -36,6 +39,35 @@ fn build_config(args: &ProxyArgs) -> anyhow::Result<ProxyConfig> {
     }
     if let Some(address) = &args.metrics_bind_address {
         cfg.metrics_bind_address = address.clone();
+    }
+    let conntrack = &args.conntrack;
+    if let Some(n) = conntrack.conntrack_max_per_core {
+        cfg.conntrack.max_per_core = n;
+    }
+    if let Some(n) = conntrack.conntrack_min {
+        cfg.conntrack.min = n;
+    }
+    for (flag, value, slot) in [
+        (
+            "--conntrack-tcp-timeout-established",
+            &conntrack.conntrack_tcp_timeout_established,
+            &mut cfg.conntrack.tcp_established_timeout,
+        ),
+        (
+            "--conntrack-tcp-timeout-close-wait",
+            &conntrack.conntrack_tcp_timeout_close_wait,
+            &mut cfg.conntrack.tcp_close_wait_timeout,
+        ),
+        ("--conntrack-udp-timeout", &conntrack.conntrack_udp_timeout, &mut cfg.conntrack.udp_timeout),
+        (
+            "--conntrack-udp-timeout-stream",
+            &conntrack.conntrack_udp_timeout_stream,
+            &mut cfg.conntrack.udp_stream_timeout,
+        ),
+    ] {
+        if let Some(value) = value {
+            *slot = parse_conntrack_timeout(flag, value)?;
+        }
     }
     if cfg.mode == ProxyMode::Iptables {
         if let Some(period) = &args.iptables_min_sync_period {
@@ -72,6 +104,9 @@ pub(crate) fn rule_config(args: &RuleArgs, hostname_override: Option<&str>) -> a
     }
     if let Some(mode) = &args.proxy_mode {
         cfg.mode = mode.parse()?;
+    }
+    if let Some(liberal) = args.conntrack_tcp_be_liberal {
+        cfg.conntrack.tcp_be_liberal = liberal;
     }
     if cfg.mode == ProxyMode::Iptables {
         if let Some(bit) = args.iptables_masquerade_bit {
@@ -121,6 +156,33 @@ async fn open(args: &ProxyArgs, cfg: &ProxyConfig, follow: bool) -> anyhow::Resu
     let node = node_info(&cfg.hostname, feed.store(), &host_addresses());
     tracing::info!(node = %node.name, ips = ?node.primary_ips, source = feed.describe(), "node identity");
     Ok((feed, node))
+}
+
+/// Writes kube-proxy's conntrack settings (see [`roadkeeper_proxy::sysctls`]), logging those the
+/// node does not let us write, and returns `cfg` knowing whether the node's TCP tracking is
+/// liberal (asked for, or found so: kube-proxy reads the kernel's flag too).
+fn setup_conntrack(cfg: &ProxyConfig) -> ProxyConfig {
+    let (failed, liberal) = sysctls::apply_conntrack(&cfg.conntrack);
+    for err in failed {
+        if err.write.node_wide() {
+            tracing::warn!("{err} (node-wide: only the host's network namespace may change it)");
+        } else {
+            tracing::warn!("{err}");
+        }
+    }
+    let mut cfg = cfg.clone();
+    cfg.conntrack.tcp_be_liberal |= liberal;
+    cfg
+}
+
+/// `--init-only`: writes the conntrack settings, failing with every one the node refused.
+fn init_only(cfg: &ProxyConfig) -> anyhow::Result<()> {
+    let (failed, _) = sysctls::apply_conntrack(&cfg.conntrack);
+    if !failed.is_empty() {
+        let errors: Vec<String> = failed.iter().map(ToString::to_string).collect();
+        bail!("{} conntrack setting(s) not written:\n{}", errors.len(), errors.join("\n"));
+    }
+    Ok(())
 }
 
 /// The proxier of the configured backend, programming the kernel.
@@ -199,12 +261,16 @@ fn health_of(health: &SharedHealth) -> std::sync::MutexGuard<'_, ProxyHealth> {
 /// leaving the rules in place on exit.
 pub fn run(args: ProxyArgs) -> anyhow::Result<()> {
     let cfg = build_config(&args)?;
+    if args.init_only {
+        return init_only(&cfg);
+    }
     let runtime = runtime()?;
     if args.once { run_once(&runtime, &args, &cfg) } else { runtime.block_on(run_watching(&args, &cfg)) }
 }
 
 /// `--once`: one sync; an error names the Services the kernel refused.
 fn run_once(runtime: &tokio::runtime::Runtime, args: &ProxyArgs, cfg: &ProxyConfig) -> anyhow::Result<()> {
+    let cfg = &setup_conntrack(cfg);
     let (feed, mut node) = runtime.block_on(open(args, cfg, false))?;
     let mut proxier = kernel_proxier(cfg, node.clone(), feed.store());
     let report = sync_changes(proxier.as_mut(), feed.store(), cfg, &mut node, &Changes::default())
@@ -257,6 +323,7 @@ async fn run_watching(args: &ProxyArgs, cfg: &ProxyConfig) -> anyhow::Result<()>
     // Bound before anything else: a bad address fails before the kernel is touched.
     let healthz = serve::bind("--healthz-bind-address", &cfg.healthz_bind_address)?;
     let metrics = serve::bind("--metrics-bind-address", &cfg.metrics_bind_address)?;
+    let cfg = &setup_conntrack(cfg);
     let (sync_period, min_sync_period) = (cfg.sync_period, cfg.min_sync_period);
     // kube-proxy's health timeout: a queued change older than two sync periods is unhealthy; the
     // first sync is queued from the start, so a proxy that never gets its state turns unhealthy.
@@ -266,7 +333,7 @@ async fn run_watching(args: &ProxyArgs, cfg: &ProxyConfig) -> anyhow::Result<()>
         serve::spawn_health(listener, health.clone())?;
     }
     if let Some(listener) = metrics {
-        serve::spawn_metrics(listener, proxy_metrics::install()?)?;
+        serve::spawn_proxy_metrics(listener, proxy_metrics::install()?, cfg.mode)?;
     }
     let (mut feed, mut node) = tokio::select! {
         opened = open(args, cfg, true) => opened?,

@@ -1,10 +1,10 @@
 //! The small HTTP servers of every command: kube-proxy's `/healthz` and `/livez` (JSON, 200 or 503)
-//! and Prometheus text at `/metrics` for `roadkeeper proxy` in watch mode, the DNS server's health
-//! and metrics, the ingress metrics and the health-check NodePorts, all through [`spawn_server`],
-//! which bounds what a client can hold: a request head must arrive within
-//! [`HEADER_READ_TIMEOUT`] (also between requests of a kept-alive connection), a connection lasts
-//! at most [`CONNECTION_TIMEOUT`], and at most [`MAX_CONNECTIONS`] are served at once (the rest wait
-//! in the kernel's backlog, holding no file descriptor). The Prometheus recorder folds its
+//! and its metrics server (Prometheus text at `/metrics`, `/proxyMode`) for `roadkeeper proxy` in
+//! watch mode, the DNS server's health and metrics, the ingress metrics and the health-check
+//! NodePorts, all through [`spawn_server`], which bounds what a client can hold: a request head
+//! must arrive within [`HEADER_READ_TIMEOUT`] (also between requests of a kept-alive connection),
+//! a connection lasts at most [`CONNECTION_TIMEOUT`], and at most [`MAX_CONNECTIONS`] are served
+//! at once (the rest wait in the kernel's backlog, holding no file descriptor). The Prometheus recorder folds its
 //! samples on a timer ([`install`]), so memory stays flat when nobody scrapes.
 
 use std::convert::Infallible;
@@ -21,6 +21,7 @@ use hyper_util::rt::{TokioIo, TokioTimer};
 use metrics::counter;
 use metrics_exporter_prometheus::{PrometheusBuilder, PrometheusHandle};
 use roadkeeper_proxy::health::ProxyHealth;
+use roadkeeper_rules::config::ProxyMode;
 
 /// The proxier's health, shared by the sync loop (writer) and the health server (reader).
 pub type SharedHealth = Arc<Mutex<ProxyHealth>>;
@@ -125,14 +126,35 @@ pub fn spawn_health(listener: TcpListener, health: SharedHealth) -> anyhow::Resu
 
 /// Serves `/metrics` on `listener` (a task on the current runtime).
 pub fn spawn_metrics(listener: TcpListener, handle: PrometheusHandle) -> anyhow::Result<()> {
-    spawn_server(listener, move |req| match (req.method(), req.uri().path()) {
-        (&Method::GET | &Method::HEAD, "/metrics") => {
-            handle.run_upkeep();
-            respond(StatusCode::OK, "text/plain; version=0.0.4; charset=utf-8", handle.render())
-        }
-        _ => not_found(),
+    spawn_server(listener, move |req| metrics_response(req, &handle).unwrap_or_else(not_found)).map(drop)
+}
+
+/// kube-proxy's metrics server on `listener`: `/metrics`, the proxy mode as plain text at
+/// `/proxyMode`, and `/healthz` answering `ok` while the process serves.
+pub fn spawn_proxy_metrics(listener: TcpListener, handle: PrometheusHandle, mode: ProxyMode) -> anyhow::Result<()> {
+    spawn_server(listener, move |req| {
+        metrics_response(req, &handle).unwrap_or_else(|| match (req.method(), req.uri().path()) {
+            (&Method::GET | &Method::HEAD, "/proxyMode") => plain(mode.to_string()),
+            (&Method::GET | &Method::HEAD, "/healthz") => plain("ok".into()),
+            _ => not_found(),
+        })
     })
     .map(drop)
+}
+
+/// The answer to `GET /metrics`: Prometheus text; `None` for any other request.
+fn metrics_response(req: &Request<Incoming>, handle: &PrometheusHandle) -> Option<Response<Body>> {
+    matches!((req.method(), req.uri().path()), (&Method::GET | &Method::HEAD, "/metrics")).then(|| {
+        handle.run_upkeep();
+        respond(StatusCode::OK, "text/plain; version=0.0.4; charset=utf-8", handle.render())
+    })
+}
+
+/// A 200 with `body` as plain text, as Go's servers answer (`nosniff` included).
+fn plain(body: String) -> Response<Body> {
+    let mut response = respond(StatusCode::OK, "text/plain; charset=utf-8", body);
+    response.headers_mut().insert("x-content-type-options", hyper::header::HeaderValue::from_static("nosniff"));
+    response
 }
 
 /// kube-proxy's health answers: 200 when healthy (and, for `/healthz`, the node is not being

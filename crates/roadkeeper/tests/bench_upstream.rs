@@ -59,6 +59,10 @@ fn proxies(kubeconfig: &Path) -> Vec<Proxy> {
         ["--kubeconfig", &kubeconfig, "--hostname-override", "node-0", "--proxy-mode", mode]
             .into_iter()
             .chain(["--cluster-cidr", CLUSTER_CIDR, "--metrics-bind-address", "127.0.0.1:10249"])
+            // Both leave the conntrack sysctls as they are (kube-proxy fails at start on
+            // nf_conntrack_max, read-only outside the initial namespace; roadkeeper warns).
+            .chain(["--conntrack-max-per-core", "0", "--conntrack-tcp-timeout-established", "0"])
+            .chain(["--conntrack-tcp-timeout-close-wait", "0"])
             .map(String::from)
             .collect()
     };
@@ -73,21 +77,7 @@ fn proxies(kubeconfig: &Path) -> Vec<Proxy> {
         args: [kube_proxy.clone()]
             .into_iter()
             .chain(common(mode))
-            .chain(
-                [
-                    "--healthz-bind-address",
-                    "127.0.0.1:10256",
-                    // Conntrack sysctls cannot be written outside the initial namespace; leave
-                    // them as they are.
-                    "--conntrack-max-per-core",
-                    "0",
-                    "--conntrack-tcp-timeout-established",
-                    "0",
-                    "--conntrack-tcp-timeout-close-wait",
-                    "0",
-                ]
-                .map(String::from),
-            )
+            .chain(["--healthz-bind-address", "127.0.0.1:10256"].map(String::from))
             .collect(),
     };
     let wanted = std::env::var("RK_BENCH_PROXIES")

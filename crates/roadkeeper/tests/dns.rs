@@ -3,8 +3,9 @@
 //! ExternalName inside the zone, the server's own name), truncation to whole messages and the
 //! TC-bit fallback, forwarding with a cache (byte-bounded, keyed by the CD bit) and a quick
 //! SERVFAIL, identical questions asked once, a flood at a silent upstream with the server's
-//! descriptors and memory watched, one worker per CPU, answers following changes, hostile
-//! packets, health and metrics, and the API server as the source.
+//! descriptors and memory watched, idle TCP clients at the descriptor limit, one worker per CPU,
+//! answers following changes, hostile packets, health and metrics, and the API server as the
+//! source.
 
 mod common;
 
@@ -36,6 +37,8 @@ const NX: ResponseCode = ResponseCode::NXDomain;
 /// the same namespace. Drops the process first, then the control plane, then the namespace.
 struct DnsServer {
     process: Option<Process>,
+    /// What runs the binary: `prlimit` and its options, or nothing.
+    launcher: Vec<String>,
     api: Option<ControlPlane>,
     ns: Netns,
     manifests: tempfile::TempDir,
@@ -46,6 +49,12 @@ struct DnsServer {
 impl DnsServer {
     /// Writes `manifests` (file name, YAML) and starts `roadkeeper dns` with `extra` flags.
     fn start(manifests: &[(&str, String)], extra: &[&str]) -> DnsServer {
+        Self::start_under(&[], manifests, extra)
+    }
+
+    /// As [`DnsServer::start`], the binary run by `launcher` (a command that execs it, e.g.
+    /// `prlimit`).
+    fn start_under(launcher: &[&str], manifests: &[(&str, String)], extra: &[&str]) -> DnsServer {
         let ns = Netns::new("rk-dns").expect("netns");
         // An address an endpoint may have (not loopback), for tests that listen on it too.
         ns.ip(["addr", "add", &format!("{POD_ADDRESS}/32"), "dev", "lo"]).expect("address");
@@ -55,14 +64,16 @@ impl DnsServer {
         }
         let scratch = tempfile::tempdir().expect("tempdir");
         let log = scratch.path().join("dns.log");
-        let mut server = DnsServer { process: None, api: None, ns, manifests: dir, log, _scratch: scratch };
+        let launcher = launcher.iter().map(|s| s.to_string()).collect();
+        let mut server = DnsServer { process: None, launcher, api: None, ns, manifests: dir, log, _scratch: scratch };
         server.spawn(&["--manifests", &server.manifests.path().display().to_string()], extra);
         server
     }
 
     /// Starts the binary with `source` and `extra` flags and waits until it answers.
     fn spawn(&mut self, source: &[&str], extra: &[&str]) {
-        let mut args = vec![binary().display().to_string(), "dns".into(), "-v".into(), "--listen".into(), DNS.into()];
+        let mut args = self.launcher.clone();
+        args.extend([binary().display().to_string(), "dns".into(), "-v".into(), "--listen".into(), DNS.into()]);
         args.extend(source.iter().chain(extra).map(|s| s.to_string()));
         if !extra.contains(&"--upstream") {
             // Nothing listens there: names that reach it are SERVFAIL.
@@ -540,7 +551,8 @@ fn the_api_server_is_a_source_too() {
     let scratch = tempfile::tempdir().expect("tempdir");
     let log = scratch.path().join("dns.log");
     let manifests = tempfile::tempdir().expect("tempdir");
-    let mut dns = DnsServer { process: None, api: Some(api), ns, manifests, log, _scratch: scratch };
+    let mut dns =
+        DnsServer { process: None, launcher: Vec::new(), api: Some(api), ns, manifests, log, _scratch: scratch };
     let api = dns.api.as_ref().expect("api");
     api.kubectl_stdin(
         &["apply", "-f", "-"],
@@ -923,6 +935,76 @@ fn a_flood_at_a_silent_upstream_stays_bounded_and_the_overflow_is_servfail_at_on
     assert!(seen.ports.len() <= 16, "{} source ports: upstream sockets are reused", seen.ports.len());
     assert!(seen.max_payload <= 1232, "EDNS payload {} asked of the upstream", seen.max_payload);
     drop(seen);
+    assert!(dns.alive(), "log:\n{}", dns.log());
+}
+
+#[test]
+fn idle_tcp_clients_at_the_descriptor_limit_leave_room_for_forwarding_and_new_clients() {
+    const FLOOD: usize = 600;
+    const NOFILE: usize = 256;
+    // 256 descriptors in all (the soft limit of 128 is raised to the hard one at start): far
+    // fewer than the idle TCP clients below, which never send a byte.
+    let dns = DnsServer::start_under(
+        &["prlimit", &format!("--nofile=128:{NOFILE}"), "--"],
+        &cluster(),
+        &["--upstream", "127.0.0.1:5300"],
+    );
+    let upstream = Upstream::start(&dns.ns, "127.0.0.1:5300", |request| {
+        let name = request.queries[0].name().clone();
+        Some(reply(request, OK, vec![Record::from_rdata(name, 60, RData::A(A("192.0.2.1".parse().expect("ip"))))]))
+    });
+    let pid = dns.process.as_ref().expect("running").id();
+    let limits = std::fs::read_to_string(format!("/proc/{pid}/limits")).expect("limits");
+    let open_files = limits.lines().find(|l| l.starts_with("Max open files")).expect("open files");
+    let nofile = NOFILE.to_string();
+    assert_eq!(open_files.split_whitespace().skip(3).take(2).collect::<Vec<_>>(), [&nofile, &nofile], "{open_files}");
+
+    let done = Arc::new(AtomicBool::new(false));
+    let sampler = {
+        let done = done.clone();
+        std::thread::spawn(move || sample_usage(pid, &done))
+    };
+    let flood = common::idle_connections(&dns.ns, DNS.parse().expect("address"), FLOOD);
+    assert!(flood.len() >= FLOOD * 9 / 10, "{} idle connections", flood.len());
+    // Forwarded names (each asked once: none comes from the cache) and a cluster name over UDP,
+    // for longer than an upstream socket lives (10 s): every one is answered.
+    let mut failed = Vec::new();
+    for i in 0..49 {
+        let name = format!("f{i}.example.");
+        let forwarded = dns.ask(&name, RecordType::A, false);
+        if forwarded.metadata.response_code != OK || forwarded.answers.len() != 1 {
+            failed.push(format!("{name} {}", forwarded.metadata.response_code));
+        }
+        let cluster = dns.ask("web.default.svc.cluster.local.", RecordType::A, false);
+        assert_eq!(lines(&cluster.answers), ["web.default.svc.cluster.local. A 10.96.0.10"]);
+        std::thread::sleep(Duration::from_millis(250));
+    }
+    assert!(failed.is_empty(), "{} of 49 forwarded names failed: {failed:?}; log:\n{}", failed.len(), dns.log());
+    assert!(upstream.questions() >= 49, "{} questions upstream", upstream.questions());
+    // A new TCP client is served at once: the oldest idle connections made room for it.
+    let asked = Instant::now();
+    let tcp = dns.ask("web.default.svc.cluster.local.", RecordType::A, true);
+    assert_eq!(lines(&tcp.answers), ["web.default.svc.cluster.local. A 10.96.0.10"]);
+    let tcp_latency = asked.elapsed();
+    let mut oldest = flood.into_iter().next().expect("a connection");
+    oldest.set_read_timeout(Some(Duration::from_secs(2))).expect("timeout");
+    let closed = matches!(oldest.read(&mut [0; 16]), Ok(0) | Err(_));
+    done.store(true, Ordering::SeqCst);
+    let (fds, _) = sampler.join().expect("sampler");
+    let (_, metrics) = get_in(&dns.ns, "127.0.0.1:9153", "/metrics");
+    let shed = |reason: &str| {
+        try_sample(&metrics, &format!("roadkeeper_dns_tcp_connections_shed_total{{reason=\"{reason}\"}}"))
+            .unwrap_or(0.0)
+    };
+    let (evicted, refused) = (shed("idle_evicted"), shed("refused"));
+    eprintln!(
+        "{FLOOD} idle TCP clients at {NOFILE} descriptors: at most {fds} open, {evicted} idle connections \
+         evicted, {refused} refused; a new TCP client answered in {tcp_latency:?}"
+    );
+    // The connections held fit in what the reserve leaves (40 here), evicted ones closed at once.
+    assert!(fds < NOFILE / 2, "{fds} descriptors open");
+    assert!(closed, "the oldest idle connection is still open");
+    assert!(evicted >= (FLOOD - NOFILE) as f64, "{evicted} idle connections evicted:\n{metrics}");
     assert!(dns.alive(), "log:\n{}", dns.log());
 }
 

@@ -7,7 +7,9 @@
 //! - a route added or changed is served within a second, without a restart;
 //! - HTTPRoute matches and filters on the wire: a header match, a redirect, request header
 //!   edits, a path rewrite, weights, and 500 for a backend that does not exist;
-//! - an HTTPS listener with the certificate of a `kubernetes.io/tls` Secret, by SNI.
+//! - an HTTPS listener with the certificate of a `kubernetes.io/tls` Secret, by SNI;
+//! - an address held by one tenant's Gateway is refused to another's that asks for it, across a
+//!   restart, until its holder is deleted.
 
 mod common;
 
@@ -80,10 +82,17 @@ impl Lab {
 
     /// Starts a [`backend`] `name` on 10.244.0.`host`:`port` with a Service `name` in front.
     fn backend(&self, name: &'static str, host: u8, port: u16) {
+        self.backend_in("default", name, host, port);
+    }
+
+    /// [`backend`](Self::backend) with its Service in `namespace`.
+    fn backend_in(&self, namespace: &str, name: &'static str, host: u8, port: u16) {
         let address = format!("10.244.0.{host}");
         let listener = self.ns.run(|| std::net::TcpListener::bind((address.as_str(), port))).expect("bind backend");
         backend(listener, name);
-        self.write(&format!("svc-{name}.yaml"), &service(name, port, &[&address], &[]));
+        let yaml =
+            service(name, port, &[&address], &[]).replace("namespace: default", &format!("namespace: {namespace}"));
+        self.write(&format!("svc-{namespace}-{name}.yaml"), &yaml);
     }
 
     /// `GET path` with `Host: host` and `headers` to `address`:80.
@@ -111,18 +120,28 @@ impl Lab {
 
 /// A Gateway `name` with one HTTP listener on port 80 taking routes from every namespace.
 fn gateway(name: &str, created: &str) -> String {
+    gateway_in("default", name, created, "")
+}
+
+/// [`gateway`] in `namespace`, with `more` (YAML lines) appended: its `spec.addresses`, its status.
+fn gateway_in(namespace: &str, name: &str, created: &str, more: &str) -> String {
     format!(
         "apiVersion: gateway.networking.k8s.io/v1\nkind: Gateway\n\
-         metadata: {{name: {name}, namespace: default, creationTimestamp: '{created}'}}\n\
-         spec: {{gatewayClassName: roadkeeper, listeners: [{{name: http, port: 80, protocol: HTTP, \
-         allowedRoutes: {{namespaces: {{from: All}}}}}}]}}\n"
+         metadata: {{name: {name}, namespace: {namespace}, creationTimestamp: '{created}'}}\n\
+         spec:\n  gatewayClassName: roadkeeper\n  listeners: [{{name: http, port: 80, protocol: HTTP, \
+         allowedRoutes: {{namespaces: {{from: All}}}}}}]\n{more}"
     )
 }
 
 /// An HTTPRoute `name` attached to Gateway `parent`, with `rules` in YAML flow style.
 fn route(name: &str, parent: &str, rules: &str) -> String {
+    route_in("default", name, parent, rules)
+}
+
+/// [`route`] in `namespace` (its parent too).
+fn route_in(namespace: &str, name: &str, parent: &str, rules: &str) -> String {
     format!(
-        "apiVersion: gateway.networking.k8s.io/v1\nkind: HTTPRoute\nmetadata: {{name: {name}, namespace: default}}\n\
+        "apiVersion: gateway.networking.k8s.io/v1\nkind: HTTPRoute\nmetadata: {{name: {name}, namespace: {namespace}}}\n\
          spec: {{parentRefs: [{{name: {parent}}}], rules: {rules}}}\n"
     )
 }
@@ -215,4 +234,56 @@ fn https_listeners_terminate_tls_with_their_secret() {
     };
     let served = eventually(SETTLE, || curl().starts_with("web-a /hello"));
     assert!(served, "curl: {}; log:\n{}", curl(), lab.log());
+}
+
+/// Tenant B's Gateway asks (`spec.addresses`) for the address tenant A's Gateway holds: A keeps
+/// it and keeps serving its route there; B gets no address and its status says `Programmed:
+/// False, AddressNotUsable`; so again after a restart (A's status, the memory, naming the
+/// address); once A's Gateway is deleted, B gets the address.
+#[test]
+fn an_address_held_by_one_tenants_gateway_is_refused_to_another() {
+    let lab = Lab::new("rk-gw-held");
+    lab.backend_in("tenant-a", "web-a", 1, 8081);
+    lab.backend_in("tenant-b", "web-b", 2, 8082);
+    lab.write("gw-a.yaml", &gateway_in("tenant-a", "web", "2024-01-01T00:00:00Z", ""));
+    lab.write("route-a.yaml", &route_in("tenant-a", "web", "web", "[{backendRefs: [{name: web-a, port: 80}]}]"));
+    let gateway = lab.start();
+    lab.until(FIRST, "example.com", "/", "web-a");
+
+    let asks = format!("  addresses: [{{type: IPAddress, value: {FIRST}}}]\n");
+    lab.write("route-b.yaml", &route_in("tenant-b", "web", "web", "[{backendRefs: [{name: web-b, port: 80}]}]"));
+    lab.write("gw-b.yaml", &gateway_in("tenant-b", "web", "2024-02-01T00:00:00Z", &asks));
+    // The status it would write (logged with --manifests), from `since` bytes of the log on.
+    let statuses = |since: usize, gateway: &str| -> Vec<String> {
+        let log = lab.log();
+        let prefix = format!("Gateway {gateway}: ");
+        let lines = log.get(since..).unwrap_or_default().lines();
+        lines.filter_map(|line| Some(line.split_once(&prefix)?.1.to_owned())).collect()
+    };
+    let refused = |since: usize| {
+        statuses(since, "tenant-b/web").last().is_some_and(|status| {
+            status.contains("\"reason\":\"AddressNotUsable\"") && status.contains("\"addresses\":[]")
+        })
+    };
+    let settled = eventually(SETTLE, || refused(0));
+    assert!(settled, "tenant-b/web not refused; log:\n{}", lab.log());
+    for _ in 0..20 {
+        assert_eq!(lab.get(FIRST, "example.com", "/", &[]).served_by(), "web-a", "log:\n{}", lab.log());
+    }
+    let a = statuses(0, "tenant-a/web");
+    assert!(a.iter().all(|status| status.contains(FIRST) && !status.contains(SECOND)), "A keeps {FIRST}: {a:?}");
+
+    // A restart, A's status naming its address as the API server would give it back.
+    gateway.terminate(SETTLE).expect("SIGTERM");
+    let held = format!("status:\n  addresses: [{{type: IPAddress, value: {FIRST}}}]\n");
+    lab.write("gw-a.yaml", &gateway_in("tenant-a", "web", "2024-01-01T00:00:00Z", &held));
+    let since = lab.log().len();
+    let _gateway = lab.start();
+    lab.until(FIRST, "example.com", "/", "web-a");
+    assert!(eventually(SETTLE, || refused(since)), "tenant-b/web not refused after a restart; log:\n{}", lab.log());
+    assert_eq!(lab.get(FIRST, "example.com", "/", &[]).served_by(), "web-a");
+
+    // The holder deleted: B gets the address.
+    lab.remove("gw-a.yaml");
+    lab.until(FIRST, "example.com", "/", "web-b");
 }

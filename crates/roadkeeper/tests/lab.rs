@@ -458,3 +458,91 @@ fn bad_manifests_are_named_and_never_break_a_running_lab() {
     assert!(eventually(Duration::from_secs(3), || lab.pods("app=hello").len() == 1));
     assert!(!lab.ok(&["status"]).contains("hello.yaml: Deployment"));
 }
+
+/// What a manifest must not reach: a document root outside the pod's volumes (`/etc`), and a
+/// container of image `roadkeeper` running `lab exec` (a shell in the client that writes outside
+/// the lab) or `cleanup`. A document root inside a volume (not the default one) still serves.
+fn confined_manifests(lab_dir: &Path, outside: &Path) -> String {
+    let escape = format!("echo escaped > {}", outside.display());
+    let exec = serde_json::json!([
+        "roadkeeper",
+        "lab",
+        "--lab-dir",
+        lab_dir.display().to_string(),
+        "exec",
+        "client",
+        "--",
+        "sh",
+        "-c",
+        escape
+    ]);
+    format!(
+        "apiVersion: apps/v1\nkind: Deployment\nmetadata: {{name: peek}}\nspec:\n  selector: {{matchLabels: {{app: peek}}}}\n  \
+         template:\n    metadata: {{labels: {{app: peek}}, annotations: {{lab.roadkeeper.dev/document-root: /etc}}}}\n    \
+         spec: {{containers: [{{name: web, image: nginx, ports: [{{containerPort: 80}}]}}]}}\n---\n\
+         apiVersion: v1\nkind: Service\nmetadata: {{name: peek}}\nspec: {{type: LoadBalancer, selector: {{app: peek}}, ports: [{{port: 80}}]}}\n---\n\
+         apiVersion: v1\nkind: ConfigMap\nmetadata: {{name: site}}\ndata: {{index.html: inside the volume}}\n---\n\
+         apiVersion: v1\nkind: Pod\nmetadata: {{name: site, labels: {{app: site}}, annotations: {{lab.roadkeeper.dev/document-root: /srv/site/sub}}}}\n\
+         spec:\n  volumes: [{{name: html, configMap: {{name: site, items: [{{key: index.html, path: sub/index.html}}]}}}}]\n  \
+         containers: [{{name: web, image: nginx, ports: [{{containerPort: 80}}], volumeMounts: [{{name: html, mountPath: /srv/site}}]}}]\n---\n\
+         apiVersion: v1\nkind: Service\nmetadata: {{name: site}}\nspec: {{type: LoadBalancer, selector: {{app: site}}, ports: [{{port: 80}}]}}\n---\n\
+         apiVersion: apps/v1\nkind: Deployment\nmetadata: {{name: escape}}\nspec:\n  selector: {{matchLabels: {{app: escape}}}}\n  \
+         template:\n    metadata: {{labels: {{app: escape}}}}\n    spec: {{containers: [{{name: c, image: roadkeeper, command: {exec}}}]}}\n---\n\
+         apiVersion: v1\nkind: Pod\nmetadata: {{name: cleaner}}\nspec: {{containers: [{{name: c, image: 'ghcr.io/x/roadkeeper:1', args: [-v, cleanup]}}]}}\n"
+    )
+}
+
+#[test]
+fn a_manifest_does_not_reach_the_host() {
+    let lab = TestLab::new();
+    let outside = lab._tmp.path().join("escaped");
+    std::fs::write(lab.manifests.join("confined.yaml"), confined_manifests(lab.dir.path(), &outside)).unwrap();
+    lab.up("nftables", "1");
+    let services = lab.ok(&["get", "services"]);
+    let address =
+        |name: &str| services.lines().find(|l| l.starts_with(&format!("{name} "))).unwrap().split_whitespace().nth(3);
+    let get = |name: &str, path: &str| {
+        let url = format!("http://{}{path}", address(name).unwrap());
+        lab.ok(&["exec", "client", "--", "curl", "-s", "-w", "\n%{http_code}", &url])
+    };
+
+    // Nothing was written outside the lab, and the document root /etc is no folder of the
+    // pod's: nothing of the host is served; the problem names file, object and field.
+    let shadow = get("peek", "/shadow");
+    assert!(
+        !outside.exists() && shadow.ends_with("\n404") && !shadow.contains("root:"),
+        "written outside the lab: {}; /etc/shadow served: {shadow}",
+        outside.exists()
+    );
+    for path in ["/passwd", "/hostname", "/"] {
+        assert!(get("peek", path).ends_with("\n404"), "{path}");
+    }
+    let status = lab.ok(&["status"]);
+    assert!(
+        status.contains(
+            "confined.yaml: Deployment default/peek: spec.template.metadata.annotations[lab.roadkeeper.dev/document-root]: \
+             \"/etc\" is not inside a volume mounted in container web"
+        ),
+        "{status}"
+    );
+    // A document root inside the pod's volume serves it.
+    assert_eq!(get("site", "/"), "inside the volume\n200");
+
+    // Image roadkeeper runs only the components a pod runs: not `lab exec`, not `cleanup`.
+    assert!(
+        status.contains(
+            "confined.yaml: Deployment default/escape: spec.template.spec.containers[0].command: \
+             \"lab\" is not run in a lab container"
+        ),
+        "{status}"
+    );
+    assert!(
+        status.contains(
+            "confined.yaml: Pod default/cleaner: spec.containers[0].args: \"cleanup\" is not run in a lab container"
+        ),
+        "{status}"
+    );
+    assert!(status.contains("Pod default/cleaner: cannot start: container c: \"cleanup\""), "{status}");
+    std::thread::sleep(Duration::from_secs(1));
+    assert!(!outside.exists(), "a container wrote {}", outside.display());
+}

@@ -12,6 +12,7 @@ per_backend!(
     host_to_cluster_ip_is_masqueraded,
     ipv4_only_and_ipv6_only_services_live_side_by_side,
     sctp_service_ports_are_programmed,
+    services_labelled_headless_are_left_alone_and_follow_the_label,
 );
 
 /// A Service `default/hello` with three pods; ClusterIPs in both families.
@@ -127,4 +128,41 @@ fn the_script_printed_by_rules_is_what_the_proxy_applies() {
     c.roadkeeper(&["cleanup"]);
     c.proxy_once(&[]);
     assert_eq!(c.ruleset(), by_hand, "the proxy programs exactly what `rules` prints");
+}
+
+/// The label kube-proxy's informers select against.
+const HEADLESS: &str = "service.kubernetes.io/headless: \"\"";
+
+/// Whether a TCP probe from the client to `target` gets an answer.
+fn answered(c: &Cluster, target: SocketAddr) -> bool {
+    matches!(probe(&c.client.ns, Proto::Tcp, target), roadkeeper_netlab::ProbeResult::Reply(_))
+}
+
+/// As kube-proxy's informers (`!service.kubernetes.io/headless`), a Service labelled
+/// `service.kubernetes.io/headless` is not proxied even with a ClusterIP; adding and removing the
+/// label on a live Service turns its ClusterIP off and on, while one labelled from the start stays
+/// off (upstream's e2e "should implement service.kubernetes.io/headless").
+fn services_labelled_headless_are_left_alone_and_follow_the_label(backend: Backend) {
+    let mut c = Cluster::new("rk-hdls", backend);
+    c.add_pod("toggled-a", "app: toggled", NODE);
+    c.add_pod("always-a", "app: always", NODE);
+    c.write("always.yaml", &with_labels(&service_manifest("always", 46, ""), HEADLESS));
+    let toggled = |labels: &str| with_labels(&service_manifest("toggled", 45, ""), labels);
+    c.write("toggled.yaml", &toggled(HEADLESS));
+    c.start_fast_proxy();
+    let (toggled_ips, always_ips) = (FAMILIES.map(|f| at(f.cluster_ip(45))), FAMILIES.map(|f| at(f.cluster_ip(46))));
+    let off = |c: &Cluster| toggled_ips.iter().chain(&always_ips).all(|&t| !answered(c, t));
+    assert!(off(&c), "a Service labelled headless answered; proxy log:\n{}", c.proxy_log());
+
+    c.write("toggled.yaml", &toggled("app: toggled"));
+    let on = eventually(SETTLE, || toggled_ips.iter().all(|&t| answered(&c, t)));
+    assert!(on, "the label went, the Service stayed off; proxy log:\n{}", c.proxy_log());
+    assert!(always_ips.iter().all(|&t| !answered(&c, t)), "the Service labelled from the start answered");
+
+    c.write("toggled.yaml", &toggled(HEADLESS));
+    assert!(
+        eventually(SETTLE, || off(&c)),
+        "the label came back, the Service stayed on; proxy log:\n{}",
+        c.proxy_log()
+    );
 }

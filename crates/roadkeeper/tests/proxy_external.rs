@@ -8,7 +8,7 @@ use std::collections::BTreeSet;
 use std::net::SocketAddr;
 
 use common::*;
-use roadkeeper_netlab::ProbeResult;
+use roadkeeper_netlab::{ProbeResult, echo};
 
 per_backend!(
     node_port_from_outside_reaches_every_pod_masqueraded,
@@ -21,6 +21,7 @@ per_backend!(
     node_ports_listen_on_the_modes_default_addresses_and_on_every_address_with_0_0_0_0_slash_0,
     node_ports_answer_on_localhost_only_in_iptables_mode_while_localhost_nodeports_is_on,
     masquerade_all_keeps_the_source_of_pods_reaching_a_local_policy_service_by_external_frontends,
+    node_ports_outside_the_range_and_broken_documents_are_refused_and_the_rest_of_the_file_is_served,
 );
 
 /// Service number of `web`: ClusterIPs 10.96.0.80 / fd00:96::80, nodePort 30080.
@@ -272,4 +273,65 @@ fn masquerade_all_keeps_the_source_of_pods_reaching_a_local_policy_service_by_ex
             }
         }
     }
+}
+
+/// One file of three documents: a Service asking for the node's SSH port and the proxy's own
+/// health port as NodePorts, a document that is not YAML, and a good NodePort Service. The first
+/// is refused (file, object, field), the second reported (file, document, line), the third served
+/// from outside; listeners on the node's ports 22 and 10256 still answer from outside, not
+/// DNATed. `--service-node-port-range` moves the range.
+fn node_ports_outside_the_range_and_broken_documents_are_refused_and_the_rest_of_the_file_is_served(backend: Backend) {
+    let mut c = Cluster::new("rk-nprng", backend);
+    c.add_pod("web-a", "app: web", NODE);
+    c.add_pod("grab-a", "app: grab", NODE);
+    let node_ports = [22, 10256];
+    let listen: Vec<SocketAddr> =
+        FAMILIES.iter().flat_map(|f| node_ports.map(|port| SocketAddr::new(f.node_ip(), port))).collect();
+    let _node_listener = c.lab.node().run(|| echo::serve(&listen, "node-itself")).expect("node listener");
+    let grab = format!(
+        "apiVersion: v1\nkind: Service\nmetadata: {{name: grab, namespace: default}}\n\
+         spec:\n  type: NodePort\n  selector: {{app: grab}}\n  clusterIP: {v4}\n  clusterIPs: [{v4}, \"{v6}\"]\n  \
+         ipFamilies: [IPv4, IPv6]\n  ipFamilyPolicy: RequireDualStack\n  ports:\n  \
+         - {{name: ssh, port: 22, targetPort: {ECHO_PORT}, nodePort: 22}}\n  \
+         - {{name: healthz, port: 10256, targetPort: {ECHO_PORT}, nodePort: 10256}}\n",
+        v4 = Family::V4.cluster_ip(WEB + 1),
+        v6 = Family::V6.cluster_ip(WEB + 1),
+    );
+    let broken = "apiVersion: v1\nkind: Service\nmetadata: {name: [\n";
+    c.write("services.yaml", &format!("{grab}---\n{broken}---\n{}", service_manifest("web", WEB, "type: NodePort")));
+    let out = c.try_proxy_once(&[]);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{stderr}");
+    for family in FAMILIES {
+        let (got, _) = answers(c.lab.external(), Proto::Tcp, node_port_address(family), 3);
+        assert!(got.iter().all(|n| n == "web-a"), "{family:?}: {got:?}");
+        for port in node_ports {
+            let target = SocketAddr::new(family.node_ip(), port);
+            let (got, _) = answers(c.lab.external(), Proto::Tcp, target, 2);
+            assert!(got.iter().all(|n| n == "node-itself"), "{target} was taken over: {got:?}");
+        }
+    }
+    for report in [
+        "services.yaml: Service default/grab: spec.ports[0].nodePort: 22 is not in the NodePort range 30000-32767",
+        "services.yaml: Service default/grab: spec.ports[1].nodePort: 10256 is not in the NodePort range 30000-32767",
+        "services.yaml: document 2: invalid YAML: line 17 column 18: unclosed bracket '['",
+    ] {
+        assert!(stderr.contains(report), "expected {report:?} in:\n{stderr}");
+    }
+    let rules = |range: &str| {
+        let dir = c.manifests.path().display().to_string();
+        let args = ["rules", "--manifests", &dir, "--hostname-override", NODE, "--service-node-port-range", range];
+        let out = c.roadkeeper(&args);
+        String::from_utf8_lossy(&out.stderr).into_owned()
+    };
+    assert!(!rules("1-32767").contains("NodePort range"), "a wider range admits port 22 and 10256");
+    let narrow = rules("10000+100");
+    assert!(
+        narrow.contains("Service default/web: spec.ports[0].nodePort: 30080 is not in the NodePort range 10000-10100"),
+        "{narrow}"
+    );
+    // An API server checks its own range: the flag is refused with one.
+    let out = c.roadkeeper(&["rules", "--kubeconfig", "/nonexistent", "--service-node-port-range", "1-2"]);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success() && stderr.contains("cannot be used with '--service-node-port-range"), "{stderr}");
 }

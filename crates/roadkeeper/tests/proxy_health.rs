@@ -84,6 +84,12 @@ fn health_and_metrics_are_served_after_the_first_sync(backend: Backend) {
     }
     assert!(metrics.contains("# TYPE kubeproxy_network_programming_duration_seconds histogram"), "{metrics}");
     assert!(sample(&metrics, "kubeproxy_proxy_healthz_total{code=\"200\"}") >= 2.0, "{metrics}");
+    // As kube-proxy, the metrics server names the proxy mode at /proxyMode, as plain text
+    // (upstream's e2e "should check kube-proxy urls").
+    let raw = c.lab.node().run(|| try_http_get("127.0.0.1:10249".parse().unwrap(), "/proxyMode")).expect("GET");
+    let (code, head, body) = parse_response(&raw);
+    assert_eq!((code, body.as_str()), (200, backend.mode()), "{raw}");
+    assert_eq!(header(&head, "content-type"), Some("text/plain; charset=utf-8"), "{raw}");
     // Metrics listen on loopback only, by default.
     let node_ip = SocketAddr::new(Family::V4.node_ip(), 10249);
     let refused = c.lab.node().run(|| TcpStream::connect_timeout(&node_ip, Duration::from_secs(1)).is_err());

@@ -101,6 +101,37 @@ fn kubectl_objects_become_rules_and_go_away_with_only_the_deployed_rbac(backend:
     assert!(!log.contains("forbidden"), "the deployed ClusterRole is not enough:\n{log}");
 }
 
+/// Through the API server (the informer path of upstream's e2e "should implement
+/// service.kubernetes.io/headless"): a Service labelled `service.kubernetes.io/headless` gets no
+/// rules though kube-controller-manager gives it EndpointSlices, and gets them once the label is
+/// removed with kubectl.
+#[test]
+fn a_service_labelled_headless_in_the_api_server_is_proxied_only_without_the_label() {
+    let mut c = Cluster::with_api("rk-khdl", Backend::Nftables);
+    c.add_pod("web-a", "app: web", NODE);
+    c.add_pod("other-a", "app: other", NODE);
+    let other = |labels: &str| with_labels(&service_manifest("other", OTHER, ""), labels);
+    c.write("other.yaml", &other("service.kubernetes.io/headless: \"\""));
+    c.write("web.yaml", &service_manifest("web", WEB, ""));
+    c.start_fast_proxy();
+    wait_serving(&c, WEB, &["web-a"]);
+    let sliced = eventually(API_SETTLE, || {
+        c.api()
+            .kubectl(&["get", "endpointslices", "-l", "kubernetes.io/service-name=other", "-o", "name"])
+            .contains('/')
+    });
+    assert!(sliced, "kube-controller-manager made no EndpointSlice for the labelled Service");
+    // Several syncs (100 ms apart at least) after the slices came.
+    std::thread::sleep(std::time::Duration::from_secs(1));
+    assert!(!c.kernel_rules().contains("default/other"), "rules for a Service labelled headless");
+    for family in FAMILIES {
+        let result = probe(&c.client.ns, Proto::Tcp, at(family.cluster_ip(OTHER)));
+        assert!(!matches!(result, ProbeResult::Reply(_)), "{family:?}: a Service labelled headless answers");
+    }
+    c.write("other.yaml", &other("app: other"));
+    wait_serving(&c, OTHER, &["other-a"]);
+}
+
 #[test]
 fn a_relist_after_410_gone_converges_to_what_a_fresh_start_programs() {
     let mut c = Cluster::with_api("rk-gone", Backend::Nftables);

@@ -1,6 +1,7 @@
-//! What clients cannot make a roadkeeper process hold: memory for metrics nobody scrapes, and
-//! file descriptors for connections to its small HTTP servers that never send a request. Real
-//! processes, real sockets.
+//! What clients cannot make a roadkeeper process hold: memory for metrics nobody scrapes, file
+//! descriptors for connections to its small HTTP servers that never send a request, and, out of
+//! descriptors, the DNS server's workers spinning on failed accepts. Real processes, real
+//! sockets.
 
 mod common;
 
@@ -133,24 +134,6 @@ fn dns_memory_stays_flat_under_load_when_nobody_scrapes_its_metrics() {
     assert!(per_answer < 10.0, "RSS grew by {growth} KiB over {answered} answers");
 }
 
-/// Opens up to `n` TCP connections to `addr` from `ns` (10 at a time) that never send a byte;
-/// those the server's backlog has no room for fail.
-fn idle_connections(ns: &Netns, addr: SocketAddr, n: usize) -> Vec<TcpStream> {
-    ns.run(|| {
-        std::thread::scope(|scope| {
-            let openers: Vec<_> = (0..10)
-                .map(|_| {
-                    scope.spawn(move || {
-                        let connect = || TcpStream::connect_timeout(&addr, Duration::from_millis(300)).ok();
-                        (0..n / 10).filter_map(|_| connect()).collect::<Vec<_>>()
-                    })
-                })
-                .collect();
-            openers.into_iter().flat_map(|o| o.join().expect("opener")).collect()
-        })
-    })
-}
-
 #[test]
 fn idle_connections_to_healthz_hold_no_descriptors_and_the_proxy_keeps_syncing() {
     let mut c = Cluster::new("rk-flood", Backend::Nftables);
@@ -198,4 +181,56 @@ fn idle_connections_to_healthz_hold_no_descriptors_and_the_proxy_keeps_syncing()
         raw.is_ok_and(|r| r.starts_with("HTTP/1.0 200"))
     });
     assert!(healthy, "healthz does not answer after the flood:\n{}", c.proxy_log());
+}
+
+/// CPU time (user and system) `pid` has used, in clock ticks.
+fn cpu_ticks(pid: u32) -> u64 {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).expect("stat");
+    let fields: Vec<&str> = stat.rsplit_once(')').expect("comm").1.split_whitespace().collect();
+    fields[11].parse::<u64>().expect("utime") + fields[12].parse::<u64>().expect("stime")
+}
+
+#[test]
+fn dns_out_of_descriptors_closes_idle_tcp_clients_for_new_ones_without_spinning() {
+    let dns = Dns::start("rk-dns-fd");
+    let pid = dns.process.id();
+    // Lowered under the running process: its bound on TCP connections, taken from the limit it
+    // started with, is above what is left, and accepts fail for lack of descriptors.
+    let limit = Command::new("prlimit").args(["--pid", &pid.to_string(), "--nofile=96:96"]).status();
+    assert!(limit.expect("prlimit").success());
+    let server: SocketAddr = "127.0.0.1:53".parse().unwrap();
+    let flood = idle_connections(&dns.ns, server, 150);
+    assert!(flood.len() >= 140, "{} connections", flood.len());
+    // Once the backlog is taken (each accept made room by closing the oldest idle connection),
+    // the workers wait: they do not retry failing accepts in a loop.
+    std::thread::sleep(Duration::from_secs(3));
+    let (ticks, started) = (cpu_ticks(pid), Instant::now());
+    std::thread::sleep(Duration::from_secs(2));
+    let busy = (cpu_ticks(pid) - ticks) as f64 / 100.0 / started.elapsed().as_secs_f64();
+    let open = fds(pid);
+    // A new client is answered over TCP at once: the oldest idle connection makes room for it.
+    let asked = Instant::now();
+    let answer = dns.ns.run(|| {
+        let mut stream = TcpStream::connect_timeout(&server, Duration::from_secs(1))?;
+        stream.set_read_timeout(Some(Duration::from_secs(3)))?;
+        let q = question(7, "web.default.svc.cluster.local");
+        stream.write_all(&[&(q.len() as u16).to_be_bytes()[..], &q].concat())?;
+        let mut len = [0; 2];
+        stream.read_exact(&mut len)?;
+        let mut response = vec![0; usize::from(u16::from_be_bytes(len))];
+        stream.read_exact(&mut response)?;
+        Ok::<_, std::io::Error>(response)
+    });
+    let latency = asked.elapsed();
+    eprintln!(
+        "{} idle TCP clients at 96 descriptors: {open} open, {:.0}% of a CPU busy while they wait, a new client \
+         answered in {latency:?}",
+        flood.len(),
+        busy * 100.0
+    );
+    assert!(busy < 0.2, "{:.0}% of a CPU spent with the clients idle", busy * 100.0);
+    let answer = answer.expect("a TCP answer");
+    assert_eq!(&answer[..2], &7u16.to_be_bytes(), "the response's ID");
+    assert!(latency < Duration::from_secs(2), "answered in {latency:?}");
+    assert!(dns.process.try_wait().expect("poll").is_none(), "roadkeeper dns died");
 }

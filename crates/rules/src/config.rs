@@ -18,6 +18,16 @@ pub enum ProxyMode {
     Iptables,
 }
 
+impl std::fmt::Display for ProxyMode {
+    /// The mode's name in the config (`nftables`, `iptables`), as kube-proxy's `/proxyMode` says.
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            ProxyMode::Nftables => "nftables",
+            ProxyMode::Iptables => "iptables",
+        })
+    }
+}
+
 impl std::str::FromStr for ProxyMode {
     type Err = Error;
     fn from_str(s: &str) -> Result<Self, Error> {
@@ -75,6 +85,61 @@ impl NodePortAddresses {
     }
 }
 
+/// kube-proxy's conntrack settings (`conntrack:` of the file, the `--conntrack-*` flags): the
+/// node's netfilter sysctls written at start (see [`crate::sysctls`]).
+#[derive(Debug, Clone, PartialEq)]
+pub struct ConntrackConfig {
+    /// Entries per CPU for `nf_conntrack_max` (`maxPerCore`, default 32768); 0 leaves the limit
+    /// as it is, and `min` with it.
+    pub max_per_core: u32,
+    /// The least `nf_conntrack_max` whatever the CPU count (`min`, default 131072).
+    pub min: u32,
+    /// Idle timeout of established TCP flows (`tcpEstablishedTimeout`, default 24h; 0 leaves it).
+    pub tcp_established_timeout: Duration,
+    /// Timeout of TCP flows in CLOSE_WAIT (`tcpCloseWaitTimeout`, default 1h; 0 leaves it).
+    pub tcp_close_wait_timeout: Duration,
+    /// TCP tracking is liberal on this node: `tcpBeLiberal` asks for `nf_conntrack_tcp_be_liberal=1`,
+    /// and `roadkeeper proxy` also sets this when it finds the kernel's flag already on. Then the
+    /// iptables mode does not drop packets conntrack calls INVALID, as kube-proxy.
+    pub tcp_be_liberal: bool,
+    /// Timeout of unreplied UDP flows (`udpTimeout`, default 0: left as it is).
+    pub udp_timeout: Duration,
+    /// Timeout of assured UDP flows (`udpStreamTimeout`, default 0: left as it is).
+    pub udp_stream_timeout: Duration,
+}
+
+impl Default for ConntrackConfig {
+    fn default() -> Self {
+        ConntrackConfig {
+            max_per_core: 32 * 1024,
+            min: 128 * 1024,
+            tcp_established_timeout: Duration::from_secs(24 * 3600),
+            tcp_close_wait_timeout: Duration::from_secs(3600),
+            tcp_be_liberal: false,
+            udp_timeout: Duration::ZERO,
+            udp_stream_timeout: Duration::ZERO,
+        }
+    }
+}
+
+/// A conntrack timeout as written (a Go duration): whole seconds, or zero; a fraction of a
+/// second would truncate to a zero timeout in the kernel, so it is refused, naming `field`.
+pub fn parse_conntrack_timeout(field: &str, value: &str) -> Result<Duration, Error> {
+    let duration = parse_go_duration(field, value)?;
+    if duration.subsec_nanos() != 0 {
+        return Err(Error::Config(format!("{field}: {value:?} is not a whole number of seconds")));
+    }
+    Ok(duration)
+}
+
+/// A count of the file's `conntrack:` section (an int32 that must not be negative).
+fn conntrack_count(field: &str, value: i64) -> Result<u32, Error> {
+    u32::try_from(value)
+        .ok()
+        .filter(|v| i32::try_from(*v).is_ok())
+        .ok_or_else(|| Error::Config(format!("{field}: {value} must be between 0 and 2147483647")))
+}
+
 /// Everything the planners need to know about how to proxy (pure data, no I/O).
 #[derive(Debug, Clone, PartialEq)]
 pub struct ProxyConfig {
@@ -105,6 +170,8 @@ pub struct ProxyConfig {
     pub metrics_bind_address: String,
     /// `clientConnection.kubeconfig`: the API server's kubeconfig (the `--kubeconfig` flag wins).
     pub kubeconfig: Option<PathBuf>,
+    /// kube-proxy's conntrack settings.
+    pub conntrack: ConntrackConfig,
 }
 
 impl Default for ProxyConfig {
@@ -122,6 +189,7 @@ impl Default for ProxyConfig {
             healthz_bind_address: "0.0.0.0:10256".into(),
             metrics_bind_address: "127.0.0.1:10249".into(),
             kubeconfig: None,
+            conntrack: ConntrackConfig::default(),
         }
     }
 }
@@ -199,6 +267,7 @@ struct KubeProxyConfiguration {
     min_sync_period: Option<String>,
     healthz_bind_address: Option<String>,
     metrics_bind_address: Option<String>,
+    conntrack: Option<ConntrackSection>,
     // Known to kube-proxy, accepted so that its files load, not used by roadkeeper.
     #[allow(dead_code)]
     feature_gates: Option<serde_json::Value>,
@@ -219,8 +288,6 @@ struct KubeProxyConfiguration {
     detect_local: Option<serde_json::Value>,
     #[allow(dead_code)]
     oom_score_adj: Option<serde_json::Value>,
-    #[allow(dead_code)]
-    conntrack: Option<serde_json::Value>,
     #[allow(dead_code)]
     config_sync_period: Option<serde_json::Value>,
     #[allow(dead_code)]
@@ -243,6 +310,45 @@ struct ClientConnection {
     qps: Option<serde_json::Value>,
     #[allow(dead_code)]
     burst: Option<serde_json::Value>,
+}
+
+/// `conntrack:` of the file (kube-proxy's `KubeProxyConntrackConfiguration`).
+#[derive(Debug, Default, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+struct ConntrackSection {
+    max_per_core: Option<i64>,
+    min: Option<i64>,
+    tcp_established_timeout: Option<String>,
+    tcp_close_wait_timeout: Option<String>,
+    tcp_be_liberal: Option<bool>,
+    udp_timeout: Option<String>,
+    udp_stream_timeout: Option<String>,
+}
+
+impl ConntrackSection {
+    fn apply(self, cfg: &mut ConntrackConfig) -> Result<(), Error> {
+        if let Some(n) = self.max_per_core {
+            cfg.max_per_core = conntrack_count("conntrack.maxPerCore", n)?;
+        }
+        if let Some(n) = self.min {
+            cfg.min = conntrack_count("conntrack.min", n)?;
+        }
+        let timeouts = [
+            (self.tcp_established_timeout, "conntrack.tcpEstablishedTimeout", &mut cfg.tcp_established_timeout),
+            (self.tcp_close_wait_timeout, "conntrack.tcpCloseWaitTimeout", &mut cfg.tcp_close_wait_timeout),
+            (self.udp_timeout, "conntrack.udpTimeout", &mut cfg.udp_timeout),
+            (self.udp_stream_timeout, "conntrack.udpStreamTimeout", &mut cfg.udp_stream_timeout),
+        ];
+        for (value, field, slot) in timeouts {
+            if let Some(value) = value {
+                *slot = parse_conntrack_timeout(field, &value)?;
+            }
+        }
+        if let Some(liberal) = self.tcp_be_liberal {
+            cfg.tcp_be_liberal = liberal;
+        }
+        Ok(())
+    }
 }
 
 /// `iptables:` / `nftables:` sections of the file.
@@ -301,6 +407,9 @@ impl KubeProxyConfiguration {
         }
         if let Some(kubeconfig) = self.client_connection.and_then(|c| c.kubeconfig).filter(|k| !k.is_empty()) {
             cfg.kubeconfig = Some(kubeconfig.into());
+        }
+        if let Some(conntrack) = self.conntrack {
+            conntrack.apply(&mut cfg.conntrack)?;
         }
         if let Some(localhost) = self.iptables.as_ref().and_then(|s| s.localhost_node_ports) {
             cfg.localhost_nodeports = localhost;
@@ -389,6 +498,39 @@ mod tests {
         let cfg = from_yaml("iptables: {syncPeriod: 2s, minSyncPeriod: 100ms}\n").unwrap();
         assert_eq!((cfg.sync_period, cfg.min_sync_period), (Duration::from_secs(2), Duration::from_millis(100)));
         assert!(cfg.localhost_nodeports);
+    }
+
+    #[test]
+    fn conntrack_section_defaults_and_values() {
+        let cfg = from_yaml("kind: KubeProxyConfiguration\n").unwrap();
+        assert_eq!(cfg.conntrack, ConntrackConfig::default());
+        assert_eq!((cfg.conntrack.max_per_core, cfg.conntrack.min), (32768, 131072));
+        assert_eq!(cfg.conntrack.tcp_close_wait_timeout, Duration::from_secs(3600));
+        let cfg = from_yaml(
+            "conntrack: {maxPerCore: 0, min: 5, tcpEstablishedTimeout: 2h, tcpCloseWaitTimeout: 0s, \
+             tcpBeLiberal: true, udpTimeout: 1m, udpStreamTimeout: 2m30s}\n",
+        )
+        .unwrap();
+        let want = ConntrackConfig {
+            max_per_core: 0,
+            min: 5,
+            tcp_established_timeout: Duration::from_secs(7200),
+            tcp_close_wait_timeout: Duration::ZERO,
+            tcp_be_liberal: true,
+            udp_timeout: Duration::from_secs(60),
+            udp_stream_timeout: Duration::from_secs(150),
+        };
+        assert_eq!(cfg.conntrack, want);
+        for (yaml, field) in [
+            ("conntrack: {maxPerCore: -1}\n", "conntrack.maxPerCore"),
+            ("conntrack: {min: 4294967296}\n", "conntrack.min"),
+            ("conntrack: {udpTimeout: 1500ms}\n", "conntrack.udpTimeout"),
+            ("conntrack: {tcpCloseWaitTimeout: later}\n", "conntrack.tcpCloseWaitTimeout"),
+            ("conntrack: {tcpFinTimeout: 1s}\n", "tcpFinTimeout"),
+        ] {
+            let err = from_yaml(yaml).unwrap_err().to_string();
+            assert!(err.contains(field), "{yaml}: {err}");
+        }
     }
 
     #[test]

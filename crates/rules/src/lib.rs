@@ -6,9 +6,9 @@
 //! gives every frontend one owner; [`nft`] and [`iptables`] plan each backend's rules from the
 //! table, as typed objects and `nft` syntax, or as `iptables-restore` input; [`plan`] is the one
 //! path from the cluster state to them (a node's whole plan: what a full sync programs);
-//! [`conntrack`] decides which UDP/SCTP flows went stale; [`text`] keeps names from leaving their
-//! place in rule text; [`config`] is kube-proxy's configuration; [`hash`] upstream's chain-name
-//! hashes.
+//! [`conntrack`] decides which UDP/SCTP flows went stale; [`sysctls`] which conntrack sysctls to
+//! write; [`text`] keeps names from leaving their place in rule text; [`config`] is kube-proxy's
+//! configuration; [`hash`] upstream's chain-name hashes.
 
 pub mod claims;
 pub mod config;
@@ -17,6 +17,7 @@ pub mod hash;
 pub mod iptables;
 pub mod nft;
 pub mod plan;
+pub mod sysctls;
 pub mod table;
 pub mod text;
 pub mod trace;

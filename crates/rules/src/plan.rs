@@ -20,12 +20,13 @@ use crate::nft::node as nft_node;
 use crate::nft::objects::Objects;
 use crate::nft::rule::Op;
 use crate::nft::transaction::{self, Existing};
-use crate::table::{IpFamily, NodeInfo, ServicePort, service_ports};
+use crate::table::{self, IpFamily, NodeInfo, ServicePort, service_ports};
 
 /// The service CIDRs declared by ServiceCIDR objects, sorted and without duplicates.
 pub fn service_cidrs(store: &Store) -> Vec<IpNet> {
     let mut cidrs: Vec<IpNet> = store
         .service_cidrs()
+        .filter(|c| !table::ignored_by_kube_proxy(&c.metadata))
         .filter_map(|c| c.spec.as_ref()?.cidrs.clone())
         .flatten()
         .filter_map(|c| c.parse().ok())
@@ -242,7 +243,13 @@ mod tests {
         let cidr = object(
             "kind: ServiceCIDR\nmetadata: {name: k}\nspec: {cidrs: [10.96.0.0/12, \"fd00:96::/108\", 10.96.0.0/12]}\n",
         );
-        let store = Store::from_objects(service("a", 1, 100, "203.0.113.7").into_iter().chain([headless, cidr]));
+        // kube-proxy's ServiceCIDR informer has the same label selector.
+        let other_proxy = object(
+            "kind: ServiceCIDR\nmetadata: {name: o, labels: {service.kubernetes.io/service-proxy-name: x}}\n\
+             spec: {cidrs: [10.200.0.0/16]}\n",
+        );
+        let store =
+            Store::from_objects(service("a", 1, 100, "203.0.113.7").into_iter().chain([headless, cidr, other_proxy]));
         let cidrs = service_cidrs(&store);
         assert_eq!(cidrs, ["10.96.0.0/12".parse::<IpNet>().unwrap(), "fd00:96::/108".parse().unwrap()]);
         let plan = NodePlan::new(&store, &ProxyConfig::default(), &NodeInfo::default(), &cidrs);

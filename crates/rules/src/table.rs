@@ -10,11 +10,15 @@ use ipnet::IpNet;
 use roadkeeper_cluster::NamespacedName;
 use roadkeeper_cluster::k8s_openapi::api::core::v1::{Service, ServicePort as K8sServicePort};
 use roadkeeper_cluster::k8s_openapi::api::discovery::v1::EndpointSlice;
+use roadkeeper_cluster::k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 
 use crate::config::{NodePortAddresses, ProxyConfig, ProxyMode};
 
 /// Label that hands a Service to another proxy implementation.
 pub const SERVICE_PROXY_NAME_LABEL: &str = "service.kubernetes.io/service-proxy-name";
+/// Label of headless Services' EndpointSlices; kube-proxy ignores every Service and slice that
+/// carries it (as one of [`SERVICE_PROXY_NAME_LABEL`]), whatever its ClusterIP.
+pub const HEADLESS_LABEL: &str = "service.kubernetes.io/headless";
 /// Default `sessionAffinityConfig.clientIP.timeoutSeconds`.
 pub const DEFAULT_AFFINITY_TIMEOUT: u32 = 10800;
 
@@ -258,8 +262,15 @@ pub enum Skip {
     Headless,
     /// `type: ExternalName`.
     ExternalName,
-    /// Labelled for another proxy.
+    /// Labelled for another proxy, or `service.kubernetes.io/headless`.
     OtherProxy,
+}
+
+/// True for an object kube-proxy's informers never see: labelled [`SERVICE_PROXY_NAME_LABEL`] or
+/// [`HEADLESS_LABEL`] (their selector is `!service-proxy-name,!headless`, for Services,
+/// EndpointSlices and ServiceCIDRs alike).
+pub fn ignored_by_kube_proxy(meta: &ObjectMeta) -> bool {
+    meta.labels.as_ref().is_some_and(|l| l.contains_key(SERVICE_PROXY_NAME_LABEL) || l.contains_key(HEADLESS_LABEL))
 }
 
 /// Computes the service ports of one Service for this node, for both IP families.
@@ -271,7 +282,7 @@ pub fn service_ports(
     cfg: &ProxyConfig,
 ) -> Result<Vec<ServicePort>, Skip> {
     let Some(spec) = svc.spec.as_ref() else { return Ok(Vec::new()) };
-    if svc.metadata.labels.as_ref().is_some_and(|l| l.contains_key(SERVICE_PROXY_NAME_LABEL)) {
+    if ignored_by_kube_proxy(&svc.metadata) {
         return Err(Skip::OtherProxy);
     }
     if spec.type_.as_deref() == Some("ExternalName") {
@@ -397,7 +408,7 @@ fn collect_endpoints(
     let mut seen = BTreeSet::new();
     let mut out = Vec::new();
     for slice in slices {
-        if slice.address_type != want_type {
+        if slice.address_type != want_type || ignored_by_kube_proxy(&slice.metadata) {
             continue;
         }
         let Some(target_port) = slice.ports.iter().flatten().find_map(|p| {
@@ -613,6 +624,32 @@ mod tests {
             "metadata: {name: o, labels: {service.kubernetes.io/service-proxy-name: foo}}\nspec: {clusterIP: 10.96.0.1}\n",
         );
         assert_eq!(service_ports(&key(), &other, &[], &node(), &cfg), Err(Skip::OtherProxy));
+        // kube-proxy's informers select `!service.kubernetes.io/headless` too: a Service carrying
+        // the label is left alone, ClusterIP or not.
+        let labelled = svc(
+            "metadata: {name: l, labels: {service.kubernetes.io/headless: \"\"}}\nspec: {clusterIP: 10.96.0.1, ports: [{port: 80}]}\n",
+        );
+        assert_eq!(service_ports(&key(), &labelled, &[], &node(), &cfg), Err(Skip::OtherProxy));
+    }
+
+    #[test]
+    fn slices_labelled_for_no_proxy_are_ignored() {
+        let ready = "- {addresses: [10.244.0.11]}\n";
+        for label in [HEADLESS_LABEL, SERVICE_PROXY_NAME_LABEL] {
+            let labelled = slice(&format!(
+                "metadata: {{name: hello-2, namespace: default, labels: {{kubernetes.io/service-name: hello, {label}: x}}}}\n\
+                 addressType: IPv4\nports: [{{port: 8080, protocol: TCP}}]\nendpoints: [{{addresses: [10.244.0.12]}}]\n"
+            ));
+            let ports = service_ports(
+                &key(),
+                &svc(HELLO),
+                &[endpoints_slice(ready), labelled],
+                &node(),
+                &ProxyConfig::default(),
+            )
+            .unwrap();
+            assert_eq!(ips(&ports[0].cluster_endpoints), ["10.244.0.11:8080"], "{label}");
+        }
     }
 
     #[test]

@@ -702,7 +702,7 @@ mod tests {
             "ReferenceGrant" => Object::ReferenceGrant(Arc::new(serde_json::from_value(v).unwrap())),
             _ => unreachable!("{kind}"),
         };
-        validate(&object).into_iter().map(|e| format!("{}: {}", e.field.unwrap_or_default(), e.message)).collect()
+        validate(&object, None).into_iter().map(|e| format!("{}: {}", e.field.unwrap_or_default(), e.message)).collect()
     }
 
     #[test]

@@ -694,3 +694,108 @@ fn cors_preflights_are_answered_and_cross_origin_responses_get_the_fields() {
     assert_eq!(route_conditions(&c, "cors")[0][0], "Accepted=True/Accepted");
     assert_eq!(route_conditions(&c, "backend-cors")[0][0], "Accepted=False/UnsupportedValue", "CORS on a backend");
 }
+
+/// A Gateway `namespace/name` created in `year`, asking for `requested` in `spec.addresses` and
+/// whose status names `held`, when given.
+fn tenant_gateway(namespace: &str, name: &str, year: u32, requested: Option<&str>, held: Option<&str>) -> Object {
+    let mut value = json!({"apiVersion": "gateway.networking.k8s.io/v1", "kind": "Gateway",
+        "metadata": {"name": name, "namespace": namespace, "generation": 1,
+            "creationTimestamp": format!("{year}-01-01T00:00:00Z")},
+        "spec": {"gatewayClassName": "roadkeeper", "listeners": [http("http", None)]}});
+    if let Some(ip) = requested {
+        value["spec"]["addresses"] = json!([{"type": "IPAddress", "value": ip}]);
+    }
+    if let Some(ip) = held {
+        value["status"] = json!({"addresses": [{"type": "IPAddress", "value": ip}]});
+    }
+    object(value)
+}
+
+/// The addresses and conditions of Gateway `namespace/name`.
+fn gateway_status(table: &GatewayTable, namespace: &str, name: &str) -> (Vec<String>, Vec<String>) {
+    let status = &table.statuses.gateways[&NamespacedName::new(namespace, name)];
+    (status.addresses.iter().map(ToString::to_string).collect(), conditions(&status.conditions))
+}
+
+const REFUSED: [&str; 2] = ["Accepted=True/Accepted", "Programmed=False/AddressNotUsable"];
+const PROGRAMMED: [&str; 2] = ["Accepted=True/Accepted", "Programmed=True/Programmed"];
+
+#[test]
+fn an_address_held_in_status_is_refused_to_another_gateway_that_asks_for_it() {
+    // Tenant A's Gateway holds .1 (its status says so, as after a restart); tenant B asks for .1:
+    // B is refused and gets no other address, A keeps .1, whatever their ages.
+    for (a_year, b_year) in [(2020, 2021), (2021, 2020)] {
+        let a = tenant_gateway("tenant-a", "web", a_year, None, Some("192.168.235.1"));
+        let b = tenant_gateway("tenant-b", "web", b_year, Some("192.168.235.1"), None);
+        let table = compiled(vec![class(), a, b]);
+        assert_eq!(
+            gateway_status(&table, "tenant-a", "web"),
+            (vec!["192.168.235.1".into()], PROGRAMMED.map(String::from).into())
+        );
+        assert_eq!(gateway_status(&table, "tenant-b", "web"), (vec![], REFUSED.map(String::from).into()));
+        let served: Vec<String> = table.serve.addresses.keys().map(ToString::to_string).collect();
+        assert_eq!(served, ["192.168.235.1"], "only A is served");
+    }
+    // Two statuses naming one address (a stale write): the oldest keeps it.
+    let old = tenant_gateway("tenant-b", "old", 2019, None, Some("192.168.235.1"));
+    let young = tenant_gateway("tenant-a", "young", 2020, None, Some("192.168.235.1"));
+    let table = compiled(vec![class(), young, old]);
+    assert_eq!(gateway_status(&table, "tenant-b", "old").0, ["192.168.235.1"]);
+    assert_eq!(gateway_status(&table, "tenant-a", "young").0, ["192.168.235.2"]);
+}
+
+#[test]
+fn an_address_given_is_kept_while_its_holder_lives_and_follows_its_own_request() {
+    let config = GatewayConfig { controller: DEFAULT_CONTROLLER.into(), pool: POOL.parse().unwrap() };
+    let a = tenant_gateway("tenant-a", "web", 2020, None, None);
+    let b_asks = |ip: &str| tenant_gateway("tenant-b", "web", 2021, Some(ip), None);
+    let gateways = |keys: &[(&str, &str)]| {
+        changes(|c| c.gateways = keys.iter().map(|(ns, name)| NamespacedName::new(*ns, *name)).collect())
+    };
+    // A gets .1 before its status is written; B then asks for .1: A keeps it, B is refused.
+    let mut table = GatewayTable::build(&Store::from_objects(vec![class(), a.clone()]), &config);
+    assert_eq!(gateway_status(&table, "tenant-a", "web").0, ["192.168.235.1"]);
+    let both = Store::from_objects(vec![class(), a.clone(), b_asks("192.168.235.1")]);
+    table.apply(&both, &gateways(&[("tenant-b", "web")]));
+    assert_eq!(gateway_status(&table, "tenant-a", "web").0, ["192.168.235.1"]);
+    assert_eq!(gateway_status(&table, "tenant-b", "web"), (vec![], REFUSED.map(String::from).into()));
+    // A rebuild for another reason (a route and a ReferenceGrant) keeps it so.
+    let route_b =
+        route_in("tenant-b", "r", 2021, json!({"parentRefs": parent("web"), "rules": [{"backendRefs": to("v1")}]}));
+    let with_route = Store::from_objects(vec![class(), a.clone(), b_asks("192.168.235.1"), route_b]);
+    let (route, grant) = (NamespacedName::new("tenant-b", "r"), NamespacedName::new("tenant-b", "grant"));
+    table.apply(&with_route, &changes(|c| (c.http_routes, c.reference_grants) = ([route].into(), [grant].into())));
+    assert_eq!(gateway_status(&table, "tenant-a", "web").0, ["192.168.235.1"]);
+    assert_eq!(gateway_status(&table, "tenant-b", "web").1, REFUSED);
+    // The holder deleted: B gets the address on the next compile.
+    let without_a = Store::from_objects(vec![class(), b_asks("192.168.235.1")]);
+    table.apply(&without_a, &gateways(&[("tenant-a", "web")]));
+    assert_eq!(
+        gateway_status(&table, "tenant-b", "web"),
+        (vec!["192.168.235.1".into()], PROGRAMMED.map(String::from).into())
+    );
+    // A comes back: it gets a free address, B keeps .1.
+    let a_again = Store::from_objects(vec![class(), a.clone(), b_asks("192.168.235.1")]);
+    table.apply(&a_again, &gateways(&[("tenant-a", "web")]));
+    assert_eq!(gateway_status(&table, "tenant-a", "web").0, ["192.168.235.2"]);
+    assert_eq!(gateway_status(&table, "tenant-b", "web").0, ["192.168.235.1"]);
+    // B's own request changes to a free address: it moves there and .1 is free again; A asking
+    // for .1 now gets it.
+    let b_moves = Store::from_objects(vec![class(), a.clone(), b_asks("192.168.235.9")]);
+    table.apply(&b_moves, &gateways(&[("tenant-b", "web")]));
+    assert_eq!(gateway_status(&table, "tenant-b", "web").0, ["192.168.235.9"]);
+    let a_asks = tenant_gateway("tenant-a", "web", 2020, Some("192.168.235.1"), None);
+    let a_moves = Store::from_objects(vec![class(), a_asks, b_asks("192.168.235.9")]);
+    table.apply(&a_moves, &gateways(&[("tenant-a", "web")]));
+    assert_eq!(gateway_status(&table, "tenant-a", "web").0, ["192.168.235.1"]);
+    // B asks for A's address: refused, with no other address; its old one is released.
+    let b_asks_a = Store::from_objects(vec![
+        class(),
+        tenant_gateway("tenant-a", "web", 2020, Some("192.168.235.1"), None),
+        b_asks("192.168.235.1"),
+    ]);
+    table.apply(&b_asks_a, &gateways(&[("tenant-b", "web")]));
+    assert_eq!(gateway_status(&table, "tenant-a", "web").0, ["192.168.235.1"]);
+    assert_eq!(gateway_status(&table, "tenant-b", "web"), (vec![], REFUSED.map(String::from).into()));
+    assert!(!table.serve.addresses.contains_key(&"192.168.235.9".parse().unwrap()), "released");
+}

@@ -145,12 +145,18 @@ fn text<T: Serialize>(value: &T) -> String {
 impl GatewayTable {
     /// Compiles the Gateway API objects of `store` that are ours.
     pub fn build(store: &Store, config: &GatewayConfig) -> Self {
+        Self::compile(store, config, &BTreeMap::new())
+    }
+
+    /// Compiles as [`build`](Self::build) does, the addresses `given` on the last compile held by
+    /// their Gateways (their statuses may not say so yet, or ever, with `--manifests`).
+    fn compile(store: &Store, config: &GatewayConfig, given: &BTreeMap<NamespacedName, IpAddr>) -> Self {
         let mut statuses = Statuses::default();
         let ours = |class: &&Arc<GatewayClass>| class.spec.controller_name == config.controller;
         for class in store.gateway_classes().filter(ours) {
             statuses.classes.insert(class.metadata.name.clone().unwrap_or_default(), class.metadata.generation);
         }
-        let gateways = check_gateways(store, config, &mut statuses);
+        let gateways = check_gateways(store, config, given, &mut statuses);
         let mut serve = ServeTable::default();
         for gateway in gateways.values() {
             if let Some(ip) = gateway.ip {
@@ -176,7 +182,8 @@ impl GatewayTable {
     /// Applies `changes` (read from `store`); returns the objects whose status may have changed.
     pub fn apply(&mut self, store: &Store, changes: &Changes) -> Touched {
         if self.needs_rebuild(store, changes) {
-            *self = Self::build(store, &self.config);
+            let given = self.gateways.iter().filter_map(|(key, gateway)| Some((key.clone(), gateway.ip?))).collect();
+            *self = Self::compile(store, &self.config, &given);
             return Touched::all(store, &self.statuses);
         }
         let mut touched = Touched {
@@ -372,11 +379,12 @@ fn toggle<K: Ord>(map: &mut BTreeMap<K, BTreeSet<NamespacedName>>, index: K, key
     }
 }
 
-/// The Gateways of our classes, oldest first, each with its address and listeners checked and
-/// its conditions in `statuses` (no routes attached yet).
+/// The Gateways of our classes, oldest first, each with its address (those `given` before held)
+/// and listeners checked and its conditions in `statuses` (no routes attached yet).
 fn check_gateways(
     store: &Store,
     config: &GatewayConfig,
+    given: &BTreeMap<NamespacedName, IpAddr>,
     statuses: &mut Statuses,
 ) -> BTreeMap<NamespacedName, CheckedGateway> {
     let mut gateways: Vec<(&NamespacedName, &Arc<Gateway>)> = store
@@ -385,7 +393,7 @@ fn check_gateways(
         .collect();
     gateways.sort_by(|a, b| (&a.1.metadata.creation_timestamp, a.0).cmp(&(&b.1.metadata.creation_timestamp, b.0)));
     let claims: Vec<_> = gateways.iter().map(|(key, gateway)| ((*key).clone(), address_claim(gateway))).collect();
-    let mut addresses = addresses::allocate(&config.pool, &claims);
+    let mut addresses = addresses::allocate(&config.pool, &claims, given);
     let mut checked = BTreeMap::new();
     for ((key, gateway), (_, claim)) in gateways.into_iter().zip(claims) {
         let listeners = listeners::check(store, key, gateway);
@@ -402,7 +410,7 @@ fn check_gateways(
         let programmed = match &address {
             Some(Ok(ip)) => Condition::yes("Programmed", "Programmed", format!("serving on {ip}")),
             Some(Err(addresses::Refused::Taken(ip))) => {
-                Condition::no("Programmed", "AddressNotUsable", format!("{ip} is another Gateway's"))
+                Condition::no("Programmed", "AddressNotUsable", format!("{ip} is held by another Gateway"))
             }
             Some(Err(addresses::Refused::Unsupported(why))) => {
                 Condition::no("Programmed", "AddressNotUsable", why.clone())

@@ -495,6 +495,12 @@ pub fn service_manifest(name: &str, n: u8, extra: &str) -> String {
     service_yaml(name, n, &[&format!("selector: {{app: {name}}}"), extra])
 }
 
+/// A manifest of [`service_manifest`] with `labels` (a YAML flow map body, e.g.
+/// `service.kubernetes.io/headless: ""`) on the Service.
+pub fn with_labels(manifest: &str, labels: &str) -> String {
+    manifest.replacen("namespace: default}", &format!("namespace: default, labels: {{{labels}}}}}"), 1)
+}
+
 /// Like [`service_manifest`] but without a selector: its endpoints come from hand-written
 /// EndpointSlices (see [`endpoint_slice`]).
 pub fn selectorless_service_manifest(name: &str, n: u8) -> String {
@@ -605,6 +611,24 @@ pub fn reached(ns: &Netns, proto: Proto, target: SocketAddr, n: usize) -> BTreeS
 /// A set of pod names, for comparing with [`reached`].
 pub fn names(names: &[&str]) -> BTreeSet<String> {
     names.iter().map(|n| n.to_string()).collect()
+}
+
+/// Opens up to `n` TCP connections to `addr` from `ns` (10 at a time) that never send a byte;
+/// those the server's backlog has no room for fail.
+pub fn idle_connections(ns: &Netns, addr: SocketAddr, n: usize) -> Vec<std::net::TcpStream> {
+    ns.run(|| {
+        std::thread::scope(|scope| {
+            let openers: Vec<_> = (0..10)
+                .map(|_| {
+                    scope.spawn(move || {
+                        let connect = || std::net::TcpStream::connect_timeout(&addr, Duration::from_millis(300)).ok();
+                        (0..n / 10).filter_map(|_| connect()).collect::<Vec<_>>()
+                    })
+                })
+                .collect();
+            openers.into_iter().flat_map(|o| o.join().expect("opener")).collect()
+        })
+    })
 }
 
 /// Path of the roadkeeper binary under test.

@@ -155,7 +155,10 @@ fn config(args: &[String]) -> Result<(ProxyConfig, PathBuf), &'static str> {
     let mut words = args.iter().map(String::as_str);
     while let Some(word) = words.next() {
         let (flag, inline) = word.split_once('=').map_or((word, None), |(flag, value)| (flag, Some(value)));
-        let value = if inline.is_none() && WITH_VALUE.contains(&flag) { words.next() } else { inline };
+        // Every `--conntrack-*` flag takes a value but the boolean `--conntrack-tcp-be-liberal`.
+        let takes_value =
+            WITH_VALUE.contains(&flag) || (flag.starts_with("--conntrack-") && flag != "--conntrack-tcp-be-liberal");
+        let value = if inline.is_none() && takes_value { words.next() } else { inline };
         flags.push((flag, value));
     }
     let mut cfg = ProxyConfig::default();
@@ -178,6 +181,9 @@ fn config(args: &[String]) -> Result<(ProxyConfig, PathBuf), &'static str> {
                 cfg.nodeport_addresses = NodePortAddresses::parse(&items).expect("--nodeport-addresses");
             }
             "--iptables-localhost-nodeports" => cfg.localhost_nodeports = given != Some("false"),
+            "--conntrack-tcp-be-liberal" => cfg.conntrack.tcp_be_liberal = given != Some("false"),
+            // The node's conntrack limits and timeouts, no part of the rules.
+            _ if flag.starts_with("--conntrack-") => {}
             _ => panic!("replay: flag {flag} is not modelled; teach config() in tests/common/replay.rs"),
         }
     }

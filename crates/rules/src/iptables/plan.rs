@@ -76,6 +76,9 @@ pub struct PlanContext {
     /// `KUBE-SVL-` and `KUBE-SEP-` chains go without their comments, which are most of a rule's
     /// size in the kernel (xt_comment keeps 256 bytes) and of the restore input.
     pub large_cluster: bool,
+    /// `KUBE-FORWARD` drops packets conntrack calls INVALID (they would leave un-NATed): true
+    /// unless the node's TCP tracking is liberal (`nf_conntrack_tcp_be_liberal`), as kube-proxy.
+    pub drop_invalid: bool,
 }
 
 impl Default for PlanContext {
@@ -90,6 +93,7 @@ impl Default for PlanContext {
             localhost_nodeports: true,
             service_cidrs: Vec::new(),
             large_cluster: false,
+            drop_invalid: true,
         }
     }
 }
@@ -440,15 +444,19 @@ fn endpoint_rules(sp: &ServicePort, ctx: &PlanContext, chain: &str, eps: &[Endpo
 fn filter_fixed(ctx: &PlanContext) -> (Vec<&'static str>, Vec<String>) {
     let mark = ctx.mark();
     let mut chains = vec![KUBE_SERVICES, KUBE_EXTERNAL_SERVICES, KUBE_FORWARD, KUBE_NODEPORTS, KUBE_PROXY_FIREWALL];
-    let mut rules = vec![
-        format!("-A {KUBE_FORWARD} -m conntrack --ctstate INVALID -j DROP"),
+    let mut rules: Vec<String> = ctx
+        .drop_invalid
+        .then(|| format!("-A {KUBE_FORWARD} -m conntrack --ctstate INVALID -j DROP"))
+        .into_iter()
+        .collect();
+    rules.extend([
         format!(
             "-A {KUBE_FORWARD} -m comment --comment \"kubernetes forwarding rules\" -m mark --mark {mark}/{mark} -j ACCEPT"
         ),
         format!(
             "-A {KUBE_FORWARD} -m comment --comment \"kubernetes forwarding conntrack rule\" -m conntrack --ctstate RELATED,ESTABLISHED -j ACCEPT"
         ),
-    ];
+    ]);
     if ctx.localhost_nodeports_active() {
         chains.push(KUBE_FIREWALL);
         rules.push(format!(
@@ -697,6 +705,16 @@ mod tests {
 
     fn count(text: &str, needle: &str) -> usize {
         text.lines().filter(|l| l.contains(needle)).count()
+    }
+
+    #[test]
+    fn invalid_packets_are_dropped_unless_tcp_tracking_is_liberal() {
+        let rule = "-A KUBE-FORWARD -m conntrack --ctstate INVALID -j DROP\n";
+        let plan = plan_ports(&[hello(1)], &ctx());
+        let input = RestoreInput { services: vec![&plan], written: vec![&plan], ..RestoreInput::default() };
+        assert_eq!(restore_input(&ctx(), &input).matches(rule).count(), 1, "strict tracking: dropped");
+        let liberal = PlanContext { drop_invalid: false, ..ctx() };
+        assert!(!restore_input(&liberal, &input).contains(rule), "liberal tracking: kept");
     }
 
     #[test]

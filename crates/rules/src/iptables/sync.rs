@@ -38,6 +38,7 @@ pub fn context(
         localhost_nodeports: cfg.localhost_nodeports,
         service_cidrs: service_cidrs.iter().filter(|c| IpFamily::of(&c.addr()) == family).copied().collect(),
         large_cluster: is_large_cluster(endpoints),
+        drop_invalid: !cfg.conntrack.tcp_be_liberal,
     }
 }
 

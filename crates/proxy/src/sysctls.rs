@@ -1,0 +1,51 @@
+//! kube-proxy's conntrack sysctls, written: reads what the node holds, writes what
+//! [`roadkeeper_rules::sysctls::plan`] says. A value the kernel or the container does not let us
+//! write is reported and left (see [`apply_conntrack`]); the proxy keeps running.
+
+use roadkeeper_rules::config::ConntrackConfig;
+use roadkeeper_rules::sysctls::{self, Write};
+
+/// A conntrack setting that could not be written.
+#[derive(Debug, thiserror::Error)]
+#[error("cannot set {} to {} (it holds {}): {source}", .write.path, .write.value, held(.write.current))]
+pub struct SysctlError {
+    /// What was to be written.
+    pub write: Write,
+    /// Why it was not.
+    pub source: std::io::Error,
+}
+
+/// The value a file held, for messages.
+fn held(current: Option<u64>) -> String {
+    current.map_or_else(|| "no readable value".into(), |v| v.to_string())
+}
+
+/// Reads a file holding one decimal number.
+fn read_number(path: &str) -> Option<u64> {
+    std::fs::read_to_string(path).ok()?.trim().parse().ok()
+}
+
+/// The machine's CPU count as kube-proxy takes it (every online CPU, not only those this process
+/// may use), else the CPUs available to this process.
+fn cpus() -> u64 {
+    std::fs::read_to_string("/sys/devices/system/cpu/online")
+        .ok()
+        .and_then(|list| sysctls::count_cpus(&list))
+        .unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get() as u64))
+}
+
+/// Writes the conntrack settings of `cfg` that the node does not hold yet, each logged. Those
+/// that cannot be written (`nf_conntrack_max` and the hash size are read-only outside the
+/// initial network namespace; `/proc/sys` is read-only in an unprivileged container; no
+/// conntrack module) are returned, and the rest are still written. Returns also whether the
+/// node's TCP tracking is liberal afterwards (`nf_conntrack_tcp_be_liberal` non-zero).
+pub fn apply_conntrack(cfg: &ConntrackConfig) -> (Vec<SysctlError>, bool) {
+    let mut failed = Vec::new();
+    for write in sysctls::plan(cfg, cpus(), read_number) {
+        match std::fs::write(write.path, write.value.to_string()) {
+            Ok(()) => tracing::info!(path = write.path, value = write.value, was = held(write.current), "set"),
+            Err(source) => failed.push(SysctlError { write, source }),
+        }
+    }
+    (failed, read_number(sysctls::TCP_BE_LIBERAL).is_some_and(|v| v != 0))
+}
