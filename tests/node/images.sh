@@ -6,7 +6,8 @@
 #
 #   tests/node/images.sh         the node's images (below)
 #   tests/node/images.sh e2e     the images upstream's [sig-network] tests run, under the names
-#                                they expect (agnhost, jessie-dnsutils, nginx, busybox)
+#                                they expect (agnhost with CoreDNS, jessie-dnsutils, nginx,
+#                                busybox, distroless-iptables, regression-issue-74839)
 #   tests/node/images.sh gateway the backends of the Gateway API conformance suite, under the
 #                                names its manifests use (images/echo-basic/NAME: one build
 #                                tagged as each release they name; images/coredns/NAME), from
@@ -18,8 +19,8 @@
 #                                        $ROADKEEPER_BINARY, or a release build of the workspace
 #   docker.io/library/nginx:1.27         images/web: Debian's nginx, for examples/hello
 #
-# Needs root, buildah, debootstrap, gcc, and Debian's package mirror; the gateway images also Go
-# and its module proxy (tests/gateway/build.sh).
+# Needs root, buildah, debootstrap, gcc, and Debian's package mirror; the e2e and gateway images
+# also Go and its module proxy (tests/k8s/build.sh, tests/gateway/build.sh, CoreDNS below).
 set -euo pipefail
 here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 repo=$(cd "$here/../.." && pwd)
@@ -88,9 +89,33 @@ if [[ ${1:-} == gateway ]]; then
         for tag in "${tags[@]}"; do image "$tag" "$work/$name" "$here/images/$name/Dockerfile"; done
     done
 elif [[ ${1:-} == e2e ]]; then
+    # First what needs no build of the pinned release's binaries (which may still be under way).
+    image "$(cat "$here/images/web/NAME")" "$here/images/web" "$here/images/web/Dockerfile"
+    for name in jessie-dnsutils e2e-nginx busybox distroless-iptables; do
+        image "$(cat "$here/images/$name/NAME")" "$here/images/$name" "$here/images/$name/Dockerfile"
+    done
+    # As upstream builds it: the program of the pinned Kubernetes module (tests/k8s), static.
+    mkdir -p "$work/regression-issue-74839"
+    (cd "$repo/tests/k8s" && CGO_ENABLED=0 GOFLAGS=-buildvcs=false go build -trimpath \
+        -o "$work/regression-issue-74839/" k8s.io/kubernetes/test/images/regression-issue-74839 >&2)
+    image "$(cat "$here/images/regression-issue-74839/NAME")" "$work/regression-issue-74839" \
+        "$here/images/regression-issue-74839/Dockerfile"
+    # CoreDNS for agnhost's /coredns (upstream's image holds a release of it), from its own
+    # go.mod and go.sum (go install module@version), static; built once per version.
+    coredns_version=v1.12.2
+    coredns="$IMAGES_CACHE/coredns-$coredns_version/coredns"
+    if [[ ! -x $coredns ]]; then
+        node_log "go install github.com/coredns/coredns@$coredns_version"
+        mkdir -p "$work/gobin"
+        CGO_ENABLED=0 GOFLAGS=-buildvcs=false GOBIN="$work/gobin" go install -trimpath -ldflags='-s -w' \
+            "github.com/coredns/coredns@$coredns_version" >&2
+        mkdir -p "${coredns%/*}"
+        mv "$work/gobin/coredns" "$coredns"
+    fi
     bin=$("$repo/tests/k8s/build.sh" e2e)
     mkdir -p "$work/agnhost"
     strip -o "$work/agnhost/agnhost" "$bin/agnhost"
+    cp "$coredns" "$work/agnhost/coredns"
     # porter's TLS ports serve this pair (the tests do not verify it). Made once, so that the
     # image's inputs stay the same.
     if [[ ! -e "$IMAGES_CACHE/porter/localhost.key" ]]; then
@@ -101,10 +126,6 @@ elif [[ ${1:-} == e2e ]]; then
     fi
     cp "$IMAGES_CACHE"/porter/localhost.{crt,key} "$work/agnhost/"
     image "$(cat "$here/images/agnhost/NAME")" "$work/agnhost" "$here/images/agnhost/Dockerfile"
-    image "$(cat "$here/images/web/NAME")" "$here/images/web" "$here/images/web/Dockerfile"
-    for name in jessie-dnsutils e2e-nginx busybox; do
-        image "$(cat "$here/images/$name/NAME")" "$here/images/$name" "$here/images/$name/Dockerfile"
-    done
 else
     mkdir -p "$work/pause"
     gcc -O2 -static -o "$work/pause/pause" "$here/images/pause/pause.c"

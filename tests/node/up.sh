@@ -8,7 +8,9 @@
 #
 # --nodes N (default 1, at most 9) adds worker nodes roadkeeper-node-2... (a kubelet and a
 # containerd each, in network namespaces rkn-node-2...) beside the first, which also runs the
-# control plane.
+# control plane. The nodes are spread over three zones in turn (label topology.kubernetes.io/zone:
+# zone-1, zone-2, zone-3, zone-1, ...): with 3 nodes one zone each, with 6 two nodes per zone, as
+# upstream's tests of topology hints and traffic distribution need.
 # --no-deploy stops after the node is Ready (no roadkeeper): the node then has no Service proxy
 # and no DNS. Needs root, and the Debian packages containerd, runc, containernetworking-plugins,
 # debootstrap, buildah, iptables, iproute2, openssl, curl, socat (see tests/node/packages). Builds
@@ -295,6 +297,7 @@ KUBELET
     NETNS=$netns UTS=$name start_daemon "kubelet-$name" "$bin/kubelet" --config="$dir/kubelet.yaml" \
         --kubeconfig="$NODE_DIR/etc/kubelet-$name.kubeconfig" --root-dir="$dir/kubelet" \
         --cert-dir="$dir/kubelet/pki" --hostname-override="$name" --node-ip="$ip" \
+        --node-labels="topology.kubernetes.io/zone=zone-$(((i - 1) % 3 + 1))" \
         --pod-infra-container-image="$pause_image"
     wait_for 60 "pod CIDR of node $name" pod_cidr "$name"
     local cidr
