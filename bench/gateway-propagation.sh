@@ -25,4 +25,4 @@ done
 export RK_BENCH_ROUTES=$routes
 [[ -n $out ]] && export RK_BENCH_OUT=$out
 cd "$root"
-exec cargo test --release -q -p roadkeeper --test bench_gateway -- --ignored --nocapture
+exec cargo test --profile dist -q -p roadkeeper --test bench_gateway -- --ignored --nocapture

@@ -50,4 +50,4 @@ export RK_BENCH_COLD_LIMIT=$cold_limit RK_BENCH_IPTABLES_MAX=$iptables_max
 [[ -n $proxies ]] && export RK_BENCH_PROXIES=$proxies
 [[ -n $replot ]] && export RK_BENCH_REPLOT=$replot
 cd "$root"
-exec cargo test --release -q -p roadkeeper --test bench_upstream -- --ignored --nocapture
+exec cargo test --profile dist -q -p roadkeeper --test bench_upstream -- --ignored --nocapture

@@ -2,9 +2,10 @@
 # Deploys roadkeeper onto the node from deploy/, as an operator would: the one ConfigMap the
 # cluster must provide (the API server's address), then deploy/roadkeeper.yaml (the node proxy,
 # in place of kube-proxy), deploy/dns.yaml (the cluster DNS, in place of CoreDNS) and
-# deploy/ingress.yaml; waits until all of them are ready.
+# deploy/ingress.yaml; waits until all of them are ready. With `coredns` last, the cluster DNS is
+# CoreDNS as kubeadm installs it (tests/node/coredns.yaml) instead of deploy/dns.yaml.
 #
-#   tests/node/deploy.sh KUBECONFIG nftables|iptables
+#   tests/node/deploy.sh KUBECONFIG nftables|iptables [roadkeeper|coredns]
 #
 # The manifest gets the edits it documents: clusterCIDR (the cluster's pod range, as kubeadm
 # sets kube-proxy's) and, for iptables mode, `mode: iptables` and NET_RAW in the DaemonSet's
@@ -16,9 +17,10 @@ repo=$(cd "$here/../.." && pwd)
 source "$here/lib.sh"
 admin=${1:?usage: deploy.sh KUBECONFIG nftables|iptables}
 mode=${2:?usage: deploy.sh KUBECONFIG nftables|iptables}
+dns=${3:-roadkeeper}
 kubectl() { "$(dirname "$admin")/kubectl" --kubeconfig "$admin" "$@"; }
 
-node_log "deploying roadkeeper (proxy in $mode mode, DNS, ingress)"
+node_log "deploying roadkeeper (proxy in $mode mode, ingress) and the cluster DNS ($dns)"
 kubectl -n kube-system create configmap kubernetes-services-endpoint \
     --from-literal=KUBERNETES_SERVICE_HOST="$NODE_IP" --from-literal=KUBERNETES_SERVICE_PORT="$APISERVER_PORT" \
     --dry-run=client -o yaml | kubectl apply -f - >/dev/null
@@ -46,8 +48,13 @@ edited=$(sed "/^    mode: $mode\$/a\\$conntrack" <<<"$manifest")
     node_fail "deploy/roadkeeper.yaml: cannot find 'mode: $mode' to add the conntrack settings after it"
 manifest=$edited
 kubectl apply -f - <<<"$manifest" >/dev/null
-kubectl apply -f "$repo/deploy/dns.yaml" >/dev/null
+case $dns in
+    roadkeeper) kubectl apply -f "$repo/deploy/dns.yaml" >/dev/null; dns_deployment=roadkeeper-dns ;;
+    # Created, not applied, as kubeadm creates its objects: no last-applied annotation.
+    coredns) kubectl create -f "$here/coredns.yaml" >/dev/null; dns_deployment=coredns ;;
+    *) node_fail "DNS $dns: not roadkeeper or coredns" ;;
+esac
 kubectl apply -f "$repo/deploy/ingress.yaml" >/dev/null
 kubectl -n kube-system rollout status daemonset/roadkeeper --timeout=180s >&2
-kubectl -n kube-system rollout status deployment/roadkeeper-dns --timeout=180s >&2
+kubectl -n kube-system rollout status "deployment/$dns_deployment" --timeout=180s >&2
 kubectl -n kube-system rollout status deployment/roadkeeper-ingress --timeout=180s >&2

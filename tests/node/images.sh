@@ -8,6 +8,8 @@
 #   tests/node/images.sh e2e     the images upstream's [sig-network] tests run, under the names
 #                                they expect (agnhost with CoreDNS, jessie-dnsutils, nginx,
 #                                busybox, distroless-iptables, regression-issue-74839)
+#   tests/node/images.sh coredns CoreDNS v1.12.2 as registry.k8s.io/coredns/coredns:v1.12.2 (images/
+#                                coredns, from the binary below), for up.sh --dns coredns
 #   tests/node/images.sh gateway the backends of the Gateway API conformance suite, under the
 #                                names its manifests use (images/echo-basic/NAME: one build
 #                                tagged as each release they name; images/coredns/NAME), from
@@ -16,11 +18,11 @@
 #   debian:bookworm-slim                 debootstrap --variant=minbase (the base of the others)
 #   registry.k8s.io/pause:3.10.1         images/pause: pause.c, static, on an empty base
 #   ghcr.io/roadkeeper/roadkeeper:0.1.0  deploy/Dockerfile with BUILD=prebuilt: the binary in
-#                                        $ROADKEEPER_BINARY, or a release build of the workspace
+#                                        $ROADKEEPER_BINARY, or a `dist` build (fat LTO) of the workspace
 #   docker.io/library/nginx:1.27         images/web: Debian's nginx, for examples/hello
 #
-# Needs root, buildah, debootstrap, gcc, and Debian's package mirror; the e2e and gateway images
-# also Go and its module proxy (tests/k8s/build.sh, tests/gateway/build.sh, CoreDNS below).
+# Needs root, buildah, debootstrap, gcc, and Debian's package mirror; the e2e, coredns and gateway
+# images also Go and its module proxy (tests/k8s/build.sh, tests/gateway/build.sh, CoreDNS below).
 set -euo pipefail
 here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 repo=$(cd "$here/../.." && pwd)
@@ -79,7 +81,27 @@ image() {
     current+=("$archive")
 }
 
-if [[ ${1:-} == gateway ]]; then
+# CoreDNS, from its own go.mod and go.sum (go install module@version), static; built once per
+# version. Prints the binary's path.
+coredns_binary() {
+    local version=v1.12.2
+    local coredns="$IMAGES_CACHE/coredns-$version/coredns"
+    if [[ ! -x $coredns ]]; then
+        node_log "go install github.com/coredns/coredns@$version"
+        mkdir -p "$work/gobin"
+        CGO_ENABLED=0 GOFLAGS=-buildvcs=false GOBIN="$work/gobin" go install -trimpath -ldflags='-s -w' \
+            "github.com/coredns/coredns@$version" >&2
+        mkdir -p "${coredns%/*}"
+        mv "$work/gobin/coredns" "$coredns"
+    fi
+    echo "$coredns"
+}
+
+if [[ ${1:-} == coredns ]]; then
+    mkdir -p "$work/coredns"
+    cp "$(coredns_binary)" "$work/coredns/coredns"
+    image "$(cat "$here/images/coredns/NAME")" "$work/coredns" "$here/images/coredns/Dockerfile"
+elif [[ ${1:-} == gateway ]]; then
     bin=$("$repo/tests/gateway/build.sh")
     for name in echo-basic coredns; do
         mkdir -p "$work/$name"
@@ -100,18 +122,8 @@ elif [[ ${1:-} == e2e ]]; then
         -o "$work/regression-issue-74839/" k8s.io/kubernetes/test/images/regression-issue-74839 >&2)
     image "$(cat "$here/images/regression-issue-74839/NAME")" "$work/regression-issue-74839" \
         "$here/images/regression-issue-74839/Dockerfile"
-    # CoreDNS for agnhost's /coredns (upstream's image holds a release of it), from its own
-    # go.mod and go.sum (go install module@version), static; built once per version.
-    coredns_version=v1.12.2
-    coredns="$IMAGES_CACHE/coredns-$coredns_version/coredns"
-    if [[ ! -x $coredns ]]; then
-        node_log "go install github.com/coredns/coredns@$coredns_version"
-        mkdir -p "$work/gobin"
-        CGO_ENABLED=0 GOFLAGS=-buildvcs=false GOBIN="$work/gobin" go install -trimpath -ldflags='-s -w' \
-            "github.com/coredns/coredns@$coredns_version" >&2
-        mkdir -p "${coredns%/*}"
-        mv "$work/gobin/coredns" "$coredns"
-    fi
+    # CoreDNS for agnhost's /coredns (upstream's image holds a release of it).
+    coredns=$(coredns_binary)
     bin=$("$repo/tests/k8s/build.sh" e2e)
     mkdir -p "$work/agnhost"
     strip -o "$work/agnhost/agnhost" "$bin/agnhost"
@@ -137,9 +149,9 @@ else
     mkdir -p "$work/roadkeeper"
     binary=${ROADKEEPER_BINARY:-}
     if [[ -z $binary ]]; then
-        node_log "cargo build --release -p roadkeeper"
-        (cd "$repo" && cargo build --release --locked -p roadkeeper >&2)
-        binary="$repo/target/release/roadkeeper"
+        node_log "cargo build --profile dist -p roadkeeper"
+        (cd "$repo" && cargo build --profile dist --locked -p roadkeeper >&2)
+        binary="$repo/target/dist/roadkeeper"
     fi
     # Debug information is most of the binary's size, and none of the image's purpose.
     strip -o "$work/roadkeeper/roadkeeper" "$binary"

@@ -4,13 +4,15 @@
 # kube-proxy), its cluster DNS (in place of CoreDNS) and its Ingress controller. The last line on stdout is the path of the
 # admin kubeconfig; a kubectl binary sits in the same folder. tests/node/down.sh undoes it all.
 #
-#   tests/node/up.sh [--proxy-mode nftables|iptables] [--nodes N] [--no-deploy]
+#   tests/node/up.sh [--proxy-mode nftables|iptables] [--nodes N] [--dns roadkeeper|coredns] [--no-deploy]
 #
 # --nodes N (default 1, at most 9) adds worker nodes roadkeeper-node-2... (a kubelet and a
 # containerd each, in network namespaces rkn-node-2...) beside the first, which also runs the
 # control plane. The nodes are spread over three zones in turn (label topology.kubernetes.io/zone:
 # zone-1, zone-2, zone-3, zone-1, ...): with 3 nodes one zone each, with 6 two nodes per zone, as
 # upstream's tests of topology hints and traffic distribution need.
+# --dns coredns: the cluster DNS is CoreDNS as kubeadm installs it (tests/node/coredns.yaml), not
+# deploy/dns.yaml: where docs/replacing-coredns.md starts.
 # --no-deploy stops after the node is Ready (no roadkeeper): the node then has no Service proxy
 # and no DNS. Needs root, and the Debian packages containerd, runc, containernetworking-plugins,
 # debootstrap, buildah, iptables, iproute2, openssl, curl, socat (see tests/node/packages). Builds
@@ -23,6 +25,7 @@ repo=$(cd "$here/../.." && pwd)
 source "$here/lib.sh"
 
 proxy_mode=nftables
+dns=roadkeeper
 deploy=1
 nodes=1
 while (($#)); do
@@ -32,11 +35,14 @@ while (($#)); do
         --nodes) nodes=${2:?--nodes needs a number}; shift 2 ;;
         --nodes=*) nodes=${1#*=}; shift ;;
         --no-deploy) deploy=0; shift ;;
-        -h | --help) sed -n '2,18p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+        --dns) dns=${2:?--dns needs roadkeeper or coredns}; shift 2 ;;
+        --dns=*) dns=${1#*=}; shift ;;
+        -h | --help) sed -n '2,20p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
         *) node_fail "unknown argument $1 (see --help)" ;;
     esac
 done
 case $proxy_mode in nftables | iptables) ;; *) node_fail "--proxy-mode $proxy_mode: not nftables or iptables" ;; esac
+case $dns in roadkeeper | coredns) ;; *) node_fail "--dns $dns: not roadkeeper or coredns" ;; esac
 [[ $nodes =~ ^[1-9]$ ]] || node_fail "--nodes $nodes: not a number from 1 to 9"
 ((EUID == 0)) || node_fail "needs root (network namespaces, cgroups, containerd)"
 for tool in containerd runc ctr buildah debootstrap openssl nsenter ip iptables curl socat; do
@@ -57,6 +63,7 @@ fi
 # Builds first: nothing of the node exists while they run.
 bin=$("$repo/tests/k8s/build.sh" node)
 archives=$("$here/images.sh")
+if [[ $dns == coredns ]]; then archives+=$'\n'$("$here/images.sh" coredns); fi
 
 # What a failed up.sh kept (its logs) goes now; a folder up.sh did not make is never removed.
 if [[ -e $NODE_DIR ]]; then
@@ -355,7 +362,7 @@ done
 node_log "$nodes node(s) Ready"
 
 if ((deploy)); then
-    "$here/deploy.sh" "$admin" "$proxy_mode" >&2
+    "$here/deploy.sh" "$admin" "$proxy_mode" "$dns" >&2
 fi
 trap - EXIT
 echo "$admin"

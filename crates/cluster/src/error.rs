@@ -8,20 +8,20 @@ use std::path::PathBuf;
 #[derive(thiserror::Error, Debug)]
 pub enum Error {
     /// The manifest folder could not be read.
-    #[error("{}: {source}", path.display())]
+    #[error("{}: {error}", path.display())]
     Io {
         /// The folder or file that failed.
         path: PathBuf,
-        /// The underlying I/O error.
-        source: std::io::Error,
+        /// The underlying I/O error (in the message, so not a source as well: printed once).
+        error: std::io::Error,
     },
     /// The file watcher could not be set up.
-    #[error("watching {}: {source}", path.display())]
+    #[error("watching {}: {error}", path.display())]
     Watch {
         /// The watched folder.
         path: PathBuf,
-        /// The underlying notify error.
-        source: notify::Error,
+        /// The underlying notify error (in the message, so not a source as well).
+        error: notify::Error,
     },
     /// The Kubernetes API client could not be configured.
     #[error("connecting to the Kubernetes API: {0}")]

@@ -129,14 +129,14 @@ fn label_name(s: &str, empty_ok: bool) -> Check {
     Ok(())
 }
 
-/// A label value: empty, or a label name.
-pub(crate) fn label_value(s: &str) -> Check {
+/// A label value: empty, or a label name (`Err`: why not, as the API server words it).
+pub fn label_value(s: &str) -> Result<(), String> {
     label_name(s, true)
 }
 
 /// A qualified name (label and annotation keys): `[prefix/]name`, the prefix a DNS-1123
-/// subdomain.
-pub(crate) fn qualified_name(s: &str) -> Check {
+/// subdomain (`Err`: why not, as the API server words it).
+pub fn qualified_name(s: &str) -> Result<(), String> {
     let (prefix, name) = match s.split_once('/') {
         Some((prefix, name)) => (Some(prefix), name),
         None => (None, s),

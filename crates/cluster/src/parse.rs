@@ -9,7 +9,7 @@ use serde_json::{Map, Value};
 
 use crate::object::{Kind, ObjectKey};
 use crate::validate::{FieldError, validate};
-use crate::{ManifestError, NamespacedName, NodePortRange, Object};
+use crate::{ManifestError, NamespacedName, NodePortRange, Object, Unsupported};
 
 /// One supported object found in a file.
 #[allow(clippy::large_enum_variant, reason = "short-lived while a file is read")]
@@ -19,6 +19,8 @@ pub(crate) enum Entry {
     Valid(ObjectKey, Object),
     /// An invalid object, with its identity when known.
     Invalid(Option<ObjectKey>, Vec<ManifestError>),
+    /// An object of a kind this crate does not read (a StatefulSet, a Job...), skipped.
+    Unsupported(Unsupported),
 }
 
 /// YAML limits for manifest files: serde-saphyr's defaults (1,024 documents, 250k nodes) are
@@ -144,6 +146,15 @@ fn collect(file: &Path, document: Value, node_ports: NodePortRange, entries: &mu
     }
     let Some(kind) = Kind::from_type(api_version, kind) else {
         tracing::debug!(file = %file.display(), api_version, kind, "ignoring unsupported object");
+        let metadata = map.get("metadata").and_then(Value::as_object);
+        let text = |field| metadata.and_then(|m| str_field(m, field)).map(str::to_owned);
+        entries.push(Entry::Unsupported(Unsupported {
+            file: file.to_owned(),
+            api_version: api_version.to_owned(),
+            kind: kind.to_owned(),
+            namespace: text("namespace"),
+            name: text("name"),
+        }));
         return;
     };
     let Some(key) = identify(kind, &mut map) else {
@@ -279,7 +290,7 @@ mod tests {
     fn key(entry: &Entry) -> Option<String> {
         match entry {
             Entry::Valid(key, _) | Entry::Invalid(Some(key), _) => Some(key.to_string()),
-            Entry::Invalid(None, _) => None,
+            Entry::Invalid(None, _) | Entry::Unsupported(_) => None,
         }
     }
 
@@ -303,8 +314,17 @@ mod tests {
              - {apiVersion: apps/v1beta1, kind: Deployment, metadata: {name: d}}\n---\n\
              apiVersion: v1\nkind: Endpoints\nmetadata: {name: c}\n",
         );
-        assert_eq!(entries.len(), 1);
+        assert_eq!(entries.len(), 3);
         assert_eq!(key(&entries[0]).unwrap(), "Pod x/p");
+        // Unknown kinds give no object, only a note of what was skipped.
+        let skipped: Vec<(&str, &str, Option<&str>)> = entries[1..]
+            .iter()
+            .map(|e| {
+                let Entry::Unsupported(u) = e else { panic!("{e:?}") };
+                (u.api_version.as_str(), u.kind.as_str(), u.name.as_deref())
+            })
+            .collect();
+        assert_eq!(skipped, [("apps/v1beta1", "Deployment", Some("d")), ("v1", "Endpoints", Some("c"))]);
     }
 
     #[test]
@@ -408,7 +428,9 @@ mod tests {
             "apiVersion: gateway.networking.k8s.io/v1\nkind: Gateway\nmetadata: {name: empty}\nspec: {gatewayClassName: a}\n".into(),
             GATEWAY.replace("/v1\n", "/v1beta1\n"),
         ];
-        let entries = parse(&text.join("---\n"));
+        let mut entries = parse(&text.join("---\n"));
+        // The v1beta1 Gateway is of a kind not read: skipped, not an error.
+        assert!(matches!(entries.pop(), Some(Entry::Unsupported(u)) if u.api_version.ends_with("/v1beta1")));
         let all: Vec<Vec<String>> = entries.iter().map(messages).collect();
         assert_eq!(
             all,

@@ -16,6 +16,22 @@ use crate::{Changes, Error, ManifestError, NodePortRange, Object, Store};
 /// File name extensions read as manifests.
 const EXTENSIONS: &[&str] = &["yaml", "yml", "json"];
 
+/// An object of a kind the source does not read (a StatefulSet, a Job...), skipped: what its
+/// file says of it.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Unsupported {
+    /// The manifest file.
+    pub file: PathBuf,
+    /// Its `apiVersion`.
+    pub api_version: String,
+    /// Its `kind`.
+    pub kind: String,
+    /// Its `metadata.namespace`, if it has one.
+    pub namespace: Option<String>,
+    /// Its `metadata.name`, if it has one.
+    pub name: Option<String>,
+}
+
 /// A folder of manifests and the [`Store`] built from it.
 ///
 /// Hidden files and folders (name starting with `.`) are skipped. When the same object is
@@ -31,6 +47,8 @@ pub struct ManifestSource {
     files: BTreeMap<PathBuf, BTreeMap<ObjectKey, Object>>,
     /// Files defining each object, in load order.
     claims: Index<ObjectKey, PathBuf>,
+    /// The objects of unsupported kinds each file holds, as last read.
+    unsupported: BTreeMap<PathBuf, Vec<Unsupported>>,
 }
 
 impl ManifestSource {
@@ -41,12 +59,19 @@ impl ManifestSource {
         dir: &Path,
         node_ports: NodePortRange,
     ) -> Result<(Self, Vec<PathBuf>, Vec<ManifestError>), Error> {
-        let io_error = |source| Error::Io { path: dir.to_owned(), source };
+        let io_error = |error| Error::Io { path: dir.to_owned(), error };
         let dir = fs::canonicalize(dir).map_err(io_error)?;
         let mut errors = Vec::new();
         let mut paths = Vec::new();
         discover(&dir, &mut paths, &mut errors).map_err(io_error)?;
-        let source = Self { dir, node_ports, store: Store::default(), files: BTreeMap::new(), claims: Index::new() };
+        let source = Self {
+            dir,
+            node_ports,
+            store: Store::default(),
+            files: BTreeMap::new(),
+            claims: Index::new(),
+            unsupported: BTreeMap::new(),
+        };
         Ok((source, paths, errors))
     }
 
@@ -75,7 +100,13 @@ impl ManifestSource {
         let mut errors = Vec::new();
         let mut touched = BTreeSet::new();
         for FileRead { path, outcome } in reads {
-            if let Some(objects) = self.objects(&path, outcome, &mut errors) {
+            let mut unsupported = Vec::new();
+            if let Some(objects) = self.objects(&path, outcome, &mut errors, &mut unsupported) {
+                if unsupported.is_empty() {
+                    self.unsupported.remove(&path);
+                } else {
+                    self.unsupported.insert(path.clone(), unsupported);
+                }
                 self.replace_file(path, objects, &mut touched);
             }
         }
@@ -105,18 +136,25 @@ impl ManifestSource {
         &self.dir
     }
 
+    /// The objects of kinds the source does not read, by file, as the files were last read.
+    pub fn unsupported(&self) -> impl Iterator<Item = &Unsupported> {
+        self.unsupported.values().flatten()
+    }
+
     /// The file whose definition of `object` (by kind, namespace and name) is in use.
     pub fn file_of(&self, object: &Object) -> Option<&Path> {
         self.claims.get(&object.key())?.first().map(PathBuf::as_path)
     }
 
     /// The objects `path` now defines, or `None` if the file cannot be used and its previous
-    /// objects must stay. Invalid objects keep their previous version.
+    /// objects must stay. Invalid objects keep their previous version; objects of unsupported
+    /// kinds go to `unsupported`.
     fn objects(
         &self,
         path: &Path,
         outcome: Outcome,
         errors: &mut Vec<ManifestError>,
+        unsupported: &mut Vec<Unsupported>,
     ) -> Option<BTreeMap<ObjectKey, Object>> {
         let entries = match outcome {
             Outcome::Gone => return Some(BTreeMap::new()),
@@ -138,6 +176,7 @@ impl ManifestSource {
                 Entry::Valid(key, object) => {
                     objects.insert(key, object);
                 }
+                Entry::Unsupported(object) => unsupported.push(object),
                 Entry::Invalid(key, object_errors) => {
                     errors.extend(object_errors);
                     match key {
@@ -249,6 +288,33 @@ mod tests {
 
     fn svc_set(names: &[&str]) -> BTreeSet<NamespacedName> {
         names.iter().map(|n| NamespacedName::new("default", *n)).collect()
+    }
+
+    #[test]
+    fn objects_of_unsupported_kinds_are_listed_until_their_file_drops_them() {
+        let tmp = tempfile::tempdir().unwrap();
+        let set = "apiVersion: apps/v1\nkind: StatefulSet\nmetadata: {name: db, namespace: data}\n";
+        let path = write(
+            tmp.path(),
+            "a.yaml",
+            &format!("{}---\n{set}---\nkind: Job\napiVersion: batch/v1\n", service("a", 80)),
+        );
+        let (mut source, errors) = ManifestSource::load(tmp.path()).unwrap();
+        assert!(errors.is_empty(), "{errors:?}");
+        assert_eq!(port(&source, "a"), Some(80));
+        let listed: Vec<_> =
+            source.unsupported().map(|u| (u.kind.as_str(), u.namespace.as_deref(), u.name.as_deref())).collect();
+        assert_eq!(listed, [("StatefulSet", Some("data"), Some("db")), ("Job", None, None)]);
+        assert_eq!(source.unsupported().next().unwrap().file, path.canonicalize().unwrap());
+        fs::write(&path, service("a", 80)).unwrap();
+        source.reload(std::slice::from_ref(&path));
+        assert_eq!(source.unsupported().count(), 0);
+        fs::write(&path, set).unwrap();
+        source.reload(std::slice::from_ref(&path));
+        assert_eq!(source.unsupported().count(), 1);
+        fs::remove_file(&path).unwrap();
+        source.reload(std::slice::from_ref(&path));
+        assert_eq!(source.unsupported().count(), 0);
     }
 
     #[test]

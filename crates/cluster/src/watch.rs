@@ -61,8 +61,8 @@ pub fn watch(
     debounce: Duration,
     mut on_change: impl FnMut(Vec<PathBuf>) + Send + 'static,
 ) -> Result<Watcher, Error> {
-    let watch_error = |source| Error::Watch { path: dir.to_owned(), source };
-    let root = std::fs::canonicalize(dir).map_err(|source| Error::Io { path: dir.to_owned(), source })?;
+    let watch_error = |error| Error::Watch { path: dir.to_owned(), error };
+    let root = std::fs::canonicalize(dir).map_err(|error| Error::Io { path: dir.to_owned(), error })?;
     let filter_root = root.clone();
     let handler = move |result: DebounceEventResult| match result {
         Ok(events) => {

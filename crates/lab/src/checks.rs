@@ -2,6 +2,11 @@
 //! pod, a name resolved and a Service reached from a pod, a pod reaching the internet host (which
 //! sees its node's address), and each LoadBalancer Service reached from the client. Each check is
 //! retried until it answers or the deadline passes.
+//!
+//! What counts: the Ingress's request must be answered by a pod with a success status (2xx or
+//! 3xx, as the rule's path is the user's), else its `container` station fails; the ClusterIP and
+//! LoadBalancer requests ask `/`, which no manifest promises, so any answer shows the road works
+//! (an error status is shown as such).
 
 use std::net::{Ipv4Addr, SocketAddr};
 use std::time::{Duration, Instant};
@@ -11,7 +16,7 @@ use roadkeeper_cluster::{ManifestSource, NamespacedName};
 use roadkeeper_netlab::Netns;
 use roadkeeper_netlab::web::{self, Response};
 
-use crate::state::{LabDir, Pod, State};
+use crate::state::{LabDir, State};
 use crate::system::{CLUSTER_DOMAIN, INGRESS_SERVICE, NAMESPACE};
 use crate::{Error, Result};
 
@@ -25,6 +30,21 @@ pub struct Station {
     pub name: &'static str,
     /// What was seen there.
     pub seen: String,
+    /// Why it did not do its part (a container that answered the Ingress's path with an error
+    /// status); `None`: it did.
+    pub failure: Option<String>,
+}
+
+impl Station {
+    /// A station that did its part.
+    fn passed(name: &'static str, seen: String) -> Self {
+        Station { name, seen, failure: None }
+    }
+}
+
+/// Whether `status` is a success: 2xx, or a 3xx redirect (nginx sends one for a folder).
+fn success(status: u16) -> bool {
+    (200..400).contains(&status)
 }
 
 /// Walks the road within `within`; the stations seen, or the first check that did not answer.
@@ -60,15 +80,20 @@ pub fn walk(lab: &LabDir, state: &State, within: Duration) -> Result<Vec<Station
         })?;
         let answered = response.header("x-pod-name").unwrap_or_default().to_owned();
         let host_header = host.as_deref().map(|h| format!(" -H 'Host: {h}'")).unwrap_or_default();
-        stations.push(Station {
-            name: "visitor",
-            seen: format!("client: curl{host_header} http://{ip}{url_path} -> {} from pod {answered}", response.status),
-        });
+        let status = response.status;
+        // The rule's path answered with an error status: the road does not serve it.
+        let mut failure = (!success(status))
+            .then(|| format!("pod {answered} answered {url_path}, the path of Ingress {key}'s rule, with {status}"));
+        let visitor = stations.len();
+        stations.push(Station::passed(
+            "visitor",
+            format!("client: curl{host_header} http://{ip}{url_path} -> {status} from pod {answered}"),
+        ));
         let backend = path.backend.service.as_ref().map(|s| s.name.clone()).unwrap_or_default();
-        stations.push(Station {
-            name: "Ingress",
-            seen: format!("{key} (class roadkeeper, at {ip}): {url_path} -> Service {backend}"),
-        });
+        stations.push(Station::passed(
+            "Ingress",
+            format!("{key} (class roadkeeper, at {ip}): {url_path} -> Service {backend}"),
+        ));
         let service_key = NamespacedName::new(key.namespace.as_str(), backend.as_str());
         backend_service = Some(service_key.clone());
         if let Some(service) = store.service(&service_key) {
@@ -78,30 +103,30 @@ pub fn walk(lab: &LabDir, state: &State, within: Duration) -> Result<Vec<Station
                 .flat_map(|s| s.endpoints.iter().flat_map(|e| e.addresses.clone()))
                 .collect();
             let cluster_ip = service.spec.as_ref().and_then(|s| s.cluster_ip.clone()).unwrap_or_default();
-            stations.push(Station {
-                name: "Service",
-                seen: format!("{service_key}: ClusterIP {cluster_ip}, EndpointSlice {}", endpoints.join(", ")),
-            });
+            stations.push(Station::passed(
+                "Service",
+                format!("{service_key}: ClusterIP {cluster_ip}, EndpointSlice {}", endpoints.join(", ")),
+            ));
         }
-        stations.push(Station {
-            name: "node proxy",
-            seen: format!(
+        stations.push(Station::passed(
+            "node proxy",
+            format!(
                 "roadkeeper proxy ({}) in every node rewrites {ip}:80 and the ClusterIPs to pod addresses",
                 state.config.proxy_mode
             ),
-        });
+        ));
         if let Some(pod) = state.pods.iter().find(|p| p.name == answered) {
             let node = state.host(&pod.node)?;
-            stations
-                .push(Station { name: "node", seen: format!("{} ({}) holds pod {answered}", node.name, node.address) });
-            stations.push(Station {
-                name: "pod",
-                seen: format!("{answered} at {} (one address for its containers)", pod.ip),
-            });
+            stations.push(Station::passed("node", format!("{} ({}) holds pod {answered}", node.name, node.address)));
+            stations.push(Station::passed("pod", format!("{answered} at {} (one address for its containers)", pod.ip)));
             let container = pod.spec.containers.first().map(|c| c.name.clone()).unwrap_or_default();
-            stations
-                .push(Station { name: "container", seen: format!("{container} answered {url_path} from its files") });
+            let seen = match success(status) {
+                true => format!("{container} answered {url_path} from its files"),
+                false => format!("{container} answered {url_path} with {status}"),
+            };
+            stations.push(Station { name: "container", seen, failure: failure.take() });
         }
+        stations[visitor].failure = failure;
     }
     let Some(pod) = state.pods.iter().find(|p| p.namespace != NAMESPACE && p.ready && !p.terminating) else {
         return Ok(stations);
@@ -133,18 +158,23 @@ pub fn walk(lab: &LabDir, state: &State, within: Duration) -> Result<Vec<Station
                 .map(drop)
                 .ok_or_else(|| format!("getent said {:?}", text.trim()))
         })?;
-        stations.push(Station {
-            name: "DNS",
-            seen: format!("pod {}: {name} -> {ip} (through kube-dns {})", pod.name, crate::system::DNS_IP),
-        });
+        stations.push(Station::passed(
+            "DNS",
+            format!("pod {}: {name} -> {ip} (through kube-dns {})", pod.name, crate::system::DNS_IP),
+        ));
         let response = retry(deadline, &format!("pod {} to Service {key}", pod.name), || {
             in_netns(&pod.netns, SocketAddr::from((ip, port)), &name, "/")
         })?;
         let by = response.header("x-pod-name").unwrap_or("?").to_owned();
-        stations.push(Station {
-            name: "ClusterIP",
-            seen: format!("pod {}: http://{name}:{port}/ -> {} from pod {by}", pod.name, response.status),
-        });
+        stations.push(Station::passed(
+            "ClusterIP",
+            format!(
+                "pod {}: http://{name}:{port}/ -> {}{} from pod {by}",
+                pod.name,
+                response.status,
+                error_status(&response)
+            ),
+        ));
     }
     let node_ip = state.host(&pod.node)?.address;
     let internet = SocketAddr::from((roadkeeper_netlab::cluster::INTERNET_IP, crate::controller::INTERNET_PORT));
@@ -155,16 +185,10 @@ pub fn walk(lab: &LabDir, state: &State, within: Duration) -> Result<Vec<Station
             .then_some(from.clone())
             .ok_or_else(|| format!("it saw {from:?}, not the node {node_ip}"))
     })?;
-    stations.push(Station {
-        name: "SNAT",
-        seen: format!(
-            "pod {} ({}) -> internet {}: seen as {seen} (its node {})",
-            pod.name,
-            pod.ip,
-            internet.ip(),
-            pod.node
-        ),
-    });
+    stations.push(Station::passed(
+        "SNAT",
+        format!("pod {} ({}) -> internet {}: seen as {seen} (its node {})", pod.name, pod.ip, internet.ip(), pod.node),
+    ));
     for (key, service, port) in services {
         let Some(ip) = lb_ip(Some(service)) else {
             continue;
@@ -172,21 +196,26 @@ pub fn walk(lab: &LabDir, state: &State, within: Duration) -> Result<Vec<Station
         let response = retry(deadline, &format!("the client to LoadBalancer {key}"), || {
             in_netns(client, SocketAddr::from((ip, port)), &ip.to_string(), "/")
         })?;
-        stations.push(Station {
-            name: "LoadBalancer",
-            seen: format!(
-                "client: http://{ip}:{port}/ ({key}) -> {} from pod {}",
+        stations.push(Station::passed(
+            "LoadBalancer",
+            format!(
+                "client: http://{ip}:{port}/ ({key}) -> {}{} from pod {}",
                 response.status,
+                error_status(&response),
                 response.header("x-pod-name").unwrap_or("?")
             ),
-        });
+        ));
     }
     Ok(stations)
 }
 
-/// The first pod of the lab's own that is not its system's, for examples in the help text.
-pub fn example_pod(state: &State) -> Option<&Pod> {
-    state.pods.iter().find(|p| p.namespace == "default" && !p.terminating)
+/// For an answer to `/` with an error status, words saying so: the road reached the pod, and no
+/// manifest promises `/`.
+fn error_status(response: &Response) -> &'static str {
+    match success(response.status) {
+        true => "",
+        false => " (an error status: the road reaches the pod; no manifest promises /)",
+    }
 }
 
 /// The first TCP port of a Service, which the walk sends an HTTP request to.

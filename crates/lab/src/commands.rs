@@ -1,7 +1,6 @@
 //! The `lab` commands: `up`, `down`, `status`, `get`, `scale`, `label` and `exec` (thin: they
 //! start or ask the controller, read the state, or enter a host).
 
-use std::collections::BTreeMap;
 use std::fmt::Write as _;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant, SystemTime};
@@ -11,7 +10,7 @@ use roadkeeper_cluster::ManifestSource;
 use crate::controller::{Request, ask};
 use crate::state::{Config, LabDir, Phase, State};
 use crate::table::{self, Options, Resource};
-use crate::{Error, Result, checks, process, scale};
+use crate::{Error, Result, checks, hints, labels, process, scale};
 
 /// How long `lab up` waits for the controller to build the lab.
 const BUILD_TIMEOUT: Duration = Duration::from_secs(90);
@@ -29,7 +28,9 @@ pub struct Up {
     pub proxy_mode: String,
 }
 
-/// `lab up`: starts the controller, waits until the lab is built and answers, prints it.
+/// `lab up`: starts the controller, waits until the lab is built and answers, prints it. A
+/// folder holding objects the lab refuses (not valid, not readable, asking for addresses it
+/// cannot give) builds nothing: the command names them and fails at once, leaving nothing behind.
 pub fn up(lab: &LabDir, up: &Up) -> Result<()> {
     let started = Instant::now();
     if !nix::unistd::Uid::effective().is_root() {
@@ -85,16 +86,31 @@ pub fn up(lab: &LabDir, up: &Up) -> Result<()> {
         match State::load(lab) {
             Ok(state) if state.phase == Phase::Ready => break state,
             Ok(State { phase: Phase::Failed(why), .. }) => return Err(failed(lab, &why)),
+            Ok(State { phase: Phase::Refused, problems, .. }) => return Err(refused(lab, &problems)),
             _ if !controller.alive() => return Err(failed(lab, "the lab controller exited")),
             _ if started.elapsed() > BUILD_TIMEOUT => return Err(failed(lab, "the lab was not built in time")),
             _ => std::thread::sleep(Duration::from_millis(50)),
         }
     };
     let stations = checks::walk(lab, &state, WALK_TIMEOUT).map_err(|err| {
-        Error::Controller(format!("{err}\nThe lab stays up to look around (`roadkeeper lab status`, logs in {}); `roadkeeper lab down` removes it.", lab.logs_dir().display()))
+        let problems = State::load(lab).map(|s| problems_text(&s.problems, true)).unwrap_or_default();
+        Error::Controller(format!("{err}\n{problems}{}", stays_up(lab)))
     })?;
     print!("{}", summary(lab, &State::load(lab)?, &stations, started.elapsed()));
+    let failed: Vec<String> =
+        stations.iter().filter_map(|s| Some(format!("{}: {}", s.name, s.failure.as_ref()?))).collect();
+    if !failed.is_empty() {
+        return Err(Error::Controller(format!("the road does not work: {}\n{}", failed.join("; "), stays_up(lab))));
+    }
     Ok(())
+}
+
+/// What a lab whose walk failed leaves: itself, to look around.
+fn stays_up(lab: &LabDir) -> String {
+    format!(
+        "The lab stays up to look around (`roadkeeper lab status`, logs in {}); `roadkeeper lab down` removes it.",
+        lab.logs_dir().display()
+    )
 }
 
 /// The error of a lab that could not be built, with the end of the controller's log; the lab
@@ -107,6 +123,33 @@ fn failed(lab: &LabDir, why: &str) -> Error {
         Err(err) => format!("removing it failed too: {err}"),
     };
     Error::Controller(format!("the lab could not be built: {why}\n{}\n({removed})", tail.join("\n")))
+}
+
+/// The error of a lab whose manifests were refused, naming every problem; the lab is removed.
+fn refused(lab: &LabDir, problems: &[String]) -> Error {
+    let removed = match down(lab) {
+        Ok(_) => "nothing was left behind".to_owned(),
+        Err(err) => format!("removing what the controller left failed: {err}"),
+    };
+    Error::Invalid(format!(
+        "the lab was not built: the manifests hold objects the lab refuses, as an API server would.\n{}\
+         Fix them and run `roadkeeper lab up` again ({removed}).",
+        problems_text(problems, false)
+    ))
+}
+
+/// `problems` as `lab up` prints them: a header (`note` in it, when the lab runs) and one
+/// indented line each; empty when none.
+fn problems_text(problems: &[String], runs: bool) -> String {
+    if problems.is_empty() {
+        return String::new();
+    }
+    let note = if runs { "; `roadkeeper lab status` lists them while the lab runs" } else { "" };
+    let mut out = format!("Problems ({}{note}):\n", problems.len());
+    for problem in problems {
+        let _ = writeln!(out, "  {problem}");
+    }
+    out
 }
 
 fn which(tool: &str) -> Option<PathBuf> {
@@ -142,7 +185,8 @@ fn summary(lab: &LabDir, state: &State, stations: &[crate::checks::Station], too
         };
         let _ = writeln!(out, "  {:<10} {:<15} {what}", host.name, host.address.to_string());
     }
-    if let Ok(store) = ManifestSource::load(&lab.cluster_dir()).map(|(source, _)| source) {
+    let generated = ManifestSource::load(&lab.cluster_dir()).map(|(source, _)| source);
+    if let Ok(store) = &generated {
         let options = Options {
             namespace: None,
             wide: true,
@@ -161,40 +205,24 @@ fn summary(lab: &LabDir, state: &State, stations: &[crate::checks::Station], too
             }
         }
     }
-    let _ = writeln!(out, "\nThe road, walked just now:");
+    let works = stations.iter().all(|s| s.failure.is_none());
+    let _ =
+        writeln!(out, "\nThe road, walked just now{}:", if works { "" } else { " (it does not work: FAILED below)" });
     for station in stations {
         let _ = writeln!(out, "  {:<13} {}", station.name, station.seen);
+        if let Some(failure) = &station.failure {
+            let _ = writeln!(out, "  {:<13} FAILED: {failure}", "");
+        }
     }
-    let pod = checks::example_pod(state).map_or("POD", |p| p.name.as_str());
-    let lb = state
-        .allocations
-        .lb_ips
-        .get(&format!("{}/{}", crate::system::NAMESPACE, crate::system::INGRESS_SERVICE))
-        .map_or("LB-IP".to_owned(), |ip| ip.to_string());
-    let tries = [
-        ("kubectl get pods -o wide", "roadkeeper lab get pods -o wide".to_owned()),
-        ("kubectl get endpointslices", "roadkeeper lab get endpointslices".to_owned()),
-        ("curl http://your-domain/hello", format!("roadkeeper lab exec client -- curl -si http://{lb}/hello")),
-        (
-            "kubectl exec POD -- ls /usr/share/nginx/html",
-            format!("roadkeeper lab exec {pod} -- ls /usr/share/nginx/html"),
-        ),
-        (
-            "kubectl scale deployment/hello --replicas=5",
-            "roadkeeper lab scale deployment/hello --replicas=5".to_owned(),
-        ),
-        (
-            "kubectl label pod POD app=removed --overwrite",
-            format!("roadkeeper lab label pod {pod} app=removed --overwrite"),
-        ),
-        ("iptables-save -t nat | grep default/hello", rules_command(&state.config.proxy_mode)),
-        ("(follow one request down the road)", "roadkeeper trace http://192.168.77.200/hello".to_owned()),
-    ];
+    if !state.problems.is_empty() {
+        let _ = write!(out, "\nThe lab runs the rest. {}", problems_text(&state.problems, true));
+    }
     let _ = writeln!(out, "\nTry (the tutorial's command, then the lab's):");
-    for (tutorial, lab_command) in tries {
+    for (tutorial, lab_command) in
+        hints::hints(generated.as_ref().map(|g| g.store()).unwrap_or(&Default::default()), state)
+    {
         let _ = writeln!(out, "  {tutorial:<46} {lab_command}");
     }
-    let _ = writeln!(out, "  {:<46} roadkeeper lab down", "(remove everything)");
     out
 }
 
@@ -276,6 +304,7 @@ pub fn status(lab: &LabDir) -> Result<String> {
         Phase::Starting => "starting".to_owned(),
         Phase::Ready => "ready".to_owned(),
         Phase::Failed(why) => format!("failed: {why}"),
+        Phase::Refused => "refused: the manifests hold objects the lab refuses (below); nothing was built".to_owned(),
     };
     let _ = writeln!(
         out,
@@ -313,9 +342,10 @@ pub fn status(lab: &LabDir) -> Result<String> {
         ]);
     }
     let _ = write!(out, "\n{}", crate::table::align(pods));
-    if !state.problems.is_empty() {
+    let problems: Vec<String> = state.problems.iter().cloned().chain(generated_problems(lab)).collect();
+    if !problems.is_empty() {
         let _ = writeln!(out, "\nProblems:");
-        for problem in &state.problems {
+        for problem in &problems {
             let _ = writeln!(out, "  {problem}");
         }
     }
@@ -328,6 +358,18 @@ pub fn status(lab: &LabDir) -> Result<String> {
     Ok(out)
 }
 
+/// What of the generated cluster state its readers (`lab get`, the proxies, DNS, the Ingress
+/// controller) refuse, and so do not see: every object missing from `lab get` is named here.
+fn generated_problems(lab: &LabDir) -> Vec<String> {
+    match ManifestSource::load(&lab.cluster_dir()) {
+        Ok((_, errors)) => errors
+            .into_iter()
+            .map(|e| format!("the lab's cluster state: {e} (left out of `lab get` and of what every component sees)"))
+            .collect(),
+        Err(err) => vec![format!("the lab's cluster state cannot be read: {err}")],
+    }
+}
+
 /// `lab get`: a table as `kubectl get` prints it, or kubectl's "No resources found".
 pub fn get(lab: &LabDir, resource: Resource, options: &Options) -> Result<std::result::Result<String, String>> {
     State::load(lab)?;
@@ -336,82 +378,21 @@ pub fn get(lab: &LabDir, resource: Resource, options: &Options) -> Result<std::r
         .ok_or_else(|| table::nothing_found(resource, options.namespace.as_deref())))
 }
 
-/// `lab scale deployment/NAME --replicas=N`: writes the replicas into the manifest defining the
-/// Deployment, then waits until the lab (and every node's proxy) follows.
+/// `lab scale deployment/NAME --replicas=N`: runs the Deployment with N replicas, as `kubectl
+/// scale` changes the live object: the manifest folder is not written (an edit of `replicas`
+/// there wins again); waits until the lab and every node's proxy follow.
 pub fn scale(lab: &LabDir, target: &str, namespace: &str, replicas: i32) -> Result<String> {
-    let name = ["deployment/", "deployments/", "deploy/", "deployment.apps/"]
-        .iter()
-        .find_map(|prefix| target.strip_prefix(prefix))
-        .ok_or_else(|| Error::Invalid(format!("cannot scale {target:?}: the lab scales deployment/NAME")))?;
+    let name = scale::deployment_name(target)?;
     if replicas < 0 {
         return Err(Error::Invalid("--replicas must be 0 or more".into()));
     }
-    let state = State::load(lab)?;
-    let mut files = Vec::new();
-    manifest_files(&state.config.manifests, &mut files, 0)?;
-    for file in files {
-        let text = match read_small(&file) {
-            Some(text) => text,
-            None => continue,
-        };
-        let json = file.extension().is_some_and(|e| e == "json");
-        let edited = scale::set_replicas(&text, json, namespace, name, replicas)
-            .map_err(|err| Error::Invalid(format!("{}: {err}", file.display())))?;
-        if let Some(edited) = edited {
-            if edited != text {
-                crate::files::write_atomically(&file, edited.as_bytes())?;
-            }
-            ask(lab, &Request::Reconcile(vec![file]))?;
-            return Ok(format!("deployment.apps/{name} scaled"));
-        }
-    }
-    Err(Error::NotFound(format!(
-        "deployments.apps \"{name}\" not found in namespace {namespace} (no manifest in {} defines it)",
-        state.config.manifests.display()
-    )))
+    ask(lab, &Request::Scale { namespace: namespace.into(), name: name.into(), replicas })
 }
 
-/// The visible manifest files below `dir` (as the manifest reader finds them), at most 16
-/// folders deep.
-fn manifest_files(dir: &Path, files: &mut Vec<PathBuf>, depth: usize) -> Result<()> {
-    let mut entries: Vec<_> = std::fs::read_dir(dir).map_err(Error::io(dir))?.flatten().collect();
-    entries.sort_by_key(|e| e.path());
-    for entry in entries {
-        let path = entry.path();
-        if entry.file_name().to_string_lossy().starts_with('.') {
-            continue;
-        }
-        let kind = entry.file_type().map_err(Error::io(&path))?;
-        if kind.is_dir() && depth < 16 {
-            manifest_files(&path, files, depth + 1)?;
-        } else if kind.is_file()
-            && path.extension().is_some_and(|e| ["yaml", "yml", "json"].contains(&e.to_string_lossy().as_ref()))
-        {
-            files.push(path);
-        }
-    }
-    Ok(())
-}
-
-/// A regular file's text if it has at most [`roadkeeper_cluster::MAX_MANIFEST_BYTES`].
-fn read_small(path: &Path) -> Option<String> {
-    let metadata = std::fs::metadata(path).ok()?;
-    (metadata.is_file() && metadata.len() <= roadkeeper_cluster::MAX_MANIFEST_BYTES)
-        .then(|| std::fs::read_to_string(path).ok())
-        .flatten()
-}
-
-/// `lab label pod NAME KEY=VALUE... [KEY-...]`.
+/// `lab label pod NAME KEY=VALUE... [KEY-...]`, checked as kubectl and the API server check it.
 pub fn label(lab: &LabDir, namespace: &str, name: &str, changes: &[String], overwrite: bool) -> Result<String> {
-    let (mut set, mut remove) = (BTreeMap::new(), Vec::new());
-    for change in changes {
-        match change.split_once('=') {
-            Some((key, value)) if !key.is_empty() => drop(set.insert(key.to_owned(), value.to_owned())),
-            None if change.ends_with('-') && change.len() > 1 => remove.push(change.trim_end_matches('-').to_owned()),
-            _ => return Err(Error::Invalid(format!("invalid label change {change:?}: KEY=VALUE or KEY-"))),
-        }
-    }
-    ask(lab, &Request::Label { namespace: namespace.into(), name: name.into(), set, remove, overwrite })
+    let changes = labels::parse(name, changes)?;
+    ask(lab, &Request::Label { namespace: namespace.into(), name: name.into(), changes, overwrite })
 }
 
 /// `lab exec NAME -- CMD...`: replaces this process by `argv` run in the host or container.
@@ -429,10 +410,38 @@ pub fn exec(
     Err(Error::Invalid(format!("cannot run {}: {err}", argv.first().map_or("", String::as_str))))
 }
 
-/// The command that shows a node's rules for `default/hello` in `mode`.
-fn rules_command(mode: &str) -> String {
-    match mode {
-        "iptables" => "roadkeeper lab exec node-1 -- iptables-save -t nat | grep default/hello".to_owned(),
-        _ => "roadkeeper lab exec node-1 -- nft list ruleset | grep default/hello".to_owned(),
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn status_names_every_object_the_readers_of_the_cluster_state_leave_out() {
+        let tmp = tempfile::tempdir().unwrap();
+        let lab = LabDir::resolve(Some(tmp.path()));
+        let mut state = crate::testing::state(1);
+        // A label no reader accepts (however it got there): the pod is left out of `lab get`.
+        state.pods.push(crate::testing::pod("web-1", "node-1", [10, 244, 1, 2], &[("Bad_Key!", "x")]));
+        state.save(&lab).unwrap();
+        let files = crate::render::render(&crate::render::Inputs {
+            state: &state,
+            services: &[],
+            manifests: &Default::default(),
+            ingress_classes: &[],
+            node_info: &Default::default(),
+        });
+        let mut tree = crate::files::Tree::create(&lab.cluster_dir()).unwrap();
+        tree.sync(files).unwrap();
+        let options = Options {
+            namespace: None,
+            wide: false,
+            selector: Default::default(),
+            show_labels: false,
+            now: SystemTime::now(),
+        };
+        assert!(get(&lab, Resource::Pods, &options).unwrap().is_err(), "the pod is not listed");
+        let status = status(&lab).unwrap();
+        let problem =
+            status.lines().find(|l| l.contains("the lab's cluster state:")).unwrap_or_else(|| panic!("{status}"));
+        assert!(problem.contains("Pod default/web-1: metadata.labels"), "{problem}");
     }
 }

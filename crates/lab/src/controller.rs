@@ -23,7 +23,7 @@ use crate::files::Tree;
 use crate::render::{Inputs, NodeInfo};
 use crate::replicas::Wanted;
 use crate::state::{Config, Host, LabDir, Phase, Pod, ProcessRef, Role, State};
-use crate::{Error, Result, alloc, confine, container, process, render, replicas, system};
+use crate::{Error, Result, alloc, confine, container, kinds, labels, process, render, replicas, scale, system};
 
 /// Time a deleted pod keeps serving its connections (as Terminating) before it is stopped.
 const GRACE: Duration = Duration::from_secs(1);
@@ -43,21 +43,25 @@ const PROXY_METRICS: &str = "127.0.0.1:10249";
 /// A request of a lab command.
 #[derive(Debug, Serialize, Deserialize)]
 pub enum Request {
-    /// Read these manifest files again (or all when empty), reconcile, and answer once every
-    /// node's proxy has applied the result.
-    Reconcile(Vec<PathBuf>),
     /// Change a pod's labels, as `kubectl label pod` does.
     Label {
         /// The pod's namespace.
         namespace: String,
         /// The pod's name.
         name: String,
-        /// Labels set.
-        set: BTreeMap<String, String>,
-        /// Labels removed.
-        remove: Vec<String>,
+        /// The labels set and removed.
+        changes: labels::Changes,
         /// Whether existing labels may change.
         overwrite: bool,
+    },
+    /// Run a Deployment with these replicas (not its manifest's), as `kubectl scale` does.
+    Scale {
+        /// The Deployment's namespace.
+        namespace: String,
+        /// The Deployment's name.
+        name: String,
+        /// The replicas.
+        replicas: i32,
     },
 }
 
@@ -150,6 +154,7 @@ impl Controller {
             allocations: Default::default(),
             first_seen: BTreeMap::new(),
             next_serial: 0,
+            scaled: BTreeMap::new(),
         };
         state.save(&lab)?;
         let (sender, events) = mpsc::sync_channel(64);
@@ -171,6 +176,20 @@ impl Controller {
             last_write: SystemTime::UNIX_EPOCH,
         };
         controller.record_problems(&[], errors);
+        controller.system = system::objects(&controller.lab.cluster_dir(), cluster::INTERNET_IP);
+        let refused = controller.refused_objects();
+        if !refused.is_empty() {
+            // Nothing is built from a folder the lab refuses part of: `lab up` names the
+            // problems and fails at once.
+            let (_, _, others) = controller.wanted();
+            controller.state.problems = refused.into_iter().chain(others).collect();
+            controller.state.phase = Phase::Refused;
+            controller.state.save(&controller.lab)?;
+            return Err(Error::Invalid(format!(
+                "the manifests hold objects the lab refuses:\n  {}",
+                controller.state.problems.join("\n  ")
+            )));
+        }
         if let Err(err) = controller.build() {
             controller.state.phase = Phase::Failed(err.to_string());
             controller.state.save(&controller.lab)?;
@@ -222,7 +241,6 @@ impl Controller {
         let binary = config.binary.display().to_string();
         let internet = [binary.as_str(), "lab", "serve", "--name", "internet", "--tcp", &INTERNET_PORT.to_string()];
         self.start_host_process("internet", &internet)?;
-        self.system = system::objects(&self.lab.cluster_dir(), cluster::INTERNET_IP);
         let sender = self.sender.clone();
         let watcher = roadkeeper_cluster::watch(&config.manifests, Duration::from_millis(200), move |paths| {
             let _ = sender.try_send(Event::Files(paths));
@@ -308,31 +326,31 @@ impl Controller {
     fn handle(&mut self, request: Request) -> Result<String> {
         let before = self.last_write;
         let message = match request {
-            Request::Reconcile(paths) => {
-                let (_, errors) = self.source.reload(&paths);
-                self.record_problems(&paths, errors);
-                self.reconcile()?;
-                String::new()
-            }
-            Request::Label { namespace, name, set, remove, overwrite } => {
+            Request::Label { namespace, name, changes, overwrite } => {
+                labels::check(&name, &changes)?;
                 let pod =
                     self.state.pods.iter_mut().find(|p| p.namespace == namespace && p.name == name && !p.terminating);
                 let pod =
                     pod.ok_or_else(|| Error::NotFound(format!("pods \"{name}\" not found in namespace {namespace}")))?;
-                for (key, value) in &set {
-                    if let Some(old) = pod.labels.get(key).filter(|old| *old != value && !overwrite) {
-                        return Err(Error::Invalid(format!(
-                            "'{key}' already has a value ({old}), and --overwrite is false"
-                        )));
-                    }
-                }
-                let before_labels = pod.labels.clone();
-                pod.labels.extend(set);
-                remove.iter().for_each(|key| drop(pod.labels.remove(key)));
-                let labelled = if pod.labels == before_labels { "not labeled" } else { "labeled" };
+                let labelled =
+                    if labels::apply(&mut pod.labels, &changes, overwrite)? { "labeled" } else { "not labeled" };
                 let message = format!("pod/{name} {labelled}");
                 self.reconcile()?;
                 message
+            }
+            Request::Scale { namespace, name, replicas } => {
+                if replicas < 0 {
+                    return Err(Error::Invalid("--replicas must be 0 or more".into()));
+                }
+                let key = format!("{namespace}/{name}");
+                let (deployments, _, _) = self.wanted();
+                let deployment = deployments.iter().find(|d| scale::key(d) == key).ok_or_else(|| {
+                    Error::NotFound(format!("deployments.apps \"{name}\" not found in namespace {namespace}"))
+                })?;
+                let scaled = scale::scaled(deployment, replicas);
+                self.state.scaled.insert(key, scaled);
+                self.reconcile()?;
+                format!("deployment.apps/{name} scaled")
             }
         };
         if self.last_write != before {
@@ -405,7 +423,42 @@ impl Controller {
                 services.push((**service).clone());
             }
         }
+        problems.extend(kinds::not_run(&self.source));
+        let problems = problems.into_iter().map(|p| self.located(p)).collect();
         (deployments, services, problems)
+    }
+
+    /// What of the manifests the lab refuses to run, as the API server would refuse it: objects
+    /// that are not valid (or not readable), and Services asking for addresses or ports the lab
+    /// cannot give.
+    fn refused_objects(&self) -> Vec<String> {
+        let (_, services, _) = self.wanted();
+        let allocated = alloc::allocate(&Default::default(), &services.iter().collect::<Vec<_>>());
+        let services = allocated.problems.into_iter().map(|p| self.located(p));
+        self.problems.values().flatten().cloned().chain(services).collect()
+    }
+
+    /// `problem` with the manifest file in front when it names an object of the manifests
+    /// (`Service ns/name: ...`) without it.
+    fn located(&self, problem: String) -> String {
+        let store = self.source.store();
+        let object = problem.split_once(": ").and_then(|(object, _)| {
+            let (kind, key) = object.split_once(' ')?;
+            let (namespace, name) = key.split_once('/')?;
+            let key = NamespacedName::new(namespace, name);
+            match kind {
+                "Service" => store.service(&key).cloned().map(Object::Service),
+                "Deployment" => {
+                    store.deployments().find(|(k, _)| **k == key).map(|(_, d)| Object::Deployment(d.clone()))
+                }
+                "Pod" => store.pods().find(|(k, _)| **k == key).map(|(_, p)| Object::Pod(p.clone())),
+                _ => None,
+            }
+        });
+        match object.and_then(|o| self.source.file_of(&o)) {
+            Some(file) => format!("{}: {problem}", file.display()),
+            None => problem,
+        }
     }
 
     /// What the lab refuses of a manifest's Pod or Deployment (`name`: its kind and key), as a
@@ -422,14 +475,17 @@ impl Controller {
             let (deployments, services, mut problems) = self.wanted();
             let allocated = alloc::allocate(&self.state.allocations, &services.iter().collect::<Vec<_>>());
             self.state.allocations = allocated.allocations;
-            problems.extend(allocated.problems);
+            problems.extend(allocated.problems.into_iter().map(|p| self.located(p)));
+            // `lab scale`'s replicas, until the manifest's change.
+            scale::prune(&mut self.state.scaled, deployments.iter().map(|d| &**d));
+            let deployments: Vec<_> = deployments.iter().map(|d| scale::apply(d, &self.state.scaled)).collect();
             let store = self.source.store();
             let wanted =
                 Wanted { deployments: deployments.iter().collect(), pods: store.pods().map(|(_, p)| p).collect() };
             let now = now_text();
             let nodes: Vec<Host> = self.state.nodes().cloned().collect();
             let changes = replicas::reconcile(&wanted, &self.state.pods, &nodes, self.state.next_serial, &now);
-            problems.extend(changes.problems.iter().cloned());
+            problems.extend(changes.problems.iter().map(|p| self.located(p.clone())));
             let mut done = changes.create.is_empty() && changes.delete.is_empty();
             for update in changes.update {
                 if let Some(pod) =

@@ -12,7 +12,7 @@
 //! enter its hosts.
 //!
 //! Pure: [`alloc`], [`confine`], [`replicas`], [`render`], [`system`], [`table`], [`selector`],
-//! [`scale`].
+//! [`scale`], [`labels`], [`kinds`], [`hints`].
 //! Thin: [`container`], [`controller`], [`commands`], [`checks`], [`process`], [`files`].
 
 pub mod alloc;
@@ -23,6 +23,9 @@ pub mod container;
 pub mod controller;
 mod error;
 pub mod files;
+pub mod hints;
+pub mod kinds;
+pub mod labels;
 pub mod process;
 pub mod render;
 pub mod replicas;

@@ -6,7 +6,7 @@
 //! pods of an older template are replaced by pods of the current one; extra pods go, those not
 //! ready first, then the newest; a pod relabelled out of its Deployment's selector is released
 //! (it keeps running, unowned) and replaced. Pods are named `<deployment>-<template hash>-<5
-//! characters>` and labelled `pod-template-hash`, the hash being FNV-1a of the template encoded
+//! characters>` (the part before the 5 cut to 58 characters, as `generateName` cuts it) and labelled `pod-template-hash`, the hash being FNV-1a of the template encoded
 //! as Kubernetes encodes it. New pods go to the node with the fewest pods (the first of equals),
 //! or the one `spec.nodeName` or a `kubernetes.io/hostname` node selector names; each node hands
 //! out the lowest free address of its pod range.
@@ -96,7 +96,7 @@ pub fn reconcile(wanted: &Wanted, current: &[Pod], nodes: &[Host], serial: u32, 
         let template = &spec.template;
         let pod_spec = template.spec.clone().unwrap_or_default();
         for _ in current_template.len()..replicas {
-            let name = format!("{deployment_name}-{hash}-{}", suffix(ns, deployment_name, serial));
+            let name = generate_name(&format!("{deployment_name}-{hash}-"), &suffix(ns, deployment_name, serial));
             let mut labels = template.metadata.as_ref().and_then(|m| m.labels.clone()).unwrap_or_default();
             labels.insert(TEMPLATE_HASH_LABEL.into(), hash.clone());
             let annotations = template.metadata.as_ref().and_then(|m| m.annotations.clone()).unwrap_or_default();
@@ -270,6 +270,17 @@ fn suffix(namespace: &str, deployment: &str, serial: u32) -> String {
         .collect()
 }
 
+/// Longest prefix the API server's `generateName` keeps (a name of at most 63 characters with its
+/// 5 random ones).
+const GENERATE_NAME_PREFIX_MAX: usize = 58;
+
+/// A name generated from `prefix` and `random` as the API server's `generateName` makes it: the
+/// prefix cut to [`GENERATE_NAME_PREFIX_MAX`] characters.
+fn generate_name(prefix: &str, random: &str) -> String {
+    let cut = prefix.char_indices().nth(GENERATE_NAME_PREFIX_MAX).map_or(prefix.len(), |(at, _)| at);
+    format!("{}{random}", &prefix[..cut])
+}
+
 /// A uid in the form of the API server's (derived from the pod's identity and serial).
 fn uid(namespace: &str, name: &str, serial: u32) -> String {
     let a = crate::state::fnv1a(format!("{namespace}/{name}").as_bytes());
@@ -342,6 +353,28 @@ mod tests {
         // The newest go first.
         let newest: Vec<(String, String)> = pods[3..].iter().map(key).collect();
         assert_eq!(changes.delete, newest.into_iter().rev().collect::<BTreeSet<_>>().into_iter().collect::<Vec<_>>());
+    }
+
+    #[test]
+    fn pods_of_long_deployment_names_are_named_as_generate_name_names_them() {
+        // `<deployment>-<hash>-` is cut to 58 characters before the 5 random ones, as the API
+        // server's generateName does: the pod's name stays a valid name of at most 63.
+        let name = "a".repeat(250);
+        let long: Arc<Deployment> = Arc::new(
+            serde_json::from_value(json!({"metadata": {"name": name, "namespace": "default"},
+                "spec": {"replicas": 2, "selector": {"matchLabels": {"app": "long"}},
+                    "template": {"metadata": {"labels": {"app": "long"}}, "spec": {"containers": [{"name": "web"}]}}}}))
+            .unwrap(),
+        );
+        let changes = reconcile(&Wanted { deployments: vec![&long], pods: vec![] }, &[], &nodes(1), 0, "t");
+        let names: Vec<&str> = changes.create.iter().map(|p| p.name.as_str()).collect();
+        assert_eq!(names.len(), 2);
+        for pod in &names {
+            assert_eq!(pod.len(), 63, "{pod}");
+            assert!(pod.starts_with(&"a".repeat(58)), "{pod}");
+        }
+        assert_ne!(names[0], names[1]);
+        assert_eq!(changes.create[0].owner.as_ref().unwrap().deployment, name);
     }
 
     #[test]

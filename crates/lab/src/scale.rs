@@ -1,124 +1,110 @@
-//! `lab scale` (pure): sets `spec.replicas` of a Deployment in the manifest file that defines it,
-//! as `kubectl scale` changes the object, touching nothing else of the file (comments, order
-//! and other documents stay as they are).
+//! `lab scale` (pure): the replicas the lab runs a Deployment with. As `kubectl scale` changes
+//! the live object and not the manifest, the lab keeps the replicas asked for in its state
+//! ([`crate::state::State::scaled`]), with the manifest's own `spec.replicas` of that moment. An
+//! edit of `replicas` in the manifest wins again (the override is dropped), as `kubectl apply`
+//! of the edited manifest would set it; other edits keep it, as `apply` leaves a field it did not
+//! change.
 
-use serde_json::Value;
+use std::collections::BTreeMap;
+use std::sync::Arc;
+
+use roadkeeper_cluster::k8s_openapi::api::apps::v1::Deployment;
+use serde::{Deserialize, Serialize};
 
 use crate::{Error, Result};
 
-/// `text` (a manifest file; `json` when it is JSON) with `spec.replicas` of Deployment
-/// `namespace/name` set to `replicas`; `None` when the file does not define it.
-pub fn set_replicas(text: &str, json: bool, namespace: &str, name: &str, replicas: i32) -> Result<Option<String>> {
-    if json {
-        let mut value: Value =
-            serde_json::from_str(text).map_err(|err| Error::Invalid(format!("invalid JSON: {err}")))?;
-        if !is_deployment(&value, namespace, name) {
-            return Ok(None);
-        }
-        value["spec"]["replicas"] = replicas.into();
-        let text = serde_json::to_string_pretty(&value).map_err(|err| Error::Invalid(err.to_string()))?;
-        return Ok(Some(text + "\n"));
-    }
-    let lines: Vec<&str> = text.split_inclusive('\n').collect();
-    let mut start = 0;
-    for end in (0..=lines.len()).filter(|&i| i == lines.len() || is_separator(lines[i])) {
-        let document: String = lines[start..end].concat();
-        let value: Option<Value> = serde_saphyr::from_str(&document).ok();
-        if value.as_ref().is_some_and(|v| v["kind"] == "List") && document.contains(name) {
-            return Err(Error::Invalid(format!(
-                "Deployment {namespace}/{name} may be inside a List: set its replicas there"
-            )));
-        }
-        if value.is_some_and(|v| is_deployment(&v, namespace, name)) {
-            let edited = edit_block(&lines[start..end], replicas)?;
-            return Ok(Some(lines[..start].concat() + &edited + &lines[end..].concat()));
-        }
-        start = end;
-    }
-    Ok(None)
+/// A Deployment's replicas as `lab scale` set them.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Scaled {
+    /// The replicas asked for.
+    pub replicas: i32,
+    /// The manifest's `spec.replicas` when they were asked for.
+    pub manifest: Option<i32>,
 }
 
-fn is_separator(line: &str) -> bool {
-    line.strip_prefix("---").is_some_and(|rest| rest.trim().is_empty() || rest.starts_with([' ', '\t', '#']))
-}
-
-fn is_deployment(value: &Value, namespace: &str, name: &str) -> bool {
-    value["apiVersion"] == "apps/v1"
-        && value["kind"] == "Deployment"
-        && value["metadata"]["name"] == name
-        && value["metadata"]["namespace"].as_str().unwrap_or("default") == namespace
-}
-
-fn indent(line: &str) -> usize {
-    line.len() - line.trim_start_matches(' ').len()
-}
-
-fn is_content(line: &str) -> bool {
-    let trimmed = line.trim();
-    !trimmed.is_empty() && !trimmed.starts_with('#')
-}
-
-/// The document's lines with the block-style `spec:` holding `replicas: <replicas>`.
-fn edit_block(lines: &[&str], replicas: i32) -> Result<String> {
-    let refuse = |why: &str| {
-        Error::Invalid(format!("cannot set replicas: {why}; write `spec:` as a block with `replicas:` in it"))
-    };
-    let spec = lines
+/// The name of the Deployment `target` names: `deployment/NAME` (or `deployments/`, `deploy/`,
+/// `deployment.apps/`).
+pub fn deployment_name(target: &str) -> Result<&str> {
+    ["deployment/", "deployments/", "deploy/", "deployment.apps/"]
         .iter()
-        .position(|line| line.starts_with("spec:"))
-        .ok_or_else(|| refuse("no `spec:` at the start of a line"))?;
-    let rest = lines[spec]["spec:".len()..].trim();
-    if !(rest.is_empty() || rest.starts_with('#')) {
-        return Err(refuse("`spec:` is written in flow style"));
-    }
-    let body: Vec<usize> =
-        (spec + 1..lines.len()).take_while(|&i| !is_content(lines[i]) || indent(lines[i]) > 0).collect();
-    let child = body
-        .iter()
-        .find(|&&i| is_content(lines[i]))
-        .map(|&i| indent(lines[i]))
-        .ok_or_else(|| refuse("`spec:` is empty"))?;
-    let mut out: Vec<String> = lines.iter().map(|line| line.to_string()).collect();
-    let found = body.iter().find(|&&i| indent(lines[i]) == child && lines[i].trim_start().starts_with("replicas:"));
-    match found {
-        Some(&i) => {
-            let line = lines[i];
-            let comment = line.find(" #").map(|at| line[at..].trim_end_matches('\n').to_owned()).unwrap_or_default();
-            let newline = if line.ends_with('\n') { "\n" } else { "" };
-            out[i] = format!("{}replicas: {replicas}{comment}{newline}", " ".repeat(child));
-        }
-        None => out.insert(spec + 1, format!("{}replicas: {replicas}\n", " ".repeat(child))),
-    }
-    Ok(out.concat())
+        .find_map(|prefix| target.strip_prefix(prefix))
+        .filter(|name| !name.is_empty())
+        .ok_or_else(|| Error::Invalid(format!("cannot scale {target:?}: the lab scales deployment/NAME")))
+}
+
+/// The key of a Deployment in [`crate::state::State::scaled`]: `namespace/name`.
+pub fn key(deployment: &Deployment) -> String {
+    let meta = &deployment.metadata;
+    format!("{}/{}", meta.namespace.as_deref().unwrap_or("default"), meta.name.as_deref().unwrap_or_default())
+}
+
+/// The override `lab scale` records for `deployment` (as its manifest now has it).
+pub fn scaled(deployment: &Deployment, replicas: i32) -> Scaled {
+    Scaled { replicas, manifest: deployment.spec.as_ref().and_then(|s| s.replicas) }
+}
+
+/// Forgets the overrides of Deployments that went, or whose manifest's replicas changed since.
+pub fn prune<'a>(scaled: &mut BTreeMap<String, Scaled>, deployments: impl IntoIterator<Item = &'a Deployment>) {
+    let manifests: BTreeMap<String, Option<i32>> =
+        deployments.into_iter().map(|d| (key(d), d.spec.as_ref().and_then(|s| s.replicas))).collect();
+    scaled.retain(|key, s| manifests.get(key) == Some(&s.manifest));
+}
+
+/// `deployment` as the lab runs it: with the replicas of its override, if it has one.
+pub fn apply(deployment: &Arc<Deployment>, scaled: &BTreeMap<String, Scaled>) -> Arc<Deployment> {
+    let Some(s) = scaled.get(&key(deployment)) else { return deployment.clone() };
+    let mut scaled = (**deployment).clone();
+    scaled.spec.get_or_insert_with(Default::default).replicas = Some(s.replicas);
+    Arc::new(scaled)
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
 
-    const FILE: &str = "# the app\napiVersion: v1\nkind: Service\nmetadata: {name: hello}\nspec: {ports: [{port: 80}]}\n---\n\
-        apiVersion: apps/v1\nkind: Deployment\nmetadata:\n  name: hello\nspec:\n  # how many\n  replicas: 3 # three\n  selector: {}\n";
+    fn deployment(name: &str, replicas: Option<i32>) -> Arc<Deployment> {
+        let mut d: Deployment = serde_json::from_value(serde_json::json!({"metadata": {"name": name}})).unwrap();
+        d.spec = Some(Default::default());
+        d.spec.as_mut().unwrap().replicas = replicas;
+        Arc::new(d)
+    }
 
-    #[test]
-    fn replicas_change_in_place() {
-        let out = set_replicas(FILE, false, "default", "hello", 5).unwrap().unwrap();
-        assert_eq!(out, FILE.replace("replicas: 3 # three", "replicas: 5 # three"));
-        assert_eq!(set_replicas(FILE, false, "other", "hello", 5).unwrap(), None);
-        assert_eq!(set_replicas(FILE, false, "default", "nope", 5).unwrap(), None);
+    fn replicas(d: &Deployment) -> Option<i32> {
+        d.spec.as_ref()?.replicas
     }
 
     #[test]
-    fn replicas_are_added_where_missing_and_flow_style_is_refused() {
-        let without = "apiVersion: apps/v1\nkind: Deployment\nmetadata: {name: d}\nspec:\n    selector: {}\n";
-        let out = set_replicas(without, false, "default", "d", 2).unwrap().unwrap();
-        assert_eq!(
-            out,
-            "apiVersion: apps/v1\nkind: Deployment\nmetadata: {name: d}\nspec:\n    replicas: 2\n    selector: {}\n"
-        );
-        let flow = "apiVersion: apps/v1\nkind: Deployment\nmetadata: {name: d}\nspec: {replicas: 1}\n";
-        assert!(set_replicas(flow, false, "default", "d", 2).unwrap_err().to_string().contains("flow style"));
-        let json =
-            r#"{"apiVersion": "apps/v1", "kind": "Deployment", "metadata": {"name": "d"}, "spec": {"replicas": 1}}"#;
-        assert!(set_replicas(json, true, "default", "d", 4).unwrap().unwrap().contains("\"replicas\": 4"));
+    fn an_override_holds_until_the_manifest_changes_replicas_or_the_deployment_goes() {
+        let hello = deployment("hello", Some(3));
+        let mut overrides = BTreeMap::from([("default/hello".to_owned(), scaled(&hello, 5))]);
+        assert_eq!(replicas(&apply(&hello, &overrides)), Some(5));
+        assert_eq!(replicas(&hello), Some(3), "the manifest's object is not changed");
+        // Another edit of the manifest (same replicas) keeps it.
+        prune(&mut overrides, [&*hello]);
+        assert_eq!(overrides.len(), 1);
+        // An edit of replicas in the manifest wins.
+        let edited = deployment("hello", Some(2));
+        prune(&mut overrides, [&*edited]);
+        assert!(overrides.is_empty());
+        assert_eq!(replicas(&apply(&edited, &overrides)), Some(2));
+        // Replicas written where there were none count as an edit; a Deployment gone takes its
+        // override along.
+        let unset = deployment("web", None);
+        let mut overrides = BTreeMap::from([("default/web".to_owned(), scaled(&unset, 4))]);
+        prune(&mut overrides, [&*unset]);
+        assert_eq!(replicas(&apply(&unset, &overrides)), Some(4));
+        prune(&mut overrides, [&*deployment("web", Some(1))]);
+        assert!(overrides.is_empty());
+        let mut overrides = BTreeMap::from([("default/web".to_owned(), scaled(&unset, 4))]);
+        prune(&mut overrides, []);
+        assert!(overrides.is_empty());
+    }
+
+    #[test]
+    fn targets_name_a_deployment() {
+        assert_eq!(deployment_name("deployment/hello").unwrap(), "hello");
+        assert_eq!(deployment_name("deploy/hello").unwrap(), "hello");
+        assert!(deployment_name("statefulset/db").is_err());
+        assert!(deployment_name("deployment/").is_err());
     }
 }

@@ -140,6 +140,8 @@ pub enum Phase {
     Ready,
     /// Building failed; the message says why.
     Failed(String),
+    /// Not built: the manifests hold objects the lab refuses ([`State::problems`] names them).
+    Refused,
 }
 
 /// A lab as its controller records it.
@@ -167,6 +169,10 @@ pub struct State {
     pub first_seen: BTreeMap<String, String>,
     /// The number the next pod gets (for names of its namespace and veth).
     pub next_serial: u32,
+    /// Deployments scaled by `lab scale` (`namespace/name`), which the lab runs with these
+    /// replicas instead of their manifest's.
+    #[serde(default)]
+    pub scaled: BTreeMap<String, crate::scale::Scaled>,
 }
 
 /// What a host is.

@@ -41,6 +41,7 @@ pub fn state(nodes: u8) -> State {
         allocations: Default::default(),
         first_seen: Default::default(),
         next_serial: 0,
+        scaled: Default::default(),
     }
 }
 

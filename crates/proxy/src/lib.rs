@@ -22,9 +22,10 @@ pub enum Error {
     /// The `nft` tool failed (cleanup); the text is its own error output.
     #[error("nft: {0}")]
     Nft(String),
-    /// nf_tables did not apply a transaction or answer a listing over netlink.
+    /// nf_tables did not apply a transaction or answer a listing over netlink (in the message,
+    /// so not a source as well: printed once).
     #[error("nf_tables: {0}")]
-    Netlink(#[from] nft::answer::NetlinkError),
+    Netlink(nft::answer::NetlinkError),
     /// iptables-restore refused a line of its input (the rules are at fault); its own error output.
     #[error("iptables: {0}")]
     IptablesRefused(String),
@@ -35,6 +36,12 @@ pub enum Error {
     /// Listing or deleting conntrack entries over netlink failed.
     #[error("conntrack: {0}")]
     Conntrack(String),
+}
+
+impl From<nft::answer::NetlinkError> for Error {
+    fn from(error: nft::answer::NetlinkError) -> Self {
+        Self::Netlink(error)
+    }
 }
 
 impl Error {

@@ -7,12 +7,12 @@ use roadkeeper_rules::sysctls::{self, Write};
 
 /// A conntrack setting that could not be written.
 #[derive(Debug, thiserror::Error)]
-#[error("cannot set {} to {} (it holds {}): {source}", .write.path, .write.value, held(.write.current))]
+#[error("cannot set {} to {} (it holds {}): {error}", .write.path, .write.value, held(.write.current))]
 pub struct SysctlError {
     /// What was to be written.
     pub write: Write,
-    /// Why it was not.
-    pub source: std::io::Error,
+    /// Why it was not (in the message, so not a source as well: printed once).
+    pub error: std::io::Error,
 }
 
 /// The value a file held, for messages.
@@ -44,7 +44,7 @@ pub fn apply_conntrack(cfg: &ConntrackConfig) -> (Vec<SysctlError>, bool) {
     for write in sysctls::plan(cfg, cpus(), read_number) {
         match std::fs::write(write.path, write.value.to_string()) {
             Ok(()) => tracing::info!(path = write.path, value = write.value, was = held(write.current), "set"),
-            Err(source) => failed.push(SysctlError { write, source }),
+            Err(error) => failed.push(SysctlError { write, error }),
         }
     }
     (failed, read_number(sysctls::TCP_BE_LIBERAL).is_some_and(|v| v != 0))

@@ -11,6 +11,14 @@ pub enum Error {
         /// What is wrong with it.
         message: String,
     },
+    /// A header given with `-H` is not one the road follows, or is malformed.
+    #[error("-H {header:?}: {message}")]
+    Header {
+        /// The header as given.
+        header: String,
+        /// What is wrong with it.
+        message: String,
+    },
     /// The origin (`--from`) is not a host or pod of the cluster.
     #[error("--from {0}")]
     Origin(String),
@@ -20,8 +28,9 @@ pub enum Error {
     /// No node to trace the packet on.
     #[error("{0}")]
     NoNode(String),
-    /// The tracer could not model the node's rules.
-    #[error("tracing the rules of node {node}: {source}")]
+    /// The tracer could not model the node's rules (its error is the source, printed once by a
+    /// chain).
+    #[error("tracing the rules of node {node}")]
     Trace {
         /// The node.
         node: String,
@@ -29,4 +38,28 @@ pub enum Error {
         #[source]
         source: roadkeeper_rules::trace::Error,
     },
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// `err` and its sources, joined as `{:#}` of anyhow prints them (what `roadkeeper` prints).
+    fn chain(err: &dyn std::error::Error) -> String {
+        let mut text = err.to_string();
+        let mut source = err.source();
+        while let Some(cause) = source {
+            text.push_str(&format!(": {cause}"));
+            source = cause.source();
+        }
+        text
+    }
+
+    #[test]
+    fn a_trace_error_prints_its_cause_once() {
+        let err = Error::Trace { node: "node-1".into(), source: roadkeeper_rules::trace::Error::TooLong };
+        let text = chain(&err);
+        assert_eq!(text.matches("rules evaluated").count(), 1, "{text}");
+        assert!(text.starts_with("tracing the rules of node node-1: more than "), "{text}");
+    }
 }

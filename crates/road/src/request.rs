@@ -1,7 +1,9 @@
-//! What `roadkeeper trace` follows: an `http://` or `https://` URL.
+//! What `roadkeeper trace` follows: an `http://` or `https://` URL, and the `Host` header given
+//! with `-H` (curl's form), which the Ingress routes by instead of the URL's host.
 
 use std::net::IpAddr;
 
+use roadkeeper_ingress::host::route_name;
 use serde::Serialize;
 
 use crate::Error;
@@ -21,6 +23,11 @@ pub struct Request {
     pub port: u16,
     /// The path and query (`/` when empty).
     pub path: String,
+    /// The `Host` header given with `-H`, as given; `None`: the URL's host.
+    pub host_header: Option<String>,
+    /// The host the Ingress routes by: the `Host` header's name (lowercase, without its port),
+    /// else the URL's host.
+    pub routed_host: String,
 }
 
 impl Request {
@@ -67,7 +74,48 @@ impl Request {
         if let Some(query) = uri.query() {
             path = format!("{path}?{query}");
         }
-        Ok(Request { url: url.to_owned(), address: host.parse().ok(), scheme, host, port, path })
+        let routed_host = host.clone();
+        Ok(Request {
+            url: url.to_owned(),
+            address: host.parse().ok(),
+            scheme,
+            host,
+            port,
+            path,
+            host_header: None,
+            routed_host,
+        })
+    }
+
+    /// The request with the headers of `-H`/`--header` (`NAME: VALUE`, as curl takes them).
+    /// Only `Host` is taken, once: no station of the road matches on other headers (the Ingress
+    /// routes by host and path). A value that is no `host[:port]` is refused, as the Ingress
+    /// controller refuses it.
+    pub fn with_headers(mut self, headers: &[String]) -> Result<Request, Error> {
+        for header in headers {
+            let fail = |message: &str| Error::Header { header: header.clone(), message: message.to_owned() };
+            let (name, value) = header.split_once(':').ok_or_else(|| fail("not NAME: VALUE"))?;
+            if name.is_empty() || !name.bytes().all(|b| b.is_ascii_alphanumeric() || b"!#$%&'*+-.^_`|~".contains(&b)) {
+                return Err(fail("not NAME: VALUE (the name is no header name)"));
+            }
+            if !name.eq_ignore_ascii_case("host") {
+                return Err(fail(
+                    "only the Host header is traced (the Ingress routes by host and path; no station matches \
+                     other headers)",
+                ));
+            }
+            if self.host_header.is_some() {
+                return Err(fail("a second Host header (a request has one)"));
+            }
+            let value = value.trim_matches([' ', '\t']);
+            if value.is_empty() {
+                return Err(fail("an empty Host"));
+            }
+            let routed = route_name(value).map_err(|err| fail(&err.to_string()))?;
+            self.routed_host = routed.into_owned();
+            self.host_header = Some(value.to_owned());
+        }
+        Ok(self)
     }
 
     /// The path without its query, as the Ingress routes it.
@@ -87,6 +135,7 @@ pub fn check(data: &[u8]) {
     assert_eq!(request.host, request.host.to_ascii_lowercase());
     assert!(request.port != 0 && request.path.starts_with('/'), "{request:?}");
     assert_eq!(request.address, request.host.parse().ok());
+    assert_eq!((&request.routed_host, &request.host_header), (&request.host, &None));
     let host = if request.host.contains(':') { format!("[{}]", request.host) } else { request.host.clone() };
     let again = Request::parse(&format!("{}://{host}:{}{}", request.scheme, request.port, request.path))
         .unwrap_or_else(|err| panic!("{request:?} does not parse again: {err}"));
@@ -126,6 +175,40 @@ mod tests {
         assert_eq!(r.address, Some("fd00::1".parse().unwrap()));
         let r = Request::parse("10.96.0.100/hello").unwrap();
         assert_eq!((r.scheme.as_str(), r.port, r.path.as_str()), ("http", 80, "/hello"));
+    }
+
+    #[test]
+    fn a_host_header_routes_the_request_and_keeps_the_address() {
+        let headers = ["host:  Web.Example.com:8080 ".to_owned()];
+        let r = Request::parse("http://192.168.77.200/a").unwrap().with_headers(&headers).unwrap();
+        assert_eq!(r.address, Some("192.168.77.200".parse().unwrap()));
+        assert_eq!((r.host.as_str(), r.port), ("192.168.77.200", 80));
+        assert_eq!(r.host_header.as_deref(), Some("Web.Example.com:8080"));
+        assert_eq!(r.routed_host, "web.example.com");
+        let r = Request::parse("http://hello/").unwrap().with_headers(&[]).unwrap();
+        assert_eq!((r.routed_host.as_str(), r.host_header), ("hello", None));
+    }
+
+    #[test]
+    fn malformed_or_other_headers_are_refused_by_name() {
+        for (headers, message) in [
+            (&["Host web.example.com"][..], "-H \"Host web.example.com\": not NAME: VALUE"),
+            (&[": web"], "-H \": web\": not NAME: VALUE"),
+            (&["Ho st: web"], "the name is no header name"),
+            (&["Host:"], "-H \"Host:\": an empty Host"),
+            (&["Host: \t "], "an empty Host"),
+            (&["Host: a b"], "-H \"Host: a b\": malformed host \"a b\""),
+            (&["Host: web\r\nX-Evil: 1"], "malformed host"),
+            (&["Host: web:http"], "malformed host"),
+            (&["Host: a..b"], "malformed host"),
+            (&["Host: a", "host: b"], "-H \"host: b\": a second Host header"),
+            (&["X-Forwarded-For: 1.2.3.4"], "only the Host header is traced"),
+            (&["Accept: */*"], "-H \"Accept: */*\": only the Host header"),
+        ] {
+            let headers: Vec<String> = headers.iter().map(|h| h.to_string()).collect();
+            let err = Request::parse("http://10.0.0.1/").unwrap().with_headers(&headers).unwrap_err().to_string();
+            assert!(err.contains(message), "{headers:?}: {err}");
+        }
     }
 
     #[test]

@@ -28,11 +28,14 @@ pub struct Place {
     pub node: Option<String>,
 }
 
-/// How the cluster DNS answered the name, as the pod's resolver asks it.
+/// How the name resolved where the request starts: the cluster DNS as a pod's resolver asks it,
+/// else the shell's resolver, else (the lab) the address of the Ingress whose rules name it.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 pub struct DnsStation {
     /// The name as given.
     pub name: String,
+    /// Who answered, in words.
+    pub resolver: String,
     /// Each name asked (search path first, as `ndots:5` does) with its answer.
     pub asked: Vec<(String, String)>,
     /// The address it resolved to.
@@ -139,7 +142,7 @@ pub struct Leg {
 pub struct IngressStation {
     /// The controller's pod that received the request.
     pub controller: String,
-    /// The Host header.
+    /// The host routed by (the Host header's name).
     pub host: String,
     /// The path routed.
     pub path: String,
@@ -179,6 +182,9 @@ pub struct Observed {
     pub dnat: Option<SocketAddr>,
     /// The address of the pod that answered.
     pub backend: Option<IpAddr>,
+    /// The address the shell's resolver gave the URL's name, for a request that does not start
+    /// in a pod (outside the lab: this machine's resolver).
+    pub resolved: Option<IpAddr>,
 }
 
 /// The road `request` takes from `origin` in `world`.
@@ -187,14 +193,11 @@ pub fn road(world: &World, origin: &Origin, request: &Request, observed: &Observ
     let (dns, address) = match request.address {
         Some(address) => (None, address),
         None => {
-            let Some(namespace) = namespace else {
-                return Err(Error::Unresolved(format!(
-                    "{} resolves names with its own resolver, not the cluster DNS: trace an address \
-                     (the Ingress's, a NodePort's, a load-balancer address) or start from a pod",
-                    from.name
-                )));
+            let family = IpFamily::of(&from.address);
+            let dns = match namespace {
+                Some(namespace) => resolve(world, &namespace, &request.host, family)?,
+                None => resolve_outside(world, &from, &request.host, family, observed)?,
             };
-            let dns = resolve(world, &namespace, &request.host, IpFamily::of(&from.address))?;
             (Some(dns.clone()), dns.address)
         }
     };
@@ -299,7 +302,8 @@ fn resolve(world: &World, namespace: &str, name: &str, family: IpFamily) -> Resu
                 match address {
                     Some(address) => {
                         asked.push((candidate, format!("{qtype} {address}")));
-                        return Ok(DnsStation { name: name.to_owned(), asked, address });
+                        let resolver = "the cluster DNS, as the pod's resolver asks it".to_owned();
+                        return Ok(DnsStation { name: name.to_owned(), resolver, asked, address });
                     }
                     None if answer.rcode == ResponseCode::NXDomain => asked.push((candidate, "NXDOMAIN".to_owned())),
                     None => asked.push((candidate, format!("NOERROR, no {qtype} record"))),
@@ -309,6 +313,64 @@ fn resolve(world: &World, namespace: &str, name: &str, family: IpFamily) -> Resu
     }
     let tried: Vec<String> = asked.iter().map(|(n, a)| format!("{n}: {a}")).collect();
     Err(Error::Unresolved(format!("{name} does not resolve in the cluster: {}", tried.join("; "))))
+}
+
+/// A name asked where no cluster DNS answers (a host outside the cluster, a node): the address
+/// the shell's resolver gave, else, when the world says so (the lab), the address of the Ingress
+/// whose rules name the host, as the DNS record a user makes for it would answer.
+fn resolve_outside(
+    world: &World,
+    from: &Place,
+    name: &str,
+    family: IpFamily,
+    observed: &Observed,
+) -> Result<DnsStation, Error> {
+    let record = |address: &IpAddr| if address.is_ipv4() { "A" } else { "AAAA" };
+    if let Some(address) = observed.resolved {
+        let asked = vec![(name.to_owned(), format!("{} {address}", record(&address)))];
+        let resolver = "this machine's resolver".to_owned();
+        return Ok(DnsStation { name: name.to_owned(), resolver, asked, address });
+    }
+    let hint = format!(
+        "trace an address (the Ingress's with -H 'Host: {name}', a NodePort's, a load-balancer address) or \
+         start from a pod"
+    );
+    if !world.ingress_dns {
+        return Err(Error::Unresolved(format!(
+            "{} resolves names with its own resolver, not the cluster DNS: {hint}",
+            from.name
+        )));
+    }
+    let (ingress, address) = ingress_address(world, name, family).ok_or_else(|| {
+        Error::Unresolved(format!(
+            "{name}: no Ingress with an address has a rule for this host, and {} resolves other names with \
+             its own resolver, not the cluster DNS: {hint}",
+            from.name
+        ))
+    })?;
+    let asked = vec![(name.to_owned(), format!("Ingress {ingress}: status.loadBalancer {address}"))];
+    let resolver = format!("the address of Ingress {ingress}, as a DNS record for its host would answer");
+    Ok(DnsStation { name: name.to_owned(), resolver, asked, address })
+}
+
+/// The first Ingress with an address of `family` whose rules name `host` (exactly, else by a
+/// wildcard `*.` covering its first label), and that address.
+fn ingress_address(world: &World, host: &str, family: IpFamily) -> Option<(NamespacedName, IpAddr)> {
+    let name = host.trim_end_matches('.').to_ascii_lowercase();
+    let wildcard = name.find('.').map(|dot| format!("*{}", &name[dot..]));
+    let named = |wanted: &str| {
+        world.store.ingresses().find_map(|(key, ingress)| {
+            let rules = ingress.spec.as_ref()?.rules.as_ref()?;
+            rules.iter().any(|rule| rule.host.as_deref() == Some(wanted)).then_some(())?;
+            let addresses = ingress.status.as_ref()?.load_balancer.as_ref()?.ingress.as_ref()?;
+            let address = addresses
+                .iter()
+                .filter_map(|a| a.ip.as_deref()?.parse::<IpAddr>().ok())
+                .find(|a| IpFamily::of(a) == family)?;
+            Some((key.clone(), address))
+        })
+    };
+    named(&name).or_else(|| wildcard.as_deref().and_then(named))
 }
 
 /// The node whose rules the first packet passes, why, and how it enters.
@@ -546,10 +608,10 @@ fn ingress_station(
 ) -> (IngressStation, Option<SocketAddr>) {
     let (table, _) = RouteTable::build(world.store, &world.ingress_class);
     let path = request.route_path().to_owned();
-    let explained = table.explain(&request.host, &path);
+    let explained = table.explain(&request.routed_host, &path);
     let mut station = IngressStation {
         controller,
-        host: request.host.clone(),
+        host: request.routed_host.clone(),
         path,
         tried: explained.tried,
         rule: None,

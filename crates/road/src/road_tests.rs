@@ -109,6 +109,18 @@ spec:
   - http:
       paths:
       - {path: /hello, pathType: Prefix, backend: {service: {name: hello, port: {number: 80}}}}
+---
+apiVersion: networking.k8s.io/v1
+kind: Ingress
+metadata: {name: web, namespace: default}
+spec:
+  ingressClassName: roadkeeper
+  rules:
+  - host: web.example.com
+    http:
+      paths:
+      - {path: /, pathType: Prefix, backend: {service: {name: hello, port: {number: 80}}}}
+status: {loadBalancer: {ingress: [{ip: 192.168.77.200}]}}
 "#;
 
 /// The cluster's nodes, their proxies in `mode`.
@@ -139,11 +151,15 @@ type Fate = (&'static str, Option<SocketAddr>, Option<String>, bool);
 
 /// The road of `url` from `origin` in both backends (which must agree on every landing).
 fn walk(origin: Origin, url: &str, observed: Observed) -> Road {
+    walk_request(origin, Request::parse(url).unwrap(), observed, false)
+}
+
+/// The road of `request` from `origin` in both backends; `ingress_dns`: as in the lab.
+fn walk_request(origin: Origin, request: Request, observed: Observed, ingress_dns: bool) -> Road {
     let dir = tempfile::tempdir().unwrap();
     std::fs::write(dir.path().join("cluster.yaml"), MANIFESTS).unwrap();
     let (source, errors) = ManifestSource::load(dir.path()).unwrap();
     assert!(errors.is_empty(), "{errors:?}");
-    let request = Request::parse(url).unwrap();
     let roads: Vec<Road> = [ProxyMode::Nftables, ProxyMode::Iptables]
         .map(|mode| {
             let world = World {
@@ -152,6 +168,7 @@ fn walk(origin: Origin, url: &str, observed: Observed) -> Road {
                 cluster_domain: "cluster.local".into(),
                 ingress_service: NamespacedName::new("kube-system", "roadkeeper-ingress"),
                 ingress_class: ClassConfig::default(),
+                ingress_dns,
             };
             road(&world, &origin, &request, &observed).unwrap()
         })
@@ -215,6 +232,7 @@ fn names_outside_the_zone_or_from_outside_hosts_are_not_resolved() {
         cluster_domain: "cluster.local".into(),
         ingress_service: NamespacedName::new("kube-system", "roadkeeper-ingress"),
         ingress_class: ClassConfig::default(),
+        ingress_dns: false,
     };
     let err =
         road(&world, &pod("default", "hello-a"), &Request::parse("http://missing/").unwrap(), &Observed::default())
@@ -229,8 +247,12 @@ fn names_outside_the_zone_or_from_outside_hosts_are_not_resolved() {
 
 #[test]
 fn the_client_reaches_the_ingress_by_its_load_balancer_address_then_the_backend() {
-    let observed =
-        Observed { entry_node: Some("node-2".into()), dnat: None, backend: Some("10.244.2.2".parse().unwrap()) };
+    let observed = Observed {
+        entry_node: Some("node-2".into()),
+        dnat: None,
+        backend: Some("10.244.2.2".parse().unwrap()),
+        resolved: None,
+    };
     let road = walk(client(), "http://192.168.77.200/hello", observed);
     let first = &road.legs[0];
     assert_eq!(first.node, "node-2");
@@ -305,4 +327,80 @@ fn a_pod_address_is_reached_directly_without_dnat() {
     assert!(leg.service.is_none());
     assert_eq!(leg.landings.len(), 1);
     assert_eq!((leg.landings[0].dnat, leg.landings[0].pod.as_deref()), (None, Some("default/hello-b")));
+}
+
+/// The Ingress's rule for `host` and the backend pods its road can end on.
+fn routed_to_web(road: &Road) {
+    let ingress = road.ingress.as_ref().unwrap();
+    assert_eq!(ingress.host, "web.example.com");
+    assert_eq!(ingress.rule.as_deref(), Some("default/web spec.rules[0].http.paths[0]"));
+    assert_eq!(road.legs.len(), 2);
+    assert!(road.legs[1].landings[0].pod.as_deref().unwrap().starts_with("default/hello-"));
+}
+
+#[test]
+fn a_host_header_routes_by_the_ingress_host_and_the_packet_goes_to_the_address() {
+    let headers = ["Host: Web.Example.com".to_owned()];
+    let request = Request::parse("http://192.168.77.200/").unwrap().with_headers(&headers).unwrap();
+    let road = walk_request(client(), request, Observed::default(), false);
+    assert!(road.dns.is_none());
+    assert_eq!(road.legs[0].destination, "192.168.77.200:80".parse().unwrap());
+    routed_to_web(&road);
+    let text = text::render(&road);
+    assert!(text.starts_with("visitor     http://192.168.77.200/ with Host Web.Example.com from client"), "{text}");
+    assert!(text.contains("Ingress     kube-system/ingress-x routes Host web.example.com path /"), "{text}");
+    // Without it, the address is the host: no rule for `/`.
+    let road = walk(client(), "http://192.168.77.200/", Observed::default());
+    assert!(road.ingress.as_ref().unwrap().failure.as_ref().unwrap().contains("404"));
+}
+
+#[test]
+fn an_ingress_host_resolves_to_its_address_where_the_lab_stands_in_for_dns() {
+    let request = || Request::parse("http://web.example.com/").unwrap();
+    let road = walk_request(client(), request(), Observed::default(), true);
+    let dns = road.dns.as_ref().unwrap();
+    assert_eq!(dns.address, "192.168.77.200".parse::<IpAddr>().unwrap());
+    assert_eq!(
+        dns.asked,
+        [("web.example.com".to_owned(), "Ingress default/web: status.loadBalancer 192.168.77.200".to_owned())]
+    );
+    assert_eq!(road.legs[0].destination, "192.168.77.200:80".parse().unwrap());
+    routed_to_web(&road);
+    let text = text::render(&road);
+    assert!(
+        text.contains("DNS         web.example.com -> 192.168.77.200 (the address of Ingress default/web"),
+        "{text}"
+    );
+
+    // A node of the lab too; a name no Ingress has a rule for is not resolved.
+    routed_to_web(&walk_request(Origin::Node("node-2".into()), request(), Observed::default(), true));
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(dir.path().join("cluster.yaml"), MANIFESTS).unwrap();
+    let (source, _) = ManifestSource::load(dir.path()).unwrap();
+    let world = World {
+        store: source.store(),
+        nodes: nodes(ProxyMode::Nftables),
+        cluster_domain: "cluster.local".into(),
+        ingress_service: NamespacedName::new("kube-system", "roadkeeper-ingress"),
+        ingress_class: ClassConfig::default(),
+        ingress_dns: true,
+    };
+    let other = Request::parse("http://other.example.com/").unwrap();
+    let err = crate::road(&world, &client(), &other, &Observed::default()).unwrap_err().to_string();
+    assert!(err.starts_with("other.example.com: no Ingress with an address has a rule for this host"), "{err}");
+    assert!(err.contains("-H 'Host: other.example.com'"), "{err}");
+}
+
+#[test]
+fn a_name_the_shell_resolved_leads_to_its_address() {
+    let observed = Observed { resolved: Some("192.168.77.200".parse().unwrap()), ..Observed::default() };
+    let road = walk_request(
+        Origin::Node("node-1".into()),
+        Request::parse("http://web.example.com/").unwrap(),
+        observed,
+        false,
+    );
+    let dns = road.dns.as_ref().unwrap();
+    assert_eq!((dns.resolver.as_str(), dns.address), ("this machine's resolver", "192.168.77.200".parse().unwrap()));
+    routed_to_web(&road);
 }

@@ -15,14 +15,11 @@ pub fn render(road: &Road) -> String {
     let mut out = String::new();
     let from = &road.from;
     let on = from.node.as_deref().filter(|n| *n != from.name).map(|n| format!(", on {n}")).unwrap_or_default();
-    let _ = writeln!(out, "visitor     {} from {} ({}{on})", road.request.url, from.name, from.address);
+    let host = road.request.host_header.as_deref().map(|h| format!(" with Host {h}")).unwrap_or_default();
+    let _ = writeln!(out, "visitor     {}{host} from {} ({}{on})", road.request.url, from.name, from.address);
     match &road.dns {
         Some(dns) => {
-            let _ = writeln!(
-                out,
-                "DNS         {} -> {} (the cluster DNS, as the pod's resolver asks it)",
-                dns.name, dns.address
-            );
+            let _ = writeln!(out, "DNS         {} -> {} ({})", dns.name, dns.address, dns.resolver);
             for (name, answer) in &dns.asked {
                 let _ = writeln!(out, "              {name}: {answer}");
             }

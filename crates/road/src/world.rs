@@ -47,6 +47,9 @@ pub struct World<'a> {
     pub ingress_service: NamespacedName,
     /// The Ingress controller's class.
     pub ingress_class: ClassConfig,
+    /// Whether hosts outside the cluster and nodes resolve the hosts of Ingress rules to the
+    /// Ingress's address (the lab, standing in for the DNS records a user makes for them).
+    pub ingress_dns: bool,
 }
 
 impl World<'_> {

@@ -15,9 +15,35 @@ pub struct Cli {
     /// More log output (-v info, -vv debug, -vvv trace); RUST_LOG overrides.
     #[arg(short, long, action = clap::ArgAction::Count, global = true)]
     pub verbose: u8,
+    /// The lab directory, for `lab` and `trace` (as their own --lab-dir, which may also follow
+    /// them: `roadkeeper --lab-dir DIR lab up` is `roadkeeper lab up --lab-dir DIR`).
+    // An id of its own: sharing `lab`'s global argument's id would let clap merge the two.
+    #[arg(long = "lab-dir", id = "cli_lab_dir", value_name = "DIR")]
+    pub lab_dir: Option<PathBuf>,
     /// What to run.
     #[command(subcommand)]
     pub command: Command,
+}
+
+impl Cli {
+    /// The command, with a --lab-dir given before it handed to it: only `lab` and `trace` take
+    /// one, and given twice it must name the same directory.
+    pub fn into_command(self) -> anyhow::Result<Command> {
+        let Some(dir) = self.lab_dir else { return Ok(self.command) };
+        let mut command = self.command;
+        let slot = match &mut command {
+            Command::Lab(args) => &mut args.lab_dir,
+            Command::Trace(args) => &mut args.lab_dir,
+            _ => anyhow::bail!("--lab-dir applies only to `lab` and `trace`"),
+        };
+        match slot {
+            Some(other) if *other != dir => {
+                anyhow::bail!("--lab-dir given twice, as {} and {}", dir.display(), other.display())
+            }
+            _ => *slot = Some(dir),
+        }
+        Ok(command)
+    }
 }
 
 /// Subcommands.
@@ -28,7 +54,18 @@ pub enum Command {
     /// Print what a full sync would apply (the nft script, or the iptables-restore input with
     /// `--proxy-mode iptables`), touching nothing.
     Rules(ProxyArgs),
-    /// Remove everything roadkeeper installed in the kernel, and nothing else.
+    /// Remove the rules roadkeeper installed in the kernel, and nothing of the kubelet's or
+    /// other programs'.
+    ///
+    /// Removed: the nftables tables `ip roadkeeper` and `ip6 roadkeeper`; in both iptables
+    /// flavours and both families, the chains of the iptables mode, which are kube-proxy's under
+    /// the same names (KUBE-SERVICES, KUBE-NODEPORTS, KUBE-POSTROUTING, KUBE-MARK-MASQ,
+    /// KUBE-EXTERNAL-SERVICES, KUBE-FORWARD, KUBE-PROXY-FIREWALL, KUBE-PROXY-CANARY, the
+    /// per-Service KUBE-SVC-, KUBE-SVL-, KUBE-EXT-, KUBE-FW-, KUBE-SEP- chains and kube-proxy's
+    /// older KUBE-XLB- ones), with the rules of other chains that jump to them. Left: the
+    /// kubelet's chains and their jumps (KUBE-FIREWALL, which the iptables mode ensures as
+    /// kube-proxy does, KUBE-KUBELET-CANARY, KUBE-IPTABLES-HINT, KUBE-MARK-DROP), every other
+    /// KUBE-* chain, kube-proxy's nftables tables and its IPVS rules.
     Cleanup,
     /// Run the lab echo server: answers TCP and UDP with the address it was reached at and the
     /// peer address it saw.
@@ -53,6 +90,13 @@ pub enum Command {
     /// shows the answer, the pod that gave it and the connection's conntrack entry. With
     /// --from-node it reads a cluster (--kubeconfig or --manifests, read-only), sends nothing,
     /// and plans every node with the proxy flags given here (as `roadkeeper proxy` would run).
+    ///
+    /// A host name: from a pod, the cluster DNS resolves it (its search path); from the lab's
+    /// client, internet host or a node, the host of an Ingress rule resolves to that Ingress's
+    /// address (as a DNS record for it would); with --from-node, this machine's resolver
+    /// resolves it. `-H 'Host: NAME'` sends the request to the URL's address with that Host, and
+    /// the Ingress rules are matched by it: `trace -H 'Host: web.example.com'
+    /// http://192.168.77.200/` is `trace http://web.example.com/` in the lab.
     Trace(TraceArgs),
     /// Run the cluster DNS server: the Kubernetes DNS specification for the cluster zone,
     /// everything else forwarded upstream (options named as CoreDNS's kubernetes plugin).
@@ -303,6 +347,10 @@ pub struct BenchArgs {
 pub struct TraceArgs {
     /// The request: `http://ADDRESS-OR-NAME[:PORT]/PATH` (or https://).
     pub url: String,
+    /// A header, as curl's: `Host: NAME[:PORT]`, the host the Ingress routes the request by (the
+    /// packet goes to the URL's address). Only Host is taken (no station matches on others).
+    #[arg(short = 'H', long = "header", value_name = "HEADER")]
+    pub headers: Vec<String>,
     /// In the lab: where the request starts, `client` (default), `internet`, a node (`node-1`)
     /// or a pod (`NAME` in namespace default, or `NAMESPACE/NAME`).
     #[arg(long, value_name = "HOST", conflicts_with = "from_node")]
@@ -358,9 +406,15 @@ pub enum LabCommand {
     /// `roadkeeper ingress` in pods behind their Services. DIR stays watched. Containers run as
     /// root on this machine: image `roadkeeper` only `proxy`, `rules`, `dns`, `ingress`, `gateway`
     /// or `echo`; any other image is served from its volumes by the lab's web server.
+    ///
+    /// A folder with an object an API server would refuse (YAML that does not parse, a field
+    /// that is not valid, an address the lab cannot give) builds nothing: every problem is named
+    /// (file, object, field) and the command fails at once, leaving nothing behind. Objects of
+    /// kinds the lab does not run (StatefulSets, DaemonSets, Jobs, Gateways...) and what it
+    /// refuses to let a container do are named too, and the lab runs the rest.
     Up {
         /// The manifest folder (Deployments, ConfigMaps, Services, Ingresses, IngressClasses,
-        /// Pods, EndpointSlices, Secrets).
+        /// Pods, EndpointSlices, Secrets, Namespaces).
         #[arg(default_value = "examples/hello")]
         dir: PathBuf,
         /// Number of nodes (1-50).
@@ -394,8 +448,9 @@ pub enum LabCommand {
         #[arg(long)]
         show_labels: bool,
     },
-    /// Set a Deployment's replicas in the manifest that defines it (as `kubectl scale` changes
-    /// the object) and wait until the lab and every node's proxy follow.
+    /// Run a Deployment with N replicas, as `kubectl scale` changes the live object (the
+    /// manifest folder is not written; an edit of `replicas` there wins again), and wait until
+    /// the lab and every node's proxy follow.
     Scale {
         /// `deployment/NAME`.
         target: String,
@@ -406,7 +461,8 @@ pub enum LabCommand {
         #[arg(short, long, default_value = "default")]
         namespace: String,
     },
-    /// Change a pod's labels (KEY=VALUE sets, KEY- removes), as `kubectl label pod` does.
+    /// Change a pod's labels (KEY=VALUE sets, KEY- removes), as `kubectl label pod` does; keys
+    /// and values kubectl or the API server refuse are refused.
     Label {
         /// `pod` (or `pods`, `po`).
         resource: String,
@@ -526,6 +582,11 @@ pub struct DnsArgs {
     /// Address of the Prometheus metrics server (`/metrics`); empty disables it.
     #[arg(long, value_name = "IP:PORT", default_value = "0.0.0.0:9153")]
     pub metrics_bind_address: String,
+    /// After SIGTERM or SIGINT, go on answering (and following the cluster, `/ready` still 200)
+    /// for this long before exiting: the time the endpoint takes to leave the Service's rules
+    /// (CoreDNS's `health { lameduck }`). A second signal exits at once; 0s exits at the first.
+    #[arg(long, value_name = "DURATION", default_value = "0s")]
+    pub lameduck: humantime::Duration,
 }
 
 /// Flags of `ingress`.
@@ -701,5 +762,46 @@ fn parse_namespaced_name(text: &str) -> Result<NamespacedName, String> {
             Ok(NamespacedName::new(namespace, name))
         }
         _ => Err(format!("{text:?} is not NAMESPACE/NAME")),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn command(argv: &[&str]) -> anyhow::Result<Command> {
+        Cli::try_parse_from(argv)?.into_command()
+    }
+
+    fn lab_dir(argv: &[&str]) -> Option<PathBuf> {
+        match command(argv).unwrap() {
+            Command::Lab(args) => args.lab_dir,
+            Command::Trace(args) => args.lab_dir,
+            other => panic!("{other:?}"),
+        }
+    }
+
+    #[test]
+    fn lab_dir_goes_before_or_after_the_subcommand() {
+        let dir = Some(PathBuf::from("/tmp/lab-a"));
+        for argv in [
+            &["roadkeeper", "--lab-dir", "/tmp/lab-a", "lab", "up"][..],
+            &["roadkeeper", "lab", "--lab-dir", "/tmp/lab-a", "up"],
+            &["roadkeeper", "lab", "up", "--lab-dir", "/tmp/lab-a"],
+            &["roadkeeper", "--lab-dir", "/tmp/lab-a", "lab", "up", "--lab-dir", "/tmp/lab-a"],
+            &["roadkeeper", "--lab-dir", "/tmp/lab-a", "trace", "http://10.96.0.1/"],
+            &["roadkeeper", "trace", "--lab-dir", "/tmp/lab-a", "http://10.96.0.1/"],
+        ] {
+            assert_eq!(lab_dir(argv), dir, "{argv:?}");
+        }
+        assert_eq!(lab_dir(&["roadkeeper", "lab", "status"]), None);
+    }
+
+    #[test]
+    fn lab_dir_is_refused_where_it_means_nothing_or_twice_differently() {
+        let err = command(&["roadkeeper", "--lab-dir", "/tmp/a", "cleanup"]).unwrap_err();
+        assert!(err.to_string().contains("only to `lab` and `trace`"), "{err}");
+        let err = command(&["roadkeeper", "--lab-dir", "/tmp/a", "lab", "up", "--lab-dir", "/tmp/b"]).unwrap_err();
+        assert!(err.to_string().contains("/tmp/a and /tmp/b"), "{err}");
     }
 }

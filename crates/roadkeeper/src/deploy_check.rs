@@ -18,6 +18,7 @@ mod tests {
     use k8s_openapi::api::core::v1::{ConfigMap, Container, PodSpec, Probe, Service, ServiceAccount, ServicePort};
     use k8s_openapi::api::networking::v1::IngressClass;
     use k8s_openapi::api::rbac::v1::{ClusterRole, ClusterRoleBinding};
+    use k8s_openapi::apimachinery::pkg::apis::meta::v1::{LabelSelector, ObjectMeta};
     use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
     use k8s_openapi::serde::Serialize;
     use k8s_openapi::serde::de::DeserializeOwned;
@@ -111,8 +112,12 @@ mod tests {
     /// Reads every YAML document of `deploy/<name>` into its k8s-openapi type; panics on any other
     /// kind and on any field the type does not know.
     fn load(file_name: &str) -> Deploy {
-        let file = deploy_dir().join(file_name);
-        let text = std::fs::read_to_string(&file).unwrap_or_else(|e| panic!("{}: {e}", file.display()));
+        load_file(&deploy_dir().join(file_name), &format!("deploy/{file_name}"))
+    }
+
+    /// As [`load`], for `file`, named `file_name` in messages.
+    fn load_file(file: &Path, file_name: &str) -> Deploy {
+        let text = std::fs::read_to_string(file).unwrap_or_else(|e| panic!("{}: {e}", file.display()));
         let documents: Vec<Value> =
             serde_saphyr::from_multiple(&text).unwrap_or_else(|e| panic!("{}: {e}", file.display()));
         let mut deploy = Deploy::default();
@@ -120,7 +125,7 @@ mod tests {
             let api_version = document["apiVersion"].as_str().unwrap_or_default().to_owned();
             let kind = document["kind"].as_str().unwrap_or_default().to_owned();
             let name = document["metadata"]["name"].as_str().unwrap_or_default();
-            let what = format!("deploy/{file_name}, object {} ({kind} {name})", index + 1);
+            let what = format!("{file_name}, object {} ({kind} {name})", index + 1);
             match (api_version.as_str(), kind.as_str()) {
                 ("v1", "ServiceAccount") => deploy.service_accounts.push(strict(&what, document)),
                 ("rbac.authorization.k8s.io/v1", "ClusterRole") => deploy.cluster_roles.push(strict(&what, document)),
@@ -807,6 +812,45 @@ mod tests {
             assert_eq!(http.path.as_deref(), Some(path), "{name}.httpGet.path");
             assert_eq!(http.port, IntOrString::Int(health.port().into()), "{name}.httpGet.port vs {health}");
         }
+    }
+
+    /// docs/replacing-coredns.md runs `deploy/dns.yaml` beside CoreDNS as kubeadm installs it
+    /// (`tests/node/coredns.yaml`, on which `tests/node` proves the procedure): applying it leaves
+    /// the `kube-dns` Service's ports and selector as they were, its Deployment neither selects
+    /// CoreDNS's pods nor is a second `k8s-app=kube-dns` Deployment (which `kubeadm upgrade apply`
+    /// refuses: "multiple DNS addon deployments found"), and a stopping pod answers on (lameduck)
+    /// while its endpoint leaves the rules, within its grace period.
+    #[test]
+    fn dns_joins_kubeadms_coredns_behind_kube_dns_without_touching_it() {
+        let deploy = load(DNS);
+        let coredns_file = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../tests/node/coredns.yaml");
+        let coredns = load_file(&coredns_file, "tests/node/coredns.yaml");
+        let (ours, theirs) = (only("Service", &deploy.services), only("Service", &coredns.services));
+        let (ours, theirs) = (ours.spec.as_ref().expect("spec"), theirs.spec.as_ref().expect("spec"));
+        assert_eq!(ours.selector, theirs.selector, "the kube-dns Service's selector");
+        assert_eq!(ours.ports, theirs.ports, "the kube-dns Service's ports, target ports included");
+
+        let (deployment, args) = dns_args(&deploy);
+        let coredns_deployment = only("Deployment", &coredns.deployments);
+        let labels = |meta: Option<&ObjectMeta>| meta.and_then(|m| m.labels.clone()).unwrap_or_default();
+        let selects = |selector: &LabelSelector, labels: &BTreeMap<String, String>| {
+            assert!(selector.match_expressions.is_none(), "matchLabels only: {selector:?}");
+            selector.match_labels.iter().flatten().all(|(k, v)| labels.get(k) == Some(v))
+        };
+        let spec = deployment.spec.as_ref().expect("spec");
+        let coredns_pods = labels(coredns_deployment.spec.as_ref().and_then(|s| s.template.metadata.as_ref()));
+        assert!(!selects(&spec.selector, &coredns_pods), "the Deployment's selector takes CoreDNS's pods");
+        let kubeadm = coredns_deployment.metadata.labels.clone().unwrap_or_default();
+        let (key, value) = kubeadm.iter().next().expect("kubeadm's Deployment label");
+        assert_ne!(
+            labels(Some(&deployment.metadata)).get(key),
+            Some(value),
+            "kubeadm finds its DNS Deployment by {key}={value}: ours must not be a second one"
+        );
+        let grace = deployment_pod_spec(deployment).termination_grace_period_seconds.unwrap_or(30);
+        let lameduck = args.lameduck.as_secs();
+        assert!(lameduck >= 5, "--lameduck {lameduck}s: at least CoreDNS's 5s, the time the rules take to follow");
+        assert!(lameduck + 5 <= grace as u64, "--lameduck {lameduck}s within terminationGracePeriodSeconds {grace}");
     }
 
     #[test]

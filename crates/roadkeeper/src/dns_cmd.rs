@@ -16,6 +16,7 @@ use roadkeeper_dns::forward::{self, Forwarder};
 use roadkeeper_dns::server::{self, Handler};
 use roadkeeper_dns::tcp::{self, TcpLimits};
 use roadkeeper_dns::zone::{PodMode, ZoneData, ZoneOptions};
+use tokio::signal::unix::{Signal, SignalKind, signal};
 
 use crate::cli::DnsArgs;
 use crate::serve;
@@ -23,7 +24,8 @@ use crate::serve;
 /// Where upstream resolvers are read from when `--upstream` is not given.
 const RESOLV_CONF: &str = "/etc/resolv.conf";
 
-/// `roadkeeper dns`: loads the cluster state, serves DNS, follows changes until SIGTERM/SIGINT.
+/// `roadkeeper dns`: loads the cluster state, serves DNS, follows changes until SIGTERM/SIGINT
+/// (and for `--lameduck` after it).
 ///
 /// The cluster state, zone updates, health and metrics run on the main thread's runtime; DNS is
 /// served by one worker thread per CPU this process may run on, each with a single-threaded
@@ -39,7 +41,6 @@ pub fn run(args: DnsArgs) -> anyhow::Result<()> {
     let tcp_limits = tcp_limits(&args, workers, upstreams.len());
     let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
     let threads = runtime.block_on(async move {
-        use tokio::signal::unix::{SignalKind, signal};
         let (mut sigterm, mut sigint) = (signal(SignalKind::terminate())?, signal(SignalKind::interrupt())?);
         let ready = Arc::new(AtomicBool::new(false));
         if let Some(listener) = serve::bind("--health-bind-address", &args.health_bind_address)? {
@@ -58,8 +59,7 @@ pub fn run(args: DnsArgs) -> anyhow::Result<()> {
         let interest = Interest { kinds: kinds.into_iter().collect(), node: None };
         let mut feed = tokio::select! {
             feed = Feed::open(&spec, &interest, true) => feed.context("reading the cluster state")?,
-            _ = sigterm.recv() => return Ok(Vec::new()),
-            _ = sigint.recv() => return Ok(Vec::new()),
+            () = signalled(&mut sigterm, &mut sigint) => return Ok(Vec::new()),
         };
         let mut data = ZoneData::build(feed.store(), &options);
         let shared = Arc::new(ArcSwap::from_pointee(data.clone()));
@@ -74,6 +74,8 @@ pub fn run(args: DnsArgs) -> anyhow::Result<()> {
         }
         ready.store(true, Ordering::Relaxed);
         tracing::info!(listen = ?args.listen, workers, ?upstreams, source = feed.describe(), "serving DNS");
+        // Set by the first signal when there is a lameduck period: the time to stop.
+        let mut lameduck_ends: Option<tokio::time::Instant> = None;
         loop {
             tokio::select! {
                 changes = feed.changed() => {
@@ -81,8 +83,15 @@ pub fn run(args: DnsArgs) -> anyhow::Result<()> {
                     shared.store(Arc::new(data.clone()));
                     tracing::debug!(services = changes.services.len(), "zone updated");
                 }
-                _ = sigterm.recv() => break,
-                _ = sigint.recv() => break,
+                () = signalled(&mut sigterm, &mut sigint) => {
+                    if lameduck_ends.is_some() || args.lameduck.is_zero() {
+                        break;
+                    }
+                    tracing::info!(lameduck = %args.lameduck, "signalled: answering on for the lameduck period, then exiting");
+                    lameduck_ends = Some(tokio::time::Instant::now() + *args.lameduck);
+                }
+                () = tokio::time::sleep_until(lameduck_ends.unwrap_or_else(tokio::time::Instant::now)),
+                    if lameduck_ends.is_some() => break,
             }
         }
         stop.send_replace(true);
@@ -93,6 +102,14 @@ pub fn run(args: DnsArgs) -> anyhow::Result<()> {
         let _ = thread.join();
     }
     Ok(())
+}
+
+/// The next SIGTERM or SIGINT.
+async fn signalled(sigterm: &mut Signal, sigint: &mut Signal) {
+    tokio::select! {
+        _ = sigterm.recv() => {}
+        _ = sigint.recv() => {}
+    }
 }
 
 /// One worker's sockets: a UDP socket and a TCP listener per `--listen` address.

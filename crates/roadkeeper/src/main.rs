@@ -12,14 +12,13 @@ mod gateway_status;
 mod healthcheck;
 mod ingress_cmd;
 mod ingress_status;
+mod kube_proxy_flags;
 mod lab;
 mod proxy_cmd;
 mod proxy_metrics;
 mod serve;
 mod status_writer;
 mod trace_cmd;
-
-use clap::Parser;
 
 /// mimalloc rather than glibc's malloc: after a full sync frees hundreds of MB of small objects,
 /// glibc consolidates its free lists on the next larger allocation, which made planning one
@@ -28,10 +27,10 @@ use clap::Parser;
 static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
 use tracing_subscriber::EnvFilter;
 
-use cli::{Cli, Command};
+use cli::Command;
 
 fn main() -> std::process::ExitCode {
-    let cli = Cli::parse();
+    let cli = kube_proxy_flags::parse();
     let default_level = match cli.verbose {
         0 => "warn,roadkeeper=info",
         1 => "info",
@@ -43,7 +42,14 @@ fn main() -> std::process::ExitCode {
         .with_writer(std::io::stderr)
         .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
         .init();
-    let result = match cli.command {
+    let command = match cli.into_command() {
+        Ok(command) => command,
+        Err(err) => {
+            eprintln!("roadkeeper: {err:#}");
+            return std::process::ExitCode::from(2);
+        }
+    };
+    let result = match command {
         Command::Proxy(args) => proxy_cmd::run(args),
         Command::Rules(args) => proxy_cmd::print_rules(args),
         Command::Cleanup => proxy_cmd::cleanup(),

@@ -16,7 +16,7 @@ use roadkeeper_proxy::node::{host_addresses, hostname, node_eligible, node_info}
 use roadkeeper_proxy::proxier::{Proxier, RulesCheck, SyncReport};
 use roadkeeper_proxy::sysctls;
 use roadkeeper_rules::config::{
-    NodePortAddresses, ProxyConfig, ProxyMode, parse_cidrs, parse_conntrack_timeout, parse_go_duration,
+    IgnoredField, NodePortAddresses, ProxyConfig, ProxyMode, parse_cidrs, parse_conntrack_timeout, parse_go_duration,
 };
 use roadkeeper_rules::nft::transaction;
 use roadkeeper_rules::plan::service_cidrs;
@@ -31,9 +31,15 @@ use crate::serve::{self, SharedHealth};
 /// nftables proxier does the same, hourly).
 const FULL_SYNC_PERIOD: Duration = Duration::from_secs(3600);
 
-/// Merges the config file and the flags (flags win), as kube-proxy does.
+/// Merges the config file and the flags (flags win), as kube-proxy does, logging the file's
+/// fields that have no effect.
 fn build_config(args: &ProxyArgs) -> anyhow::Result<ProxyConfig> {
-    let mut cfg = rule_config(&args.rules, args.hostname_override.as_deref())?;
+    let (mut cfg, ignored) = rule_config_and_ignored(&args.rules, args.hostname_override.as_deref())?;
+    if let Some(file) = &args.rules.config {
+        for field in ignored {
+            tracing::info!("--config {}: {field}", file.display());
+        }
+    }
     if let Some(address) = &args.healthz_bind_address {
         cfg.healthz_bind_address = address.clone();
     }
@@ -83,10 +89,19 @@ fn build_config(args: &ProxyArgs) -> anyhow::Result<ProxyConfig> {
 /// The configuration the rule flags (and their config file) give node `hostname` (default: the
 /// config file's, else the host name).
 pub(crate) fn rule_config(args: &RuleArgs, hostname_override: Option<&str>) -> anyhow::Result<ProxyConfig> {
+    Ok(rule_config_and_ignored(args, hostname_override)?.0)
+}
+
+/// [`rule_config`], and the config file's fields that have no effect in the mode it settles on.
+fn rule_config_and_ignored(
+    args: &RuleArgs,
+    hostname_override: Option<&str>,
+) -> anyhow::Result<(ProxyConfig, Vec<IgnoredField>)> {
     let mut cfg = ProxyConfig::default();
-    if let Some(file) = &args.config {
-        cfg.apply_file(file)?;
-    }
+    let ignored = match &args.config {
+        Some(file) => cfg.apply_file(file)?,
+        None => Vec::new(),
+    };
     if let Some(name) = hostname_override {
         cfg.hostname = name.to_owned();
     }
@@ -117,7 +132,8 @@ pub(crate) fn rule_config(args: &RuleArgs, hostname_override: Option<&str>) -> a
             cfg.localhost_nodeports = on;
         }
     }
-    Ok(cfg)
+    let ignored = ignored.into_iter().filter(|f| f.ignored_in(cfg.mode)).collect();
+    Ok((cfg, ignored))
 }
 
 /// The one line logged per sync: what changed, what was rewritten, how long it took.

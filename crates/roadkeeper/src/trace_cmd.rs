@@ -1,11 +1,12 @@
 //! `roadkeeper trace` (thin): gathers the world a road is computed from (a lab's state, or a
 //! cluster read once from an API server or a manifest folder), computes the road with
 //! [`roadkeeper_road`], and in the lab sends the real request and reads its conntrack entry.
+//! Outside the lab a host name is resolved by this machine's resolver.
 
-use std::net::{IpAddr, SocketAddr};
+use std::net::{IpAddr, SocketAddr, ToSocketAddrs};
 use std::time::Duration;
 
-use anyhow::{Context, bail};
+use anyhow::{Context, anyhow, bail};
 use clap::Parser;
 use roadkeeper_cluster::{Feed, Interest, Kind, ManifestSource, NamespacedName};
 use roadkeeper_ingress::routes::ClassConfig;
@@ -22,6 +23,12 @@ use crate::proxy_cmd::{rule_config, runtime};
 
 /// How long the real request may take.
 const REQUEST_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// How long this machine's resolver may take for the URL's name (outside the lab).
+const RESOLVE_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// Most node names an unknown --from-node's error lists.
+const NODES_LISTED: usize = 20;
 
 /// What the real request in the lab met.
 #[derive(Debug, Serialize)]
@@ -57,7 +64,7 @@ struct Output<'a> {
 
 /// `roadkeeper trace`.
 pub fn run(args: TraceArgs) -> anyhow::Result<()> {
-    let request = Request::parse(&args.url)?;
+    let request = Request::parse(&args.url)?.with_headers(&args.headers)?;
     let ingress_service = parse_key(&args.ingress_service).context("--ingress-service")?;
     let class = ClassConfig { name: args.ingress_class.clone(), ..ClassConfig::default() };
     let (road, answer) = match &args.from_node {
@@ -115,10 +122,8 @@ fn cluster_road(
     let feed = runtime()?.block_on(Feed::open(&spec, &interest, false)).context("reading the cluster state")?;
     let store = feed.store();
     let mut names: Vec<String> = store.nodes().filter_map(|n| n.metadata.name.clone()).collect();
-    if !names.iter().any(|n| n == from) {
-        bail!("--from-node {from}: no such Node (nodes: {})", names.join(", "));
-    }
     names.sort();
+    known_node(from, &names)?;
     let nodes = names
         .iter()
         .map(|name| {
@@ -127,8 +132,55 @@ fn cluster_road(
             Node { info, cfg: roadkeeper_rules::config::ProxyConfig { hostname: name.clone(), ..cfg.clone() } }
         })
         .collect();
-    let world = World { store, nodes, cluster_domain: args.cluster_domain.clone(), ingress_service, ingress_class };
-    Ok(road(&world, &Origin::Node(from.to_owned()), request, &Observed::default())?)
+    let world = World {
+        store,
+        nodes,
+        cluster_domain: args.cluster_domain.clone(),
+        ingress_service,
+        ingress_class,
+        ingress_dns: false,
+    };
+    let family = world.node(from).and_then(|n| n.info.primary_ips.first()).map_or(IpFamily::V4, IpFamily::of);
+    let resolved = match request.address {
+        Some(_) => None,
+        None => Some(resolve_here(&request.host, request.port, family)?),
+    };
+    Ok(road(&world, &Origin::Node(from.to_owned()), request, &Observed { resolved, ..Observed::default() })?)
+}
+
+/// `--from-node from` among the cluster's nodes `names` (sorted), or an error naming it and the
+/// nodes there are.
+fn known_node(from: &str, names: &[String]) -> anyhow::Result<()> {
+    if names.iter().any(|n| n == from) {
+        return Ok(());
+    }
+    if names.is_empty() {
+        bail!(
+            "--from-node {from}: no such Node: the cluster has no Node objects (a manifest folder needs \
+             Nodes with status.addresses to trace from one)"
+        );
+    }
+    let mut listed = names.iter().take(NODES_LISTED).map(String::as_str).collect::<Vec<_>>().join(", ");
+    if names.len() > NODES_LISTED {
+        listed.push_str(&format!(" and {} more", names.len() - NODES_LISTED));
+    }
+    bail!("--from-node {from}: no such Node (nodes: {listed})")
+}
+
+/// `host` resolved by this machine's resolver within [`RESOLVE_TIMEOUT`]: an address of
+/// `family` if it has one, else its first. (A lookup that never returns is left to its thread.)
+fn resolve_here(host: &str, port: u16, family: IpFamily) -> anyhow::Result<IpAddr> {
+    let (sender, receiver) = std::sync::mpsc::channel();
+    let name = (host.to_owned(), port);
+    std::thread::spawn(move || {
+        let _ = sender.send(name.to_socket_addrs().map(|addresses| addresses.map(|a| a.ip()).collect::<Vec<_>>()));
+    });
+    let addresses = receiver
+        .recv_timeout(RESOLVE_TIMEOUT)
+        .map_err(|_| anyhow!("{host}: this machine's resolver gave no answer in {} s", RESOLVE_TIMEOUT.as_secs()))?
+        .with_context(|| format!("{host}: this machine's resolver"))?;
+    let address = addresses.iter().find(|a| IpFamily::of(a) == family).or(addresses.first());
+    address.copied().ok_or_else(|| anyhow!("{host}: this machine's resolver gave no address"))
 }
 
 /// Parses the lab's proxy flags as `roadkeeper proxy` does.
@@ -175,11 +227,21 @@ fn lab_road(
             (Origin::Pod(NamespacedName::new(namespace, name)), target)
         }
     };
-    let world = World { store, nodes, cluster_domain: args.cluster_domain.clone(), ingress_service, ingress_class };
+    let world = World {
+        store,
+        nodes,
+        cluster_domain: args.cluster_domain.clone(),
+        ingress_service,
+        ingress_class,
+        ingress_dns: true,
+    };
     // Fail on a bad request or origin before sending anything.
-    road(&world, &origin, request, &Observed::default())?;
+    let planned = road(&world, &origin, request, &Observed::default())?;
+    // A name resolved outside the cluster DNS (an Ingress's host) is sent to the address the road
+    // resolved it to, as the user's DNS would answer; a pod's curl asks the cluster DNS itself.
+    let resolved = planned.dns.filter(|_| !matches!(origin, Origin::Pod(_))).map(|dns| dns.address);
 
-    let (mut answer, local) = send(&target, request)?;
+    let (mut answer, local) = send(&target, request, resolved)?;
     let mut observed = Observed::default();
     // Whether the kernel masqueraded the DNATed connection (the reply goes to another address).
     let mut masqueraded = None;
@@ -235,11 +297,31 @@ fn lab_road(
     Ok((road, answer))
 }
 
-/// Sends `request` with curl from `target`; the answer and the connection's local address.
-fn send(target: &roadkeeper_lab::state::Target, request: &Request) -> anyhow::Result<(Answer, Option<SocketAddr>)> {
+/// The options of curl that send `request` (to `resolved` for its name, when given) as given.
+fn curl_options(request: &Request, resolved: Option<IpAddr>) -> Vec<String> {
+    let mut options = Vec::new();
+    if let Some(host) = &request.host_header {
+        options.extend(["-H".to_owned(), format!("Host: {host}")]);
+    }
+    if let Some(address) = resolved {
+        let address = if address.is_ipv6() { format!("[{address}]") } else { address.to_string() };
+        options.extend(["--resolve".to_owned(), format!("{}:{}:{address}", request.host, request.port)]);
+    }
+    options
+}
+
+/// Sends `request` with curl from `target` (its name resolved to `resolved` when given); the
+/// answer and the connection's local address.
+fn send(
+    target: &roadkeeper_lab::state::Target,
+    request: &Request,
+    resolved: Option<IpAddr>,
+) -> anyhow::Result<(Answer, Option<SocketAddr>)> {
     let timeout = REQUEST_TIMEOUT.as_secs().to_string();
     let format = "%{http_code}\\n%{local_ip}\\n%{local_port}\\n%header{x-pod-name}\\n%header{x-client-address}\\n";
-    let argv = ["curl", "-sS", "-k", "-o", "/dev/null", "--max-time", &timeout, "-w", format, &request.url];
+    let options = curl_options(request, resolved);
+    let base = ["curl", "-sS", "-k", "-o", "/dev/null", "--max-time", &timeout, "-w", format];
+    let argv = base.iter().copied().chain(options.iter().map(String::as_str)).chain([request.url.as_str()]);
     let output = target.command(argv)?.output().context("running curl")?;
     let stdout = String::from_utf8_lossy(&output.stdout);
     let lines: Vec<&str> = stdout.lines().collect();
@@ -250,7 +332,10 @@ fn send(target: &roadkeeper_lab::state::Target, request: &Request) -> anyhow::Re
         _ => None,
     };
     let error = (!output.status.success()).then(|| String::from_utf8_lossy(&output.stderr).trim().to_owned());
-    let command = format!("curl -sk {}", request.url);
+    let shown: Vec<String> =
+        options.iter().map(|o| if o.contains(' ') { format!("'{o}'") } else { o.clone() }).collect();
+    let command =
+        ["curl -sk".to_owned()].into_iter().chain(shown).chain([request.url.clone()]).collect::<Vec<_>>().join(" ");
     let answer = Answer {
         command,
         status,
@@ -318,6 +403,37 @@ fn render_answer(answer: &Answer) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn an_unknown_node_is_named_with_the_nodes_there_are() {
+        let names = |n: usize| (1..=n).map(|i| format!("node-{i:02}")).collect::<Vec<_>>();
+        known_node("node-01", &names(2)).unwrap();
+        let err = known_node("worker-9", &names(2)).unwrap_err().to_string();
+        assert_eq!(err, "--from-node worker-9: no such Node (nodes: node-01, node-02)");
+        let err = known_node("worker-9", &[]).unwrap_err().to_string();
+        assert!(err.starts_with("--from-node worker-9: no such Node: the cluster has no Node objects"), "{err}");
+        let err = known_node("worker-9", &names(25)).unwrap_err().to_string();
+        assert!(err.ends_with("node-19, node-20 and 5 more)"), "{err}");
+    }
+
+    #[test]
+    fn curl_sends_the_host_header_and_the_resolved_address() {
+        let request = Request::parse("http://web.example.com/").unwrap();
+        assert_eq!(
+            curl_options(&request, Some("192.168.77.200".parse().unwrap())),
+            ["--resolve", "web.example.com:80:192.168.77.200"]
+        );
+        let request =
+            Request::parse("http://192.168.77.200/a").unwrap().with_headers(&["Host: web.example.com".into()]).unwrap();
+        assert_eq!(curl_options(&request, None), ["-H", "Host: web.example.com"]);
+    }
+
+    #[test]
+    fn this_machines_resolver_resolves_a_name() {
+        assert_eq!(resolve_here("localhost", 80, IpFamily::V4).unwrap(), IpAddr::from([127, 0, 0, 1]));
+        let err = resolve_here("no-such-name.invalid", 80, IpFamily::V4).unwrap_err();
+        assert!(format!("{err:#}").starts_with("no-such-name.invalid: this machine's resolver"), "{err:#}");
+    }
 
     #[test]
     fn ingress_service_must_be_namespace_and_name() {

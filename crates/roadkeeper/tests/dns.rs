@@ -466,6 +466,50 @@ fn answers_follow_changes_within_a_second() {
     assert!(gone, "a deleted Service still answers");
 }
 
+/// SIGTERM with `--lameduck`: the server goes on answering (changes included, and `/ready`) for
+/// that long, the time its endpoint takes to leave the Service's rules, then exits; a second
+/// signal ends the wait at once.
+#[test]
+fn after_sigterm_the_lameduck_period_is_served_then_the_server_exits() {
+    let lameduck = Duration::from_secs(4);
+    let dns = DnsServer::start(&cluster(), &["--lameduck", "4s"]);
+    let other = DnsServer::start(&cluster(), &["--lameduck", "60s"]);
+    let sigterm = |server: &DnsServer| {
+        let pid = nix::unistd::Pid::from_raw(server.process.as_ref().expect("running").id() as i32);
+        nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGTERM).expect("SIGTERM");
+    };
+    sigterm(&dns);
+    let signalled = Instant::now();
+    std::fs::write(
+        dns.manifests.path().join("new.yaml"),
+        service("new", "{clusterIP: 10.96.0.12, ports: [{port: 80}]}"),
+    )
+    .expect("write");
+    let mut new_answered = false;
+    while signalled.elapsed() < lameduck - Duration::from_millis(1500) {
+        let answer = dns.ask("web.default.svc.cluster.local.", RecordType::A, false);
+        assert_eq!(answer.answers.len(), 1, "{answer}\nlog:\n{}", dns.log());
+        assert_eq!(get_in(&dns.ns, "127.0.0.1:8080", "/ready").0, 200, "{}", dns.log());
+        new_answered |= !dns.ask("new.default.svc.cluster.local.", RecordType::A, true).answers.is_empty();
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    assert!(new_answered, "a change made after SIGTERM is not answered; log:\n{}", dns.log());
+    let exited = eventually(lameduck + Duration::from_secs(5), || !dns.alive());
+    let after = signalled.elapsed();
+    assert!(exited && after >= lameduck, "exited {exited} after {after:?}; log:\n{}", dns.log());
+    let status = dns.process.as_ref().expect("spawned").try_wait().expect("poll").expect("exited");
+    assert!(status.success(), "{status:?}; log:\n{}", dns.log());
+    assert!(dns.log().contains("lameduck"), "{}", dns.log());
+
+    sigterm(&other);
+    other.ask("web.default.svc.cluster.local.", RecordType::A, false);
+    let again = Instant::now();
+    sigterm(&other);
+    let exited = eventually(Duration::from_secs(3), || !other.alive());
+    assert!(exited, "a second SIGTERM does not end the lameduck period; log:\n{}", other.log());
+    assert!(again.elapsed() < Duration::from_secs(3), "{:?}", again.elapsed());
+}
+
 #[test]
 fn hostile_packets_get_formerr_or_are_dropped_and_the_server_keeps_answering() {
     let dns = DnsServer::start(&cluster(), &[]);

@@ -34,6 +34,17 @@ impl TestLab {
         TestLab { dir: LabDir::resolve(Some(&tmp.path().join("lab"))), manifests, _tmp: tmp }
     }
 
+    /// A lab directory and a manifest folder of these files (name, text) to run.
+    fn with_files(files: &[(&str, &str)]) -> Self {
+        let tmp = tempfile::tempdir().unwrap();
+        let manifests = tmp.path().join("app");
+        std::fs::create_dir(&manifests).unwrap();
+        for (name, text) in files {
+            std::fs::write(manifests.join(name), text).unwrap();
+        }
+        TestLab { dir: LabDir::resolve(Some(&tmp.path().join("lab"))), manifests, _tmp: tmp }
+    }
+
     /// `roadkeeper lab --lab-dir DIR args...`.
     fn run(&self, args: &[&str]) -> Output {
         let mut command = Command::new(env!("CARGO_BIN_EXE_roadkeeper"));
@@ -324,7 +335,8 @@ fn walk_the_road(mode: &str) {
         lab.assert_nat_rules(11);
     }
     assert_eq!(lab.ok(&["scale", "deployment/hello", "--replicas=5"]).trim(), "deployment.apps/hello scaled");
-    assert!(std::fs::read_to_string(lab.manifests.join("hello.yaml")).unwrap().contains("  replicas: 5\n"));
+    // As kubectl scale: the live state changes, the manifest does not.
+    assert!(std::fs::read_to_string(lab.manifests.join("hello.yaml")).unwrap().contains("  replicas: 3\n"));
     assert_eq!(lab.hello_endpoints().len(), 5);
     assert!(lab.ok(&["get", "endpointslices"]).contains(" + 2 more..."));
     if mode == "iptables" {
@@ -427,6 +439,8 @@ fn down_after_kill_9_of_the_controller_or_of_lab_up_leaves_nothing() {
 #[test]
 fn bad_manifests_are_named_and_never_break_a_running_lab() {
     let lab = TestLab::new();
+    // (`lab up` refuses a folder holding them: added once the lab runs.)
+    lab.up("nftables", "1");
     std::fs::write(
         lab.manifests.join("bad.yaml"),
         "apiVersion: apps/v1\nkind: Deployment\nmetadata: {name: broken}\nspec:\n  replicas: -1\n  selector: {matchLabels: {app: a}}\n  \
@@ -434,7 +448,8 @@ fn bad_manifests_are_named_and_never_break_a_running_lab() {
          apiVersion: v1\nkind: Service\nmetadata: {name: far}\nspec: {clusterIP: 10.0.0.1, ports: [{port: 80}]}\n",
     )
     .unwrap();
-    lab.up("nftables", "1");
+    let named = || lab.ok(&["status"]).contains("bad.yaml: Service default/far: spec.clusterIP:");
+    assert!(eventually(Duration::from_secs(5), named), "{}", lab.ok(&["status"]));
     let status = lab.ok(&["status"]);
     assert!(
         status.contains("bad.yaml: Deployment default/broken: spec.replicas: -1 must be greater than or equal to 0"),
@@ -545,4 +560,224 @@ fn a_manifest_does_not_reach_the_host() {
     assert!(status.contains("Pod default/cleaner: cannot start: container c: \"cleanup\""), "{status}");
     std::thread::sleep(Duration::from_secs(1));
     assert!(!outside.exists(), "a container wrote {}", outside.display());
+}
+
+/// A folder of an app whose manifests are broken: a Service with a bad port, a Deployment with a
+/// field Kubernetes does not know, a document that is not YAML, and a StatefulSet (not run by
+/// the lab, a notice only); its Ingress routes to the broken Service.
+const BROKEN: &str = "apiVersion: apps/v1\nkind: Deployment\nmetadata: {name: web}\nspec:\n  replica: 2\n  \
+    selector: {matchLabels: {app: web}}\n  template:\n    metadata: {labels: {app: web}}\n    \
+    spec: {containers: [{name: web, image: nginx, ports: [{containerPort: 80}]}]}\n---\n\
+    apiVersion: v1\nkind: Service\nmetadata: {name: web}\nspec: {selector: {app: web}, ports: [{port: 70000, targetPort: 80}]}\n---\n\
+    apiVersion: v1\nkind: ConfigMap\nmetadata: {name: [unclosed\n---\n\
+    apiVersion: networking.k8s.io/v1\nkind: Ingress\nmetadata: {name: web}\nspec:\n  rules:\n  - http:\n      paths:\n      \
+    - {path: /, pathType: Prefix, backend: {service: {name: web, port: {number: 80}}}}\n---\n\
+    apiVersion: apps/v1\nkind: StatefulSet\nmetadata: {name: db}\nspec: {selector: {matchLabels: {app: db}}, \
+    serviceName: db, template: {metadata: {labels: {app: db}}, spec: {containers: [{name: db, image: postgres}]}}}\n";
+
+#[test]
+fn lab_up_with_broken_manifests_fails_at_once_naming_each_problem() {
+    let lab = TestLab::with_files(&[("web.yaml", BROKEN)]);
+    let started = std::time::Instant::now();
+    let output = lab.run(&["up", lab.manifests.to_str().unwrap(), "--nodes", "1"]);
+    let took = started.elapsed();
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(!output.status.success(), "lab up succeeded: {}", String::from_utf8_lossy(&output.stdout));
+    assert!(took < Duration::from_secs(10), "lab up took {took:?} to fail:\n{stderr}");
+    let file = lab.manifests.join("web.yaml").canonicalize().unwrap().display().to_string();
+    for problem in [
+        format!("{file}: Deployment default/web: spec.replica: unknown field"),
+        format!("{file}: Service default/web: spec.ports[0].port: "),
+        format!("{file}: document 3: invalid YAML"),
+        format!("{file}: StatefulSet default/db: kind StatefulSet is not run by the lab"),
+    ] {
+        assert!(stderr.contains(&problem), "{problem:?} missing from:\n{stderr}");
+    }
+    assert!(!stderr.contains("503"), "{stderr}");
+    // Nothing was left behind, and `lab down` has nothing to do.
+    lab.assert_nothing_left();
+    lab.ok(&["down"]);
+}
+
+/// An app with names of its own (Deployment `shop`, Service `storefront` on port 8080, Ingress
+/// path `/store`) and a StatefulSet the lab does not run.
+const SHOP: &str = "apiVersion: v1\nkind: ConfigMap\nmetadata: {name: shop-site}\ndata: {index.html: the shop}\n---\n\
+    apiVersion: apps/v1\nkind: Deployment\nmetadata: {name: shop}\nspec:\n  replicas: 1\n  \
+    selector: {matchLabels: {app: shop}}\n  template:\n    metadata: {labels: {app: shop}}\n    \
+    spec:\n      containers: [{name: web, image: nginx, ports: [{containerPort: 80}], \
+    volumeMounts: [{name: site, mountPath: /usr/share/nginx/html}]}]\n      \
+    volumes: [{name: site, configMap: {name: shop-site, items: [{key: index.html, path: store/index.html}]}}]\n\
+    ---\napiVersion: v1\nkind: Service\nmetadata: {name: storefront}\n\
+    spec: {selector: {app: shop}, ports: [{port: 8080, targetPort: 80}]}\n---\n\
+    apiVersion: networking.k8s.io/v1\nkind: Ingress\nmetadata: {name: shop}\nspec:\n  rules:\n  - http:\n      paths:\n      \
+    - {path: /store, pathType: Prefix, backend: {service: {name: storefront, port: {number: 8080}}}}\n---\n\
+    apiVersion: apps/v1\nkind: StatefulSet\nmetadata: {name: db}\nspec: {selector: {matchLabels: {app: db}}, \
+    serviceName: db, template: {metadata: {labels: {app: db}}, spec: {containers: [{name: db, image: postgres}]}}}\n";
+
+#[test]
+fn a_folder_of_other_names_gets_its_own_hints_and_scale_and_label_act_as_kubectl() {
+    let lab = TestLab::with_files(&[("shop.yaml", SHOP)]);
+    let up = lab.up("nftables", "1");
+    let file = lab.manifests.join("shop.yaml").canonicalize().unwrap();
+    let file_text = file.display().to_string();
+    // The kind the lab does not run is named, and the lab runs the rest.
+    let notice = format!("{file_text}: StatefulSet default/db: kind StatefulSet is not run by the lab");
+    assert!(up.contains(&notice), "{up}");
+    assert!(lab.ok(&["status"]).contains(&notice));
+    // The hints name what the folder holds.
+    let lb = lab.ingress_ip();
+    for hint in [
+        format!("roadkeeper lab exec client -- curl -si http://{lb}/store"),
+        "roadkeeper lab scale deployment/shop --replicas=5".to_owned(),
+        "grep default/storefront".to_owned(),
+        format!("roadkeeper trace http://{lb}/store"),
+        "roadkeeper lab exec shop-".to_owned(),
+        "-- ls /usr/share/nginx/html".to_owned(),
+    ] {
+        assert!(up.contains(&hint), "hint {hint:?} missing from:\n{up}");
+    }
+    assert!(!up.contains("hello"), "{up}");
+
+    // Scaling changes the lab, not the user's file; an edit of replicas there still wins.
+    let before = std::fs::read(&file).unwrap();
+    assert_eq!(lab.ok(&["scale", "deployment/shop", "--replicas=3"]).trim(), "deployment.apps/shop scaled");
+    assert_eq!(lab.pods("app=shop").len(), 3);
+    assert_eq!(std::fs::read(&file).unwrap(), before, "lab scale wrote into {file_text}");
+    std::fs::write(&file, String::from_utf8(before).unwrap().replace("replicas: 1", "replicas: 2")).unwrap();
+    assert!(eventually(Duration::from_secs(3), || lab.pods("app=shop").len() == 2), "{:?}", lab.pods("app=shop"));
+
+    // Labels kubectl refuses are refused, naming the key or value; the pod stays listed.
+    let pod = lab.pods("app=shop")[0].clone();
+    let long = "x".repeat(64);
+    let long_prefix = format!("{}/k=v", ["a".repeat(63), "b".repeat(63), "c".repeat(63), "d".repeat(63)].join("."));
+    for (change, says) in [
+        ("Bad_Key!=x", "\"Bad_Key!\""),
+        ("a b=c", "\"a b\""),
+        (&format!("app={long}") as &str, "invalid label value: \"app=xxxx"),
+        (&format!("{long}=v"), "must be no more than 63 characters"),
+        (&long_prefix, "prefix part must be no more than 253 characters"),
+        ("Bad.Prefix/k=v", "\"Bad.Prefix/k\""),
+        ("a=b=c", "invalid label spec: a=b=c"),
+    ] {
+        let output = lab.run(&["label", "pod", &pod, change, "--overwrite"]);
+        let stderr = String::from_utf8_lossy(&output.stderr);
+        assert!(!output.status.success() && stderr.contains(says), "label {change}: {stderr:?} lacks {says:?}");
+        assert_eq!(lab.pods("app=shop").len(), 2, "after label {change}");
+    }
+    assert_eq!(lab.ok(&["label", "pod", &pod, "example.com/tier=web"]).trim(), format!("pod/{pod} labeled"));
+    assert_eq!(lab.pods("example.com/tier=web"), [pod]);
+    let status = lab.ok(&["status"]);
+    assert!(!status.contains("metadata.labels"), "{status}");
+}
+
+/// A Deployment `web` serving one file, its Service, and an Ingress routing the host
+/// web.example.com to it.
+const HOST_INGRESS: &str = "apiVersion: v1\nkind: ConfigMap\nmetadata: {name: web-html}\ndata: {index.html: web}\n---\n\
+    apiVersion: apps/v1\nkind: Deployment\nmetadata: {name: web}\nspec:\n  selector: {matchLabels: {app: web}}\n  \
+    template:\n    metadata: {labels: {app: web}}\n    spec:\n      volumes: [{name: html, configMap: {name: web-html}}]\n      \
+    containers: [{name: nginx, image: nginx, ports: [{containerPort: 80}], \
+    volumeMounts: [{name: html, mountPath: /usr/share/nginx/html}]}]\n---\n\
+    apiVersion: v1\nkind: Service\nmetadata: {name: web}\nspec: {selector: {app: web}, ports: [{port: 80}]}\n---\n\
+    apiVersion: networking.k8s.io/v1\nkind: Ingress\nmetadata: {name: web}\nspec:\n  ingressClassName: roadkeeper\n  \
+    rules: [{host: web.example.com, http: {paths: [{path: /, pathType: Prefix, \
+    backend: {service: {name: web, port: {number: 80}}}}]}}]\n";
+
+/// A lab of `manifests` only (not the tutorial's), its `lab up` run: the lab and that output.
+fn lab_of(manifests: &str) -> (TestLab, Output) {
+    let lab = TestLab::new();
+    std::fs::remove_file(lab.manifests.join("hello.yaml")).unwrap();
+    std::fs::write(lab.manifests.join("web.yaml"), manifests).unwrap();
+    let up = lab.run(&["up", lab.manifests.to_str().unwrap(), "--nodes", "1"]);
+    (lab, up)
+}
+
+/// `roadkeeper ARGS`: success, standard output, standard error.
+fn roadkeeper(args: &[&str]) -> (bool, String, String) {
+    let output = Command::new(env!("CARGO_BIN_EXE_roadkeeper")).args(args).output().unwrap();
+    let text = |bytes: &[u8]| String::from_utf8_lossy(bytes).into_owned();
+    (output.status.success(), text(&output.stdout), text(&output.stderr))
+}
+
+#[test]
+fn lab_up_does_not_call_a_road_ending_in_a_404_working() {
+    let missing = "---\napiVersion: networking.k8s.io/v1\nkind: Ingress\nmetadata: {name: missing}\nspec:\n  \
+        ingressClassName: roadkeeper\n  rules: [{http: {paths: [{path: /missing, pathType: Prefix, \
+        backend: {service: {name: web, port: {number: 80}}}}]}}]\n";
+    let (_lab, up) = lab_of(&format!("{HOST_INGRESS}{missing}"));
+    let (stdout, stderr) = (String::from_utf8_lossy(&up.stdout), String::from_utf8_lossy(&up.stderr));
+    assert!(!up.status.success(), "lab up claims the road works:\n{stdout}");
+    assert!(stdout.contains("The road, walked just now (it does not work"), "{stdout}");
+    // The host's rule serves; the path no file answers is named with its status.
+    assert!(stdout.contains("-H 'Host: web.example.com' http://192.168.77.200/ -> 200 from pod web-"), "{stdout}");
+    assert!(stdout.contains("http://192.168.77.200/missing -> 404 from pod web-"), "{stdout}");
+    assert!(stdout.contains("container     nginx answered /missing with 404"), "{stdout}");
+    assert!(!stdout.contains("answered /missing from its files"), "{stdout}");
+    assert!(stdout.contains("FAILED: pod web-"), "{stdout}");
+    assert!(
+        stderr.contains("the road does not work: container: pod web-")
+            && stderr.contains("answered /missing, the path of Ingress default/missing's rule, with 404")
+            && stderr.contains("The lab stays up"),
+        "{stderr}"
+    );
+}
+
+#[test]
+fn trace_follows_a_host_based_ingress_by_its_name_or_a_host_header() {
+    let (lab, up) = lab_of(HOST_INGRESS);
+    assert!(up.status.success(), "{}", String::from_utf8_lossy(&up.stderr));
+    let lb = lab.ingress_ip();
+    let routed = |t: &serde_json::Value| {
+        assert_eq!(t["road"]["ingress"]["host"], "web.example.com", "{t}");
+        assert_eq!(t["road"]["ingress"]["rule"], "default/web spec.rules[0].http.paths[0]", "{t}");
+        assert_eq!(t["answer"]["status"], 200, "{t}");
+        assert!(t["answer"]["pod"].as_str().unwrap().starts_with("web-"), "{t}");
+        assert_eq!(t["answer"]["agrees"], true, "{t}");
+    };
+    // By name: the Ingress's host resolves to its address, as a user's DNS would.
+    for from in ["client", "node-1"] {
+        let t = lab.trace("http://web.example.com/", &["--from", from]);
+        routed(&t);
+        assert_eq!(t["road"]["dns"]["address"], lb.as_str(), "{t}");
+        assert!(t["road"]["dns"]["resolver"].as_str().unwrap().contains("Ingress default/web"), "{t}");
+        let resolve = format!("--resolve web.example.com:80:{lb} http://web.example.com/");
+        assert!(t["answer"]["command"].as_str().unwrap().ends_with(&resolve), "{t}");
+    }
+    // By address with the Host header, as curl takes it; without it, no rule matches.
+    let url = format!("http://{lb}/");
+    for flag in ["-H", "--header"] {
+        let t = lab.trace(&url, &[flag, "Host: WEB.example.com:80"]);
+        routed(&t);
+        assert!(t["road"]["dns"].is_null(), "{t}");
+        assert_eq!(t["answer"]["command"], format!("curl -sk -H 'Host: WEB.example.com:80' {url}"), "{t}");
+    }
+    let t = lab.trace(&url, &[]);
+    assert!(t["road"]["ingress"]["failure"].as_str().unwrap().contains("404"), "{t}");
+    assert_eq!(t["answer"]["status"], 404, "{t}");
+    let lab_dir = lab.dir.path().to_str().unwrap();
+    let (ok, _, err) = roadkeeper(&["trace", "--lab-dir", lab_dir, "-H", "Host web.example.com", &url]);
+    assert!(!ok && err.contains("-H \"Host web.example.com\": not NAME: VALUE"), "{err}");
+
+    // Outside the lab (--from-node, here over the lab's cluster state): this machine's resolver
+    // resolves a name, a Host header routes by the address, an unknown node is named.
+    let cluster = lab.dir.cluster_dir();
+    let cluster = cluster.to_str().unwrap();
+    let (ok, out, err) =
+        roadkeeper(&["trace", "--from-node", "node-1", "--manifests", cluster, "-o", "json", "http://localhost/"]);
+    assert!(ok, "{err}");
+    let t: serde_json::Value = serde_json::from_str(&out).unwrap();
+    assert_eq!(
+        (&t["road"]["dns"]["resolver"], &t["road"]["dns"]["address"]),
+        (&"this machine's resolver".into(), &"127.0.0.1".into())
+    );
+    let args =
+        ["trace", "--from-node", "node-1", "--manifests", cluster, "-o", "json", "-H", "Host: web.example.com", &url];
+    let (ok, out, err) = roadkeeper(&args);
+    assert!(ok, "{err}");
+    let t: serde_json::Value = serde_json::from_str(&out).unwrap();
+    assert_eq!(t["road"]["ingress"]["rule"], "default/web spec.rules[0].http.paths[0]", "{t}");
+    let (ok, _, err) = roadkeeper(&["trace", "--from-node", "node-9", "--manifests", cluster, &url]);
+    assert!(!ok && err.contains("--from-node node-9: no such Node (nodes: node-1)"), "{err}");
+    let (ok, _, err) =
+        roadkeeper(&["trace", "--from-node", "node-9", "--manifests", lab.manifests.to_str().unwrap(), &url]);
+    assert!(!ok && err.contains("--from-node node-9: no such Node: the cluster has no Node objects"), "{err}");
 }

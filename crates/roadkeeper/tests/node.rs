@@ -3,7 +3,8 @@
 //! deploys `deploy/` unchanged (the proxy DaemonSet in place of kube-proxy, the cluster DNS in
 //! place of CoreDNS, the Ingress controller). These tests then walk the README's tutorial with
 //! kubectl against it, in both proxy modes, and take it down with `tests/node/down.sh`, checking
-//! that nothing is left.
+//! that nothing is left. Another starts from CoreDNS as kubeadm installs it (`up.sh --dns
+//! coredns`) and replaces it as docs/replacing-coredns.md says, running the page's code blocks.
 //!
 //! One node at a time on a machine: the tests take turns.
 
@@ -44,14 +45,19 @@ struct Node {
 
 impl Node {
     fn up(mode: &str) -> Node {
+        Node::up_with(&["--proxy-mode", mode, "--nodes", "2"])
+    }
+
+    /// `up.sh` with these arguments.
+    fn up_with(args: &[&str]) -> Node {
         // The test binary's own roadkeeper goes into the image, so the node runs this build.
         let out = Command::new(node_script("up.sh"))
-            .args(["--proxy-mode", mode, "--nodes", "2"])
+            .args(args)
             .env("ROADKEEPER_BINARY", env!("CARGO_BIN_EXE_roadkeeper"))
             .output()
             .expect("cannot run tests/node/up.sh");
         let stdout = text(&out.stdout);
-        assert!(out.status.success(), "up.sh --proxy-mode {mode} failed:\n{}\n{stdout}", text(&out.stderr));
+        assert!(out.status.success(), "up.sh {args:?} failed:\n{}\n{stdout}", text(&out.stderr));
         let kubeconfig = PathBuf::from(stdout.lines().last().expect("up.sh printed nothing"));
         let kubectl = kubeconfig.with_file_name("kubectl");
         assert!(kubeconfig.is_file() && kubectl.is_file(), "{stdout}");
@@ -314,4 +320,174 @@ fn the_tutorial_on_a_real_node_in_nftables_mode() {
 #[test]
 fn the_tutorial_on_a_real_node_in_iptables_mode() {
     walk_the_tutorial("iptables");
+}
+
+/// The code block of `docs/replacing-coredns.md` whose info string is `sh tested:<step>`, without
+/// the list item's indentation.
+fn documented_step(step: &str) -> String {
+    let doc = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../docs/replacing-coredns.md");
+    let doc = std::fs::read_to_string(&doc).expect("docs/replacing-coredns.md");
+    let fence = format!("```sh tested:{step}");
+    let mut lines = doc.lines().skip_while(|line| line.trim() != fence);
+    let indent = lines.next().map(|line| line.len() - line.trim_start().len());
+    let indent = indent.unwrap_or_else(|| panic!("docs/replacing-coredns.md has no block `{fence}`"));
+    let block: Vec<&str> =
+        lines.take_while(|line| line.trim() != "```").map(|line| line.get(indent..).unwrap_or("")).collect();
+    assert!(!block.is_empty(), "the block `{fence}` is empty");
+    block.join("\n")
+}
+
+/// Runs a step of docs/replacing-coredns.md as an operator would: bash from the repository's root,
+/// the node's kubectl first on PATH and its admin kubeconfig; its output.
+fn run_documented_step(node: &Node, step: &str) -> String {
+    let script = documented_step(step);
+    let bin = node.kubectl.parent().expect("kubectl's folder");
+    let path = format!("{}:{}", bin.display(), std::env::var("PATH").unwrap_or_default());
+    let out = Command::new("bash")
+        .args(["-euo", "pipefail", "-c", &script])
+        .current_dir(Path::new(env!("CARGO_MANIFEST_DIR")).join("../.."))
+        .env("PATH", path)
+        .env("KUBECONFIG", &node.kubeconfig)
+        .output()
+        .expect("bash");
+    let output = format!("{}{}", text(&out.stdout), text(&out.stderr));
+    assert!(out.status.success(), "step {step} of docs/replacing-coredns.md:\n{script}\n{output}");
+    output
+}
+
+/// A pod resolving cluster names in a loop: a Service by its short name (through the search
+/// path: NXDOMAIN first, then the answer), another by its full name (four NXDOMAINs first) and a
+/// ClusterIP's PTR, counting lookups that succeed and fail in `/tmp/counts` and logging each
+/// failure. One try per query, 2 s each (`attempts:1`): a query lost or refused is a failed lookup,
+/// not a retry.
+const RESOLVER: &str = r#"
+apiVersion: v1
+kind: Pod
+metadata: {name: resolver, namespace: default}
+spec:
+  terminationGracePeriodSeconds: 1
+  dnsConfig:
+    options: [{name: attempts, value: "1"}, {name: timeout, value: "2"}]
+  containers:
+    - name: resolver
+      image: docker.io/library/nginx:1.27
+      command:
+        - bash
+        - -c
+        - |
+          ok=0 failed=0
+          lookup() {
+            if getent "$@" >/dev/null; then ok=$((ok + 1)); else failed=$((failed + 1)); echo "FAILED $(date +%T.%N) getent $*"; fi
+          }
+          while true; do
+            lookup ahostsv4 kubernetes.default
+            lookup ahostsv4 kube-dns.kube-system.svc.cluster.local
+            lookup hosts 10.96.0.1
+            echo "$ok $failed" >/tmp/counts.new && mv /tmp/counts.new /tmp/counts
+            sleep 0.05
+          done
+"#;
+
+/// The sum of the samples of `metric` in a Prometheus text exposition.
+fn metric_sum(exposition: &str, metric: &str) -> f64 {
+    let samples = exposition.lines().filter(|line| line.starts_with(metric) && !line.starts_with('#'));
+    samples.filter_map(|line| line.rsplit(' ').next()?.parse::<f64>().ok()).sum()
+}
+
+/// docs/replacing-coredns.md on a real node: CoreDNS as kubeadm installs it, replaced by
+/// roadkeeper dns and restored, step by step as the page says (its code blocks, run as written),
+/// while a pod resolves in a loop: no lookup fails, and each server answers while it is alone.
+#[test]
+fn coredns_is_replaced_and_restored_without_a_failed_lookup() {
+    let _one = NODE.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+    let node = Node::up_with(&["--proxy-mode", "nftables", "--nodes", "1", "--dns", "coredns"]);
+    let system_pods = |selector: &str| {
+        let names = node.kubectl(&["get", "pods", "-n", "kube-system", "-l", selector, "-o", "name"]);
+        names.lines().count()
+    };
+    let (coredns, ours) =
+        ("k8s-app=kube-dns,app.kubernetes.io/name!=roadkeeper-dns", "app.kubernetes.io/name=roadkeeper-dns");
+    assert_eq!((system_pods(coredns), system_pods(ours)), (2, 0), "CoreDNS alone to begin with");
+    let service = || node.kubectl(&["get", "svc", "-n", "kube-system", "kube-dns", "-o", "jsonpath={.spec}"]);
+    let kubeadms_service = service();
+
+    let manifest = tempfile::NamedTempFile::new().unwrap();
+    std::fs::write(manifest.path(), RESOLVER).unwrap();
+    node.kubectl(&["apply", "-f", manifest.path().to_str().unwrap()]);
+    node.kubectl(&["wait", "--for=condition=Ready", "pod/resolver", "--timeout=120s"]);
+    let counts = || -> (u64, u64) {
+        let out = node.try_kubectl(&["exec", "resolver", "--", "cat", "/tmp/counts"]);
+        let counts = text(&out.stdout);
+        let mut numbers = counts.split_whitespace().map(|n| n.parse().unwrap_or(0));
+        (numbers.next().unwrap_or(0), numbers.next().unwrap_or(0))
+    };
+    // Lookups answered by a server while it is the only one.
+    let answered_alone = |who: &str| {
+        let (from, _) = counts();
+        let answered = eventually(Duration::from_secs(60), || counts().0 >= from + 60);
+        assert!(answered, "{who} alone: lookups {:?} (ok, failed), from {from}", counts());
+    };
+    answered_alone("CoreDNS");
+
+    // 1. roadkeeper dns beside CoreDNS: four ready endpoints behind kube-dns.
+    eprintln!("{}", run_documented_step(&node, "alongside"));
+    let ready_endpoints = || {
+        let jsonpath = r#"jsonpath={range .items[*].endpoints[*]}{.conditions.ready}{"\n"}{end}"#;
+        let slices = node.kubectl(&[
+            "get",
+            "endpointslices",
+            "-n",
+            "kube-system",
+            "-l",
+            "kubernetes.io/service-name=kube-dns",
+            "-o",
+            jsonpath,
+        ]);
+        slices.lines().filter(|ready| *ready == "true").count()
+    };
+    assert!(eventually(Duration::from_secs(30), || ready_endpoints() == 4), "{} ready endpoints", ready_endpoints());
+    let check = run_documented_step(&node, "check");
+    assert!(check.contains("roadkeeper-dns-") && check.contains("coredns-"), "{check}");
+    std::thread::sleep(Duration::from_secs(5));
+
+    // 2. CoreDNS scaled away: roadkeeper dns alone answers, and counts it.
+    run_documented_step(&node, "retire");
+    assert_eq!((system_pods(coredns), system_pods(ours)), (0, 2));
+    let requests = |selector: &str, metric: &str| -> f64 {
+        let ips = node.kubectl(&[
+            "get",
+            "pods",
+            "-n",
+            "kube-system",
+            "-l",
+            selector,
+            "-o",
+            "jsonpath={.items[*].status.podIP}",
+        ]);
+        let scrape = |ip: &str| node.in_node(&format!("curl -s -m 5 http://{ip}:9153/metrics"));
+        ips.split_whitespace().map(|ip| metric_sum(&scrape(ip), metric)).sum()
+    };
+    let before = requests(ours, "roadkeeper_dns_requests_total");
+    answered_alone("roadkeeper dns");
+    let after = requests(ours, "roadkeeper_dns_requests_total");
+    assert!(after >= before + 60.0, "roadkeeper dns's requests went from {before} to {after}");
+
+    // 3. The rollback: CoreDNS back, roadkeeper dns gone, kube-dns as kubeadm made it.
+    run_documented_step(&node, "rollback");
+    assert_eq!((system_pods(coredns), system_pods(ours)), (2, 0));
+    answered_alone("CoreDNS, back");
+    assert!(requests(coredns, "coredns_dns_requests_total") >= 60.0, "CoreDNS's requests");
+
+    let (ok, failed) = counts();
+    let failures: Vec<String> =
+        node.kubectl(&["logs", "resolver"]).lines().filter(|l| l.starts_with("FAILED")).map(str::to_owned).collect();
+    assert_eq!((failed, failures.len()), (0, 0), "{ok} lookups succeeded, these failed:\n{}", failures.join("\n"));
+    let routing = |spec: &str| {
+        let spec: serde_json::Value = serde_json::from_str(spec).unwrap();
+        (spec["selector"].clone(), spec["ports"].clone(), spec["clusterIP"].clone())
+    };
+    assert_eq!(routing(&service()), routing(&kubeadms_service), "the kube-dns Service's selector, ports and address");
+    eprintln!("{ok} lookups, none failed");
+    drop(node);
+    assert_eq!(leftovers(), Vec::<String>::new(), "down.sh left these behind");
 }

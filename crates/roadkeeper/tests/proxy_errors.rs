@@ -126,3 +126,83 @@ fn a_bad_flag_value_fails_once_with_a_message_naming_the_flag_and_touches_nothin
     assert!(stderr.contains("nodePortAddresses") && stderr.contains("10.0.0.300/8"), "{stderr}");
     assert!(c.ruleset().trim().is_empty(), "nothing was programmed");
 }
+
+/// Runs `roadkeeper ARGS` in a network namespace of its own (nothing of the host's to touch, were
+/// the line to parse), reading an empty manifest folder.
+fn isolated(args: &[&str]) -> std::process::Output {
+    let empty = tempfile::tempdir().expect("tempdir");
+    std::process::Command::new("unshare")
+        .args(["--net", "--"])
+        .arg(binary())
+        .args(args)
+        .args(["--manifests", &empty.path().display().to_string(), "--once"])
+        .output()
+        .expect("run roadkeeper")
+}
+
+/// kube-proxy flags typed by habit are refused before anything runs, each naming what roadkeeper
+/// does instead; a typo of one of roadkeeper's own flags keeps clap's error and its suggestion.
+#[test]
+fn kube_proxy_flags_are_refused_with_what_roadkeeper_does_instead() {
+    for (args, pointer) in [
+        (&["proxy", "--v=2"][..], "-vv (debug)"),
+        (&["proxy", "-v", "2"], "RUST_LOG"),
+        (&["proxy", "--cleanup"], "`roadkeeper cleanup`"),
+        (&["proxy", "--bind-address", "0.0.0.0"], "--metrics-bind-address"),
+        (&["proxy", "--master", "https://10.0.0.1:6443"], "--kubeconfig"),
+        (&["rules", "--ipvs-scheduler", "rr"], "no IPVS mode"),
+        (&["proxy", "--oncee"], "a similar argument exists: '--once'"),
+    ] {
+        let out = isolated(args);
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(2), "{args:?}: {stderr}");
+        assert!(stderr.contains(pointer), "{args:?}: expected {pointer:?} in:\n{stderr}");
+    }
+}
+
+/// A config file's fields that roadkeeper accepts (so that kube-proxy's files load) and does not
+/// use are each logged at start, naming the field; the fields it uses are not.
+#[test]
+fn config_fields_accepted_and_ignored_are_logged_by_name() {
+    let scratch = tempfile::tempdir().expect("tempdir");
+    let config = scratch.path().join("kube-proxy.yaml");
+    std::fs::write(
+        &config,
+        "apiVersion: kubeproxy.config.k8s.io/v1alpha1\nkind: KubeProxyConfiguration\nmode: nftables\n\
+         bindAddress: 0.0.0.0\nclientConnection: {kubeconfig: /nonexistent, qps: 5}\n\
+         iptables: {localhostNodePorts: false, masqueradeAll: true}\nnftables: {masqueradeAll: true}\n",
+    )
+    .expect("write config");
+    let out = isolated(&["rules", "--config", &config.display().to_string()]);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{stderr}");
+    for ignored in [
+        "bindAddress: accepted for kube-proxy compatibility, not used by roadkeeper",
+        "clientConnection.qps: accepted for kube-proxy compatibility, not used by roadkeeper",
+        "iptables.localhostNodePorts: ",
+        "iptables.masqueradeAll: ",
+    ] {
+        assert_eq!(stderr.matches(ignored).count(), 1, "expected {ignored:?} once in:\n{stderr}");
+    }
+    for used in ["nftables.masqueradeAll", "clientConnection.kubeconfig", "mode:"] {
+        assert!(!stderr.contains(used), "{used} is used, yet logged:\n{stderr}");
+    }
+}
+
+/// An error's cause is printed once: each part of the chain says only what it adds.
+#[test]
+fn an_errors_cause_is_printed_once() {
+    let scratch = tempfile::tempdir().expect("tempdir");
+    let missing = scratch.path().join("missing");
+    let out = std::process::Command::new("unshare")
+        .args(["--net", "--"])
+        .arg(binary())
+        .args(["rules", "--manifests", &missing.display().to_string()])
+        .output()
+        .expect("run roadkeeper");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "{stderr}");
+    let cause = std::fs::read_dir(&missing).map(|_| ()).unwrap_err().to_string();
+    assert!(stderr.contains(&format!("{}: {cause}", missing.display())), "{stderr}");
+    assert_eq!(stderr.matches(&cause).count(), 1, "the cause {cause:?} more than once:\n{stderr}");
+}

@@ -12,7 +12,8 @@ use common::{NODE, binary, eventually};
 use serde_json::Value;
 
 /// A node with an address, a Service `web` with ClusterIP 10.96.0.60 in front of Pod `web-0`
-/// (port 8080) on it, and Service `empty` selecting nothing.
+/// (port 8080) on it, Service `empty` selecting nothing, and the Ingress controller's Service
+/// (10.96.0.62, Pod `ingress-0`) with an Ingress routing host web.example.com to `web`.
 fn manifests() -> String {
     format!(
         r#"
@@ -42,6 +43,35 @@ metadata: {{name: web-0, labels: {{app: web}}}}
 spec:
   nodeName: {NODE}
   containers: [{{name: web, image: registry.invalid/web}}]
+---
+apiVersion: v1
+kind: Service
+metadata: {{name: roadkeeper-ingress, namespace: kube-system}}
+spec:
+  clusterIP: 10.96.0.62
+  selector: {{app: ingress}}
+  ports: [{{port: 80, targetPort: 8080}}]
+---
+apiVersion: v1
+kind: Pod
+metadata: {{name: ingress-0, namespace: kube-system, labels: {{app: ingress}}}}
+spec:
+  nodeName: {NODE}
+  containers: [{{name: ingress, image: registry.invalid/ingress}}]
+---
+apiVersion: networking.k8s.io/v1
+kind: IngressClass
+metadata: {{name: roadkeeper}}
+spec: {{controller: roadkeeper.dev/ingress}}
+---
+apiVersion: networking.k8s.io/v1
+kind: Ingress
+metadata: {{name: web}}
+spec:
+  ingressClassName: roadkeeper
+  rules:
+  - host: web.example.com
+    http: {{paths: [{{path: /, pathType: Prefix, backend: {{service: {{name: web, port: {{number: 80}}}}}}}}]}}
 "#
     )
 }
@@ -49,6 +79,7 @@ spec:
 /// What a kubelet would report: the node's address, and `web-0` running and ready.
 const NODE_STATUS: &str = r#"{"status":{"addresses":[{"type":"InternalIP","address":"192.168.77.2"}]}}"#;
 const POD_STATUS: &str = r#"{"status":{"podIP":"10.244.0.10","podIPs":[{"ip":"10.244.0.10"}],"phase":"Running","conditions":[{"type":"Ready","status":"True"}]}}"#;
+const INGRESS_POD_STATUS: &str = r#"{"status":{"podIP":"10.244.0.11","podIPs":[{"ip":"10.244.0.11"}],"phase":"Running","conditions":[{"type":"Ready","status":"True"}]}}"#;
 
 /// A kubeconfig of ServiceAccount `default/tracer`, which may only list and watch what the
 /// trace reads.
@@ -67,6 +98,11 @@ fn reader_kubeconfig(cp: &ControlPlane) -> std::path::PathBuf {
 }
 
 fn trace(kubeconfig: &std::path::Path, url: &str, mode: &str, output: &str) -> (bool, String) {
+    trace_with(kubeconfig, url, mode, output, &[])
+}
+
+/// [`trace`] with more arguments.
+fn trace_with(kubeconfig: &std::path::Path, url: &str, mode: &str, output: &str, more: &[&str]) -> (bool, String) {
     let out = Command::new(binary())
         .args([
             "trace",
@@ -82,6 +118,7 @@ fn trace(kubeconfig: &std::path::Path, url: &str, mode: &str, output: &str) -> (
         ])
         .arg("--kubeconfig")
         .arg(kubeconfig)
+        .args(more)
         .output()
         .unwrap();
     assert!(out.status.success(), "trace {url} ({mode}): {}", String::from_utf8_lossy(&out.stderr));
@@ -101,10 +138,13 @@ fn traces_a_real_cluster_read_only_in_both_modes() {
     cp.kubectl_stdin(&["apply", "-f", "-"], &manifests());
     cp.kubectl(&["patch", "node", NODE, "--subresource=status", "--type=merge", "-p", NODE_STATUS]);
     cp.kubectl(&["patch", "pod", "web-0", "--subresource=status", "--type=merge", "-p", POD_STATUS]);
-    let published = || {
-        cp.kubectl(&["get", "endpointslices", "-l", "kubernetes.io/service-name=web", "-o", "json"])
-            .contains("10.244.0.10")
+    let ingress_pod = ["-n", "kube-system", "patch", "pod", "ingress-0", "--subresource=status", "--type=merge"];
+    cp.kubectl(&[&ingress_pod[..], &["-p", INGRESS_POD_STATUS]].concat());
+    let sliced = |service: &str, ip: &str| {
+        let selector = format!("kubernetes.io/service-name={service}");
+        cp.kubectl(&["get", "endpointslices", "-A", "-l", &selector, "-o", "json"]).contains(ip)
     };
+    let published = || sliced("web", "10.244.0.10") && sliced("roadkeeper-ingress", "10.244.0.11");
     assert!(eventually(Duration::from_secs(30), published), "no EndpointSlice for web\n{}", cp.logs());
     let kubeconfig = reader_kubeconfig(&cp);
     let before = resource_versions(&cp);
@@ -130,7 +170,21 @@ fn traces_a_real_cluster_read_only_in_both_modes() {
         assert!(ok, "{text}");
         assert!(text.contains(&format!("node proxy  {mode} rules of {NODE}")), "{text}");
         assert!(text.contains("no endpoints in its EndpointSlices") && text.contains("rejected"), "{text}");
+
+        // A host-based Ingress rule, by the controller's address and a Host header.
+        let host = ["-H", "Host: web.example.com"];
+        let (ok, json) = trace_with(&kubeconfig, "http://10.96.0.62/", mode, "json", &host);
+        assert!(ok, "{json}");
+        let road: Value = serde_json::from_str(&json).unwrap();
+        assert_eq!(road["road"]["ingress"]["rule"], "default/web spec.rules[0].http.paths[0]", "{json}");
+        assert_eq!(road["road"]["legs"][1]["landings"][0]["pod"], "default/web-0", "{json}");
     }
+    // A name, resolved by this machine's resolver.
+    let (ok, json) = trace(&kubeconfig, "http://localhost/", "nftables", "json");
+    assert!(ok, "{json}");
+    let road: Value = serde_json::from_str(&json).unwrap();
+    assert_eq!(road["road"]["dns"]["resolver"], "this machine's resolver", "{json}");
+    assert_eq!(road["road"]["dns"]["address"], "127.0.0.1", "{json}");
     let (ok, text) = trace(&kubeconfig, "http://10.96.0.60/", "nftables", "text");
     assert!(ok);
     let (ok, err) = {

@@ -5,6 +5,7 @@ use std::time::Duration;
 
 use ipnet::IpNet;
 use serde::Deserialize;
+use serde::de::IgnoredAny;
 
 use crate::Error;
 
@@ -200,13 +201,66 @@ impl ProxyConfig {
         1u32 << self.masquerade_bit
     }
 
-    /// Applies a `KubeProxyConfiguration` file on top of `self` (flags are applied after it).
-    pub fn apply_file(&mut self, path: &Path) -> Result<(), Error> {
+    /// Applies a `KubeProxyConfiguration` file on top of `self` (flags are applied after it) and
+    /// returns the fields it holds that have no effect.
+    pub fn apply_file(&mut self, path: &Path) -> Result<Vec<IgnoredField>, Error> {
         let text = std::fs::read_to_string(path).map_err(|e| Error::Config(format!("{}: {e}", path.display())))?;
         let file: KubeProxyConfiguration =
             serde_saphyr::from_str(&text).map_err(|e| Error::Config(format!("{}: {e}", path.display())))?;
         file.apply(self).map_err(|Error::Config(msg)| Error::Config(format!("{}: {msg}", path.display())))
     }
+}
+
+/// A field of a config file that is accepted and has no effect (see [`ProxyConfig::apply_file`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct IgnoredField {
+    /// The field's path, e.g. `iptables.localhostNodePorts`.
+    pub field: String,
+    /// Why it has no effect.
+    pub reason: IgnoredBecause,
+}
+
+/// Why a config field has no effect.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum IgnoredBecause {
+    /// kube-proxy's, without a counterpart in roadkeeper.
+    KubeProxyOnly,
+    /// In the mode section not read (the one of this mode is).
+    OtherSection(ProxyMode),
+    /// `iptables.localhostNodePorts`: read in iptables mode only.
+    IptablesModeOnly,
+}
+
+impl IgnoredField {
+    /// True when the field has no effect in `mode` (the mode flags and file settled on).
+    pub fn ignored_in(&self, mode: ProxyMode) -> bool {
+        !(self.reason == IgnoredBecause::IptablesModeOnly && mode == ProxyMode::Iptables)
+    }
+}
+
+impl std::fmt::Display for IgnoredField {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let field = &self.field;
+        match self.reason {
+            IgnoredBecause::KubeProxyOnly => {
+                write!(f, "{field}: accepted for kube-proxy compatibility, not used by roadkeeper")
+            }
+            IgnoredBecause::OtherSection(read) => write!(f, "{field}: not used (the {read} section is read)"),
+            IgnoredBecause::IptablesModeOnly => write!(f, "{field}: not used (iptables mode only)"),
+        }
+    }
+}
+
+/// The ignored fields below `prefix` among `fields` (name, present).
+fn ignored<'a>(
+    prefix: &'a str,
+    fields: impl IntoIterator<Item = (&'a str, bool)> + 'a,
+    reason: IgnoredBecause,
+) -> impl Iterator<Item = IgnoredField> + 'a {
+    fields
+        .into_iter()
+        .filter(|(_, present)| *present)
+        .map(move |(name, _)| IgnoredField { field: format!("{prefix}{name}"), reason })
 }
 
 /// Parses a comma-separated CIDR list such as `10.244.0.0/16,fd00:244::/48`.
@@ -269,31 +323,19 @@ struct KubeProxyConfiguration {
     metrics_bind_address: Option<String>,
     conntrack: Option<ConntrackSection>,
     // Known to kube-proxy, accepted so that its files load, not used by roadkeeper.
-    #[allow(dead_code)]
-    feature_gates: Option<serde_json::Value>,
+    feature_gates: Option<IgnoredAny>,
     client_connection: Option<ClientConnection>,
-    #[allow(dead_code)]
-    bind_address: Option<serde_json::Value>,
-    #[allow(dead_code)]
-    bind_address_hard_fail: Option<serde_json::Value>,
-    #[allow(dead_code)]
-    enable_profiling: Option<serde_json::Value>,
-    #[allow(dead_code)]
-    show_hidden_metrics_for_version: Option<serde_json::Value>,
-    #[allow(dead_code)]
-    ipvs: Option<serde_json::Value>,
-    #[allow(dead_code)]
-    winkernel: Option<serde_json::Value>,
-    #[allow(dead_code)]
-    detect_local: Option<serde_json::Value>,
-    #[allow(dead_code)]
-    oom_score_adj: Option<serde_json::Value>,
-    #[allow(dead_code)]
-    config_sync_period: Option<serde_json::Value>,
-    #[allow(dead_code)]
-    port_range: Option<serde_json::Value>,
-    #[allow(dead_code)]
-    logging: Option<serde_json::Value>,
+    bind_address: Option<IgnoredAny>,
+    bind_address_hard_fail: Option<IgnoredAny>,
+    enable_profiling: Option<IgnoredAny>,
+    show_hidden_metrics_for_version: Option<IgnoredAny>,
+    ipvs: Option<IgnoredAny>,
+    winkernel: Option<IgnoredAny>,
+    detect_local: Option<IgnoredAny>,
+    oom_score_adj: Option<IgnoredAny>,
+    config_sync_period: Option<IgnoredAny>,
+    port_range: Option<IgnoredAny>,
+    logging: Option<IgnoredAny>,
 }
 
 /// `clientConnection:` of the file: only `kubeconfig` is used (kube-rs sets its own content
@@ -302,14 +344,10 @@ struct KubeProxyConfiguration {
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 struct ClientConnection {
     kubeconfig: Option<String>,
-    #[allow(dead_code)]
-    accept_content_types: Option<serde_json::Value>,
-    #[allow(dead_code)]
-    content_type: Option<serde_json::Value>,
-    #[allow(dead_code)]
-    qps: Option<serde_json::Value>,
-    #[allow(dead_code)]
-    burst: Option<serde_json::Value>,
+    accept_content_types: Option<IgnoredAny>,
+    content_type: Option<IgnoredAny>,
+    qps: Option<IgnoredAny>,
+    burst: Option<IgnoredAny>,
 }
 
 /// `conntrack:` of the file (kube-proxy's `KubeProxyConntrackConfiguration`).
@@ -363,8 +401,56 @@ struct MasqueradeSettings {
     localhost_node_ports: Option<bool>,
 }
 
+impl MasqueradeSettings {
+    /// The section's fields, each with whether the file sets it (`localhostNodePorts` apart).
+    fn fields(&self) -> [(&'static str, bool); 4] {
+        [
+            ("masqueradeAll", self.masquerade_all.is_some()),
+            ("masqueradeBit", self.masquerade_bit.is_some()),
+            ("syncPeriod", self.sync_period.is_some()),
+            ("minSyncPeriod", self.min_sync_period.is_some()),
+        ]
+    }
+}
+
 impl KubeProxyConfiguration {
-    fn apply(self, cfg: &mut ProxyConfig) -> Result<(), Error> {
+    /// The fields of kube-proxy's that the file sets and roadkeeper does not use.
+    fn kube_proxy_only(&self) -> impl Iterator<Item = IgnoredField> + '_ {
+        let top = [
+            ("featureGates", self.feature_gates.is_some()),
+            ("bindAddress", self.bind_address.is_some()),
+            ("bindAddressHardFail", self.bind_address_hard_fail.is_some()),
+            ("enableProfiling", self.enable_profiling.is_some()),
+            ("showHiddenMetricsForVersion", self.show_hidden_metrics_for_version.is_some()),
+            ("ipvs", self.ipvs.is_some()),
+            ("winkernel", self.winkernel.is_some()),
+            ("detectLocal", self.detect_local.is_some()),
+            ("oomScoreAdj", self.oom_score_adj.is_some()),
+            ("configSyncPeriod", self.config_sync_period.is_some()),
+            ("portRange", self.port_range.is_some()),
+            ("logging", self.logging.is_some()),
+        ];
+        let client = self.client_connection.as_ref().map(|c| {
+            [
+                ("acceptContentTypes", c.accept_content_types.is_some()),
+                ("contentType", c.content_type.is_some()),
+                ("qps", c.qps.is_some()),
+                ("burst", c.burst.is_some()),
+            ]
+        });
+        let nft_localhost =
+            [("localhostNodePorts", self.nftables.as_ref().is_some_and(|s| s.localhost_node_ports.is_some()))];
+        ignored("", top, IgnoredBecause::KubeProxyOnly)
+            .chain(ignored("clientConnection.", client.into_iter().flatten(), IgnoredBecause::KubeProxyOnly))
+            .chain(ignored("nftables.", nft_localhost, IgnoredBecause::KubeProxyOnly))
+    }
+
+    fn apply(self, cfg: &mut ProxyConfig) -> Result<Vec<IgnoredField>, Error> {
+        let mut ignored_fields: Vec<IgnoredField> = self.kube_proxy_only().collect();
+        if self.iptables.as_ref().is_some_and(|s| s.localhost_node_ports.is_some()) {
+            let field = "iptables.localhostNodePorts".into();
+            ignored_fields.push(IgnoredField { field, reason: IgnoredBecause::IptablesModeOnly });
+        }
         if let Some(api) = self.api_version.as_deref()
             && api != "kubeproxy.config.k8s.io/v1alpha1"
         {
@@ -417,16 +503,21 @@ impl KubeProxyConfiguration {
         // The section of the file's mode; without a mode in the file (the mode may come from the
         // `--proxy-mode` flag, applied after the file), the only section present, else the one of
         // the current mode.
-        let section = match (mode_given, self.nftables, self.iptables) {
-            (false, Some(only), None) | (false, None, Some(only)) => Some(only),
+        let (section, other) = match (mode_given, self.nftables, self.iptables) {
+            (false, Some(only), None) | (false, None, Some(only)) => (Some(only), None),
             (_, nft, ipt) => {
                 if cfg.mode == ProxyMode::Nftables {
-                    nft
+                    (nft, ipt.map(|s| (ProxyMode::Iptables, s)))
                 } else {
-                    ipt
+                    (ipt, nft.map(|s| (ProxyMode::Nftables, s)))
                 }
             }
         };
+        if let Some((mode, other)) = other {
+            let prefix = format!("{mode}.");
+            let reason = IgnoredBecause::OtherSection(cfg.mode);
+            ignored_fields.extend(ignored(&prefix, other.fields(), reason));
+        }
         if let Some(section) = section {
             if let Some(all) = section.masquerade_all {
                 cfg.masquerade_all = all;
@@ -444,7 +535,7 @@ impl KubeProxyConfiguration {
                 cfg.min_sync_period = parse_go_duration("minSyncPeriod", &period)?;
             }
         }
-        Ok(())
+        Ok(ignored_fields)
     }
 }
 
@@ -531,6 +622,34 @@ mod tests {
             let err = from_yaml(yaml).unwrap_err().to_string();
             assert!(err.contains(field), "{yaml}: {err}");
         }
+    }
+
+    /// The fields of `text` (a config file) that have no effect in `mode`, as logged.
+    fn ignored_in(text: &str, mode: ProxyMode) -> Vec<String> {
+        let file = tempfile::Builder::new().prefix("rk-config-").suffix(".yaml").tempfile().unwrap();
+        std::fs::write(file.path(), text).unwrap();
+        let ignored = ProxyConfig::default().apply_file(file.path()).unwrap();
+        ignored.iter().filter(|f| f.ignored_in(mode)).map(ToString::to_string).collect()
+    }
+
+    #[test]
+    fn fields_accepted_and_not_used_are_named() {
+        let text = "mode: nftables\nbindAddress: 0.0.0.0\nipvs: {scheduler: rr}\n\
+                    clientConnection: {kubeconfig: /k, qps: 5}\nconntrack: {min: 1}\n\
+                    iptables: {localhostNodePorts: false, masqueradeBit: 15}\nnftables: {masqueradeAll: true}\n";
+        assert_eq!(
+            ignored_in(text, ProxyMode::Nftables),
+            [
+                "bindAddress: accepted for kube-proxy compatibility, not used by roadkeeper",
+                "ipvs: accepted for kube-proxy compatibility, not used by roadkeeper",
+                "clientConnection.qps: accepted for kube-proxy compatibility, not used by roadkeeper",
+                "iptables.localhostNodePorts: not used (iptables mode only)",
+                "iptables.masqueradeBit: not used (the nftables section is read)",
+            ]
+        );
+        // --proxy-mode iptables after the file: localhostNodePorts counts.
+        assert!(!ignored_in(text, ProxyMode::Iptables).iter().any(|f| f.contains("localhostNodePorts")));
+        assert!(ignored_in("mode: iptables\niptables: {masqueradeAll: true}\n", ProxyMode::Iptables).is_empty());
     }
 
     #[test]

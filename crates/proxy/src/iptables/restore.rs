@@ -10,6 +10,7 @@ use std::path::Path;
 
 use crate::Error;
 use crate::tool::ToolError;
+use roadkeeper_rules::iptables::cleanup;
 use roadkeeper_rules::iptables::plan::{Jump, KUBE_PROXY_CANARY, is_service_chain};
 use roadkeeper_rules::table::IpFamily;
 
@@ -366,55 +367,9 @@ impl IptablesRunner for Recorder {
     }
 }
 
-/// The restore input that removes every `KUBE-*` chain of an `iptables-save` listing and every
-/// rule of another chain jumping to one; empty when there is nothing of ours.
-pub fn cleanup_input(listing: &str) -> String {
-    let mut out = String::new();
-    let mut table: Option<&str> = None;
-    let mut chains: Vec<&str> = Vec::new();
-    let mut deletes: Vec<String> = Vec::new();
-    for line in listing.lines() {
-        if let Some(name) = line.strip_prefix('*') {
-            table = Some(name.trim());
-            chains.clear();
-            deletes.clear();
-        } else if let Some(decl) = line.strip_prefix(':') {
-            if let Some(chain) = decl.split_whitespace().next().filter(|c| c.starts_with("KUBE-")) {
-                chains.push(chain);
-            }
-        } else if let Some(rule) = line.strip_prefix("-A ") {
-            let chain = rule.split_whitespace().next().unwrap_or("");
-            let jumps_to_ours = rule
-                .split_whitespace()
-                .collect::<Vec<_>>()
-                .windows(2)
-                .any(|w| matches!(w[0], "-j" | "-g") && w[1].starts_with("KUBE-"));
-            if !chain.starts_with("KUBE-") && jumps_to_ours {
-                deletes.push(format!("-D {rule}"));
-            }
-        } else if line.trim() == "COMMIT"
-            && let Some(name) = table.take()
-            && !(chains.is_empty() && deletes.is_empty())
-        {
-            out.push_str(&format!("*{name}\n"));
-            for chain in &chains {
-                out.push_str(&format!(":{chain} - [0:0]\n"));
-            }
-            for rule in &deletes {
-                out.push_str(rule);
-                out.push('\n');
-            }
-            for chain in &chains {
-                out.push_str(&format!("-X {chain}\n"));
-            }
-            out.push_str("COMMIT\n");
-        }
-    }
-    out
-}
-
-/// `roadkeeper cleanup` for iptables: removes every `KUBE-*` chain and the jumps to them, from
-/// both flavours and both families. Tools or tables that are missing are skipped.
+/// `roadkeeper cleanup` for iptables: removes our chains and the jumps to them (see
+/// [`roadkeeper_rules::iptables::cleanup`]), from both flavours and both families. Tools or
+/// tables that are missing are skipped.
 pub fn cleanup() -> Result<(), Error> {
     let mut errors = Vec::new();
     for flavour in [Flavour::Legacy, Flavour::Nft] {
@@ -428,7 +383,7 @@ pub fn cleanup() -> Result<(), Error> {
                 continue;
             }
             let Ok(listing) = run(&format!("{name}-save"), &[], None) else { continue };
-            let input = cleanup_input(&listing);
+            let input = cleanup::restore_input(&listing);
             if input.is_empty() {
                 continue;
             }
@@ -480,19 +435,5 @@ mod tests {
         assert!(tool_error("iptables-restore", &[], failed(nft_bad)).is_refusal());
         assert!(!tool_error("iptables-restore", &[], failed(legacy_perm)).is_refusal());
         assert!(!tool_error("iptables-save", &[], failed(nft_bad)).is_refusal());
-    }
-
-    #[test]
-    fn cleanup_removes_our_chains_and_jumps_only() {
-        let listing = "# Generated\n*nat\n:PREROUTING ACCEPT [0:0]\n:KUBE-SERVICES - [0:0]\n:KUBE-SVC-X - [0:0]\n:OTHER - [0:0]\n\
-            -A PREROUTING -m comment --comment \"kubernetes service portals\" -j KUBE-SERVICES\n\
-            -A PREROUTING -j OTHER\n-A KUBE-SERVICES -j KUBE-SVC-X\nCOMMIT\n*filter\n:INPUT ACCEPT [0:0]\n-A INPUT -j ACCEPT\nCOMMIT\n";
-        assert_eq!(
-            cleanup_input(listing),
-            "*nat\n:KUBE-SERVICES - [0:0]\n:KUBE-SVC-X - [0:0]\n\
-             -D PREROUTING -m comment --comment \"kubernetes service portals\" -j KUBE-SERVICES\n\
-             -X KUBE-SERVICES\n-X KUBE-SVC-X\nCOMMIT\n"
-        );
-        assert_eq!(cleanup_input("*filter\n:INPUT ACCEPT [0:0]\nCOMMIT\n"), "");
     }
 }

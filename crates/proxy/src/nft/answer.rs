@@ -68,20 +68,18 @@ pub enum NetlinkError {
         error: KernelError,
     },
     /// A socket call failed before anything was sent, or the listing stopped.
-    #[error("netlink {call}: {source}")]
+    #[error("netlink {call}: {error}")]
     Socket {
         /// The call (`socket`, `bind`, `send`, `poll`, `recv`).
         call: &'static str,
-        /// The OS error.
-        #[source]
-        source: io::Error,
+        /// The OS error (in the message, so not a source as well: printed once).
+        error: io::Error,
     },
     /// Receiving a batch's answers failed after it was sent: its outcome is unknown.
-    #[error("netlink receive: {source} (acknowledgements were lost; the batch outcome is unknown)")]
+    #[error("netlink receive: {error} (acknowledgements were lost; the batch outcome is unknown)")]
     AnswersLost {
-        /// The OS error.
-        #[source]
-        source: io::Error,
+        /// The OS error (in the message, so not a source as well).
+        error: io::Error,
     },
     /// A listing got no answer in time.
     #[error("netlink: no answer from the kernel listing {what}")]

@@ -1311,7 +1311,7 @@ fn recv(sock: &NetfilterSocket, buf: &mut [u8], timeout_ms: i32) -> Result<Optio
 }
 
 fn socket_error(e: SocketError) -> NetlinkError {
-    NetlinkError::Socket { call: e.call, source: e.err }
+    NetlinkError::Socket { call: e.call, error: e.err }
 }
 
 fn transact(ops: &[Op], commit: bool) -> Result<(), NetlinkError> {
@@ -1365,7 +1365,7 @@ fn exchange(
     let mut answers = Vec::new();
     loop {
         let received = recv(sock, &mut buf, 0).map_err(|e| match e {
-            NetlinkError::Socket { call: "recv", source } => NetlinkError::AnswersLost { source },
+            NetlinkError::Socket { call: "recv", error } => NetlinkError::AnswersLost { error },
             other => other,
         })?;
         let Some(n) = received else { break };
