@@ -347,7 +347,7 @@ mod tests {
             let dir = tempfile::tempdir().expect("temp dir");
             let file = dir.path().join("config.yaml");
             std::fs::write(&file, text).expect("write config");
-            cfg.apply_file(&file).unwrap_or_else(|e| panic!("--config {}: {e}", path.display()));
+            cfg.apply_file(&file, None).unwrap_or_else(|e| panic!("--config {}: {e}", path.display()));
         }
         if let Some(address) = &args.healthz_bind_address {
             cfg.healthz_bind_address = address.clone();

@@ -98,8 +98,9 @@ fn rule_config_and_ignored(
     hostname_override: Option<&str>,
 ) -> anyhow::Result<(ProxyConfig, Vec<IgnoredField>)> {
     let mut cfg = ProxyConfig::default();
+    let mode_flag = args.proxy_mode.as_deref().map(str::parse).transpose()?;
     let ignored = match &args.config {
-        Some(file) => cfg.apply_file(file)?,
+        Some(file) => cfg.apply_file(file, mode_flag)?,
         None => Vec::new(),
     };
     if let Some(name) = hostname_override {

@@ -202,12 +202,13 @@ impl ProxyConfig {
     }
 
     /// Applies a `KubeProxyConfiguration` file on top of `self` (flags are applied after it) and
-    /// returns the fields it holds that have no effect.
-    pub fn apply_file(&mut self, path: &Path) -> Result<Vec<IgnoredField>, Error> {
+    /// returns the fields it holds that have no effect. `mode_flag` is the `--proxy-mode` flag,
+    /// which overrides the file's `mode` and so picks the mode section that is read.
+    pub fn apply_file(&mut self, path: &Path, mode_flag: Option<ProxyMode>) -> Result<Vec<IgnoredField>, Error> {
         let text = std::fs::read_to_string(path).map_err(|e| Error::Config(format!("{}: {e}", path.display())))?;
         let file: KubeProxyConfiguration =
             serde_saphyr::from_str(&text).map_err(|e| Error::Config(format!("{}: {e}", path.display())))?;
-        file.apply(self).map_err(|Error::Config(msg)| Error::Config(format!("{}: {msg}", path.display())))
+        file.apply(self, mode_flag).map_err(|Error::Config(msg)| Error::Config(format!("{}: {msg}", path.display())))
     }
 }
 
@@ -445,7 +446,7 @@ impl KubeProxyConfiguration {
             .chain(ignored("nftables.", nft_localhost, IgnoredBecause::KubeProxyOnly))
     }
 
-    fn apply(self, cfg: &mut ProxyConfig) -> Result<Vec<IgnoredField>, Error> {
+    fn apply(self, cfg: &mut ProxyConfig, mode_flag: Option<ProxyMode>) -> Result<Vec<IgnoredField>, Error> {
         let mut ignored_fields: Vec<IgnoredField> = self.kube_proxy_only().collect();
         if self.iptables.as_ref().is_some_and(|s| s.localhost_node_ports.is_some()) {
             let field = "iptables.localhostNodePorts".into();
@@ -461,9 +462,12 @@ impl KubeProxyConfiguration {
         {
             return Err(Error::Config(format!("kind: {kind:?} is not KubeProxyConfiguration")));
         }
-        let mode_given = self.mode.is_some();
+        let mode_given = self.mode.is_some() || mode_flag.is_some();
         if let Some(mode) = self.mode {
             cfg.mode = mode.parse()?;
+        }
+        if let Some(mode) = mode_flag {
+            cfg.mode = mode;
         }
         if let Some(cidr) = self.cluster_cidr {
             cfg.cluster_cidrs = parse_cidrs("clusterCIDR", &cidr)?;
@@ -500,9 +504,8 @@ impl KubeProxyConfiguration {
         if let Some(localhost) = self.iptables.as_ref().and_then(|s| s.localhost_node_ports) {
             cfg.localhost_nodeports = localhost;
         }
-        // The section of the file's mode; without a mode in the file (the mode may come from the
-        // `--proxy-mode` flag, applied after the file), the only section present, else the one of
-        // the current mode.
+        // The section of the mode (the flag's, else the file's); without either, the only
+        // section present, else the one of the default mode.
         let (section, other) = match (mode_given, self.nftables, self.iptables) {
             (false, Some(only), None) | (false, None, Some(only)) => (Some(only), None),
             (_, nft, ipt) => {
@@ -548,8 +551,27 @@ mod tests {
         let file = tempfile::Builder::new().prefix("rk-config-").suffix(".yaml").tempfile().unwrap();
         std::fs::write(file.path(), text).unwrap();
         let mut cfg = ProxyConfig::default();
-        cfg.apply_file(file.path())?;
+        cfg.apply_file(file.path(), None)?;
         Ok(cfg)
+    }
+
+    #[test]
+    fn the_proxy_mode_flag_picks_the_section_read() {
+        let text = "nftables: {minSyncPeriod: 3s}\niptables: {minSyncPeriod: 4s}\n";
+        let file = tempfile::Builder::new().prefix("rk-config-").suffix(".yaml").tempfile().unwrap();
+        std::fs::write(file.path(), text).unwrap();
+        let mut cfg = ProxyConfig::default();
+        let ignored = cfg.apply_file(file.path(), Some(ProxyMode::Iptables)).unwrap();
+        assert_eq!((cfg.mode, cfg.min_sync_period), (ProxyMode::Iptables, Duration::from_secs(4)));
+        assert_eq!(
+            ignored.iter().map(ToString::to_string).collect::<Vec<_>>(),
+            ["nftables.minSyncPeriod: not used (the iptables section is read)"]
+        );
+        // The flag wins over the file's mode too.
+        std::fs::write(file.path(), format!("mode: nftables\n{text}")).unwrap();
+        let mut cfg = ProxyConfig::default();
+        cfg.apply_file(file.path(), Some(ProxyMode::Iptables)).unwrap();
+        assert_eq!((cfg.mode, cfg.min_sync_period), (ProxyMode::Iptables, Duration::from_secs(4)));
     }
 
     #[test]
@@ -628,7 +650,7 @@ mod tests {
     fn ignored_in(text: &str, mode: ProxyMode) -> Vec<String> {
         let file = tempfile::Builder::new().prefix("rk-config-").suffix(".yaml").tempfile().unwrap();
         std::fs::write(file.path(), text).unwrap();
-        let ignored = ProxyConfig::default().apply_file(file.path()).unwrap();
+        let ignored = ProxyConfig::default().apply_file(file.path(), None).unwrap();
         ignored.iter().filter(|f| f.ignored_in(mode)).map(ToString::to_string).collect()
     }
 

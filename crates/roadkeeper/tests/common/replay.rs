@@ -163,7 +163,9 @@ fn config(args: &[String]) -> Result<(ProxyConfig, PathBuf), &'static str> {
     }
     let mut cfg = ProxyConfig::default();
     if let Some((_, Some(file))) = flags.iter().find(|(flag, _)| *flag == "--config") {
-        cfg.apply_file(std::path::Path::new(file)).expect("the config file");
+        let mode_flag = flags.iter().find(|(flag, _)| *flag == "--proxy-mode").and_then(|(_, mode)| *mode);
+        let mode_flag = mode_flag.map(|mode| mode.parse::<ProxyMode>().expect("--proxy-mode"));
+        cfg.apply_file(std::path::Path::new(file), mode_flag).expect("the config file");
     }
     let mut dir = None;
     for (flag, given) in flags {
