@@ -1,7 +1,8 @@
 //! roadkeeper's node proxy, the thin part: what `roadkeeper_rules` plans, applied to the kernel.
 //!
 //! [`nft`] sends the nftables ops as netlink batches and reads the kernel's answers; [`iptables`]
-//! runs `iptables-restore`; [`conntrack`] dumps and deletes stale flows over ctnetlink;
+//! runs `iptables-restore`; [`ipvs`] encodes IPVS mode's generic-netlink messages (not yet
+//! sent); [`conntrack`] dumps and deletes stale flows over ctnetlink;
 //! [`proxier`] is the trait the sync loop drives, with the state both backends keep; [`node`]
 //! finds this node's identity; [`health`] is what `/healthz` reports; [`sysctls`] writes
 //! kube-proxy's conntrack settings.
@@ -9,6 +10,7 @@
 pub mod conntrack;
 pub mod health;
 pub mod iptables;
+pub mod ipvs;
 mod netlink_socket;
 pub mod nft;
 pub mod node;

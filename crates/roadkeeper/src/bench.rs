@@ -285,7 +285,7 @@ fn measure(backend: Backend, services: usize, endpoints: usize, runs: usize) -> 
     for _ in 0..runs {
         let ns = backend.scratch_namespace()?;
         let (elapsed, proxier) = ns.run(|| -> anyhow::Result<_> {
-            let mut proxier = kernel_proxier(&cfg, node.clone(), &base);
+            let mut proxier = kernel_proxier(&cfg, node.clone(), &base)?;
             let start = Instant::now();
             proxier.sync(&base, &BTreeSet::new())?;
             Ok((start.elapsed(), proxier))

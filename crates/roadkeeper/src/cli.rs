@@ -51,8 +51,10 @@ impl Cli {
 pub enum Command {
     /// Run the node proxy: program Services into kernel rules and keep them up to date.
     Proxy(ProxyArgs),
-    /// Print what a full sync would apply (the nft script, or the iptables-restore input with
-    /// `--proxy-mode iptables`), touching nothing.
+    /// Print what a full sync would apply (the nft script; the iptables-restore input with
+    /// `--proxy-mode iptables`; with `--proxy-mode ipvs` the virtual servers as `ipvsadm -Ln`
+    /// lists them, the `kube-ipvs0` addresses and the helper table `roadkeeper-ipvs` as an nft
+    /// script), touching nothing.
     Rules(ProxyArgs),
     /// Remove the rules roadkeeper installed in the kernel, and nothing of the kubelet's or
     /// other programs'.
@@ -230,10 +232,12 @@ pub struct RuleArgs {
     #[arg(long)]
     pub masquerade_all: bool,
     /// Addresses that accept NodePort traffic: comma-separated CIDRs, or `primary` (default: the
-    /// node's primary IPs in nftables mode, every local address in iptables mode, as kube-proxy).
+    /// node's primary IPs in nftables mode, every local address in iptables and IPVS mode, as
+    /// kube-proxy).
     #[arg(long, value_name = "CIDRS", value_delimiter = ',')]
     pub nodeport_addresses: Option<Vec<String>>,
-    /// Kernel backend: `nftables` (default) or `iptables`.
+    /// Kernel backend: `nftables` (default) or `iptables`; `ipvs` is planned (`roadkeeper rules`
+    /// prints it) and not yet programmed (`roadkeeper proxy` refuses it).
     #[arg(long, value_name = "MODE")]
     pub proxy_mode: Option<String>,
     /// iptables mode: the packet-mark bit flagging traffic for masquerading (0-31, default 14).
@@ -248,6 +252,40 @@ pub struct RuleArgs {
     /// as kube-proxy's (default false: the sysctl is left as it is).
     #[arg(long, value_name = "BOOL", num_args = 0..=1, default_missing_value = "true")]
     pub conntrack_tcp_be_liberal: Option<bool>,
+    /// IPVS mode's settings.
+    #[command(flatten)]
+    pub ipvs: IpvsArgs,
+}
+
+/// kube-proxy's `--ipvs-*` flags (IPVS mode; they override the file's `ipvs:` section). Durations
+/// are Go durations; the IPVS timeouts are whole seconds, 0 leaving them as they are.
+#[derive(Debug, Args, Clone, Default)]
+pub struct IpvsArgs {
+    /// The virtual servers' scheduler: rr (default), wrr, lc, wlc, lblc, lblcr, sh, dh, sed, nq, mh.
+    #[arg(long, value_name = "NAME")]
+    pub ipvs_scheduler: Option<String>,
+    /// Strict ARP: `arp_ignore=1`, `arp_announce=2`, so that the node does not answer ARP for the
+    /// addresses of `kube-ipvs0`.
+    #[arg(long, value_name = "BOOL", num_args = 0..=1, default_missing_value = "true")]
+    pub ipvs_strict_arp: Option<bool>,
+    /// Comma-separated CIDRs whose virtual servers belong to other programs and are never deleted.
+    #[arg(long, value_name = "CIDRS")]
+    pub ipvs_exclude_cidrs: Option<String>,
+    /// IPVS mode: period of the rule health check and of retries (default 30s).
+    #[arg(long, value_name = "DURATION")]
+    pub ipvs_sync_period: Option<String>,
+    /// IPVS mode: minimum time between syncs (default 1s).
+    #[arg(long, value_name = "DURATION")]
+    pub ipvs_min_sync_period: Option<String>,
+    /// IPVS's idle timeout of TCP connections (default 0: left as it is).
+    #[arg(long, value_name = "DURATION")]
+    pub ipvs_tcp_timeout: Option<String>,
+    /// IPVS's timeout of TCP connections after a FIN (default 0: left as it is).
+    #[arg(long, value_name = "DURATION")]
+    pub ipvs_tcpfin_timeout: Option<String>,
+    /// IPVS's timeout of UDP flows (default 0: left as it is).
+    #[arg(long, value_name = "DURATION")]
+    pub ipvs_udp_timeout: Option<String>,
 }
 
 /// Flags of `echo`.

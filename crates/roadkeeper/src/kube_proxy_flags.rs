@@ -11,8 +11,7 @@ use crate::cli::Cli;
 const VERBOSITY: &str = "roadkeeper's verbosity is -v (info), -vv (debug) or -vvv (trace), \
     without a number, or RUST_LOG (e.g. RUST_LOG=debug); by default it logs warnings and its own info lines";
 
-/// kube-proxy flags roadkeeper does not take (a name ending in `-` is a prefix), and what it does
-/// instead.
+/// kube-proxy flags roadkeeper does not take, and what it does instead.
 const INSTEAD: &[(&str, &str)] = &[
     ("--v", VERBOSITY),
     ("--cleanup", "run `roadkeeper cleanup`, a command of its own"),
@@ -36,7 +35,6 @@ const INSTEAD: &[(&str, &str)] = &[
     ("--pod-bridge-interface", "roadkeeper detects local traffic by --cluster-cidr only"),
     ("--pod-interface-name-prefix", "roadkeeper detects local traffic by --cluster-cidr only"),
     ("--feature-gates", "roadkeeper has no feature gates: leave it out"),
-    ("--ipvs-", "roadkeeper has no IPVS mode: --proxy-mode nftables (the default) or iptables"),
     ("--write-config-to", "roadkeeper does not write its configuration out"),
     ("--profiling", "roadkeeper serves no profiling endpoint"),
     ("--oom-score-adj", "set the container's OOM score through its resources (Guaranteed QoS in deploy/)"),
@@ -64,19 +62,13 @@ fn instead(err: &clap::Error, argv: &[String]) -> Option<String> {
     let invalid = err.get(ContextKind::InvalidArg).or_else(|| err.get(ContextKind::InvalidSubcommand));
     let Some(ContextValue::String(arg)) = invalid else { return None };
     let flag = arg.split('=').next().unwrap_or(arg);
-    if let Some((name, tip)) = INSTEAD.iter().find(|(name, _)| matches(name, flag)) {
-        let shown = if name.ends_with('-') { flag } else { name };
-        return Some(format!("{shown} is kube-proxy's, not roadkeeper's: {tip}"));
+    if let Some((name, tip)) = INSTEAD.iter().find(|(name, _)| *name == flag) {
+        return Some(format!("{name} is kube-proxy's, not roadkeeper's: {tip}"));
     }
     // `-v 2`: our -v counts, so the number is a stray argument.
     let follows_v = argv.windows(2).any(|w| w[1] == *arg && w[0].len() > 1 && w[0][1..].bytes().all(|b| b == b'v'));
     (follows_v && arg.bytes().all(|b| b.is_ascii_digit()))
         .then(|| format!("-v {arg} is kube-proxy's (klog) verbosity, not roadkeeper's: {VERBOSITY}"))
-}
-
-/// True when `flag` is `name`, or starts with it when `name` is a prefix (ends with `-`).
-fn matches(name: &str, flag: &str) -> bool {
-    if name.ends_with('-') { flag.starts_with(name) } else { flag == name }
 }
 
 #[cfg(test)]
@@ -101,7 +93,7 @@ mod tests {
             (&["roadkeeper", "proxy", "--cleanup"], "`roadkeeper cleanup`"),
             (&["roadkeeper", "proxy", "--bind-address=0.0.0.0"], "--metrics-bind-address"),
             (&["roadkeeper", "rules", "--master", "https://10.0.0.1"], "--kubeconfig"),
-            (&["roadkeeper", "proxy", "--ipvs-scheduler", "rr"], "--ipvs-scheduler is kube-proxy's"),
+            (&["roadkeeper", "proxy", "--write-config-to", "/x"], "does not write its configuration"),
         ] {
             let message = message(argv).unwrap_or_else(|| panic!("{argv:?}: clap's error"));
             assert!(message.contains(pointer), "{argv:?}: {message}");

@@ -18,11 +18,12 @@ use roadkeeper_proxy::sysctls;
 use roadkeeper_rules::config::{
     IgnoredField, NodePortAddresses, ProxyConfig, ProxyMode, parse_cidrs, parse_conntrack_timeout, parse_go_duration,
 };
+use roadkeeper_rules::ipvs::{self, plan::DUMMY_INTERFACE};
 use roadkeeper_rules::nft::transaction;
-use roadkeeper_rules::plan::service_cidrs;
+use roadkeeper_rules::plan::{NodePlan, service_cidrs};
 use roadkeeper_rules::table::{IpFamily, NodeInfo};
 
-use crate::cli::{ProxyArgs, RuleArgs};
+use crate::cli::{IpvsArgs, ProxyArgs, RuleArgs};
 use crate::healthcheck::HealthCheckServers;
 use crate::proxy_metrics::{self, NoLocalEndpoints};
 use crate::serve::{self, SharedHealth};
@@ -124,18 +125,58 @@ fn rule_config_and_ignored(
     if let Some(liberal) = args.conntrack_tcp_be_liberal {
         cfg.conntrack.tcp_be_liberal = liberal;
     }
-    if cfg.mode == ProxyMode::Iptables {
-        if let Some(bit) = args.iptables_masquerade_bit {
-            anyhow::ensure!(bit <= 31, "--iptables-masquerade-bit: {bit} is out of range 0-31");
-            cfg.masquerade_bit = bit;
-        }
-        if let Some(on) = args.iptables_localhost_nodeports {
-            cfg.localhost_nodeports = on;
-        }
+    // IPVS mode masquerades with the iptables flag's bit, as kube-proxy.
+    if matches!(cfg.mode, ProxyMode::Iptables | ProxyMode::Ipvs)
+        && let Some(bit) = args.iptables_masquerade_bit
+    {
+        anyhow::ensure!(bit <= 31, "--iptables-masquerade-bit: {bit} is out of range 0-31");
+        cfg.masquerade_bit = bit;
     }
+    if cfg.mode == ProxyMode::Iptables
+        && let Some(on) = args.iptables_localhost_nodeports
+    {
+        cfg.localhost_nodeports = on;
+    }
+    apply_ipvs_flags(&args.ipvs, &mut cfg)?;
     let ignored = ignored.into_iter().filter(|f| f.ignored_in(cfg.mode)).collect();
     Ok((cfg, ignored))
 }
+
+/// Applies the `--ipvs-*` flags over the file's `ipvs:` section; the periods only in IPVS mode.
+fn apply_ipvs_flags(args: &IpvsArgs, cfg: &mut ProxyConfig) -> anyhow::Result<()> {
+    if let Some(name) = &args.ipvs_scheduler {
+        cfg.ipvs.scheduler = name.parse().context("--ipvs-scheduler")?;
+    }
+    if let Some(strict) = args.ipvs_strict_arp {
+        cfg.ipvs.strict_arp = strict;
+    }
+    if let Some(cidrs) = &args.ipvs_exclude_cidrs {
+        cfg.ipvs.exclude_cidrs = parse_cidrs("--ipvs-exclude-cidrs", cidrs)?;
+    }
+    let timeouts = [
+        ("--ipvs-tcp-timeout", &args.ipvs_tcp_timeout, &mut cfg.ipvs.tcp_timeout),
+        ("--ipvs-tcpfin-timeout", &args.ipvs_tcpfin_timeout, &mut cfg.ipvs.tcp_fin_timeout),
+        ("--ipvs-udp-timeout", &args.ipvs_udp_timeout, &mut cfg.ipvs.udp_timeout),
+    ];
+    for (flag, value, slot) in timeouts {
+        if let Some(value) = value {
+            *slot = parse_conntrack_timeout(flag, value)?;
+        }
+    }
+    if cfg.mode == ProxyMode::Ipvs {
+        if let Some(period) = &args.ipvs_min_sync_period {
+            cfg.min_sync_period = parse_go_duration("--ipvs-min-sync-period", period)?;
+        }
+        if let Some(period) = &args.ipvs_sync_period {
+            cfg.sync_period = parse_go_duration("--ipvs-sync-period", period)?;
+        }
+    }
+    Ok(())
+}
+
+/// Why `roadkeeper proxy` refuses IPVS mode for now.
+const IPVS_NOT_YET: &str = "ipvs mode: programming IPVS is not yet implemented (`roadkeeper rules --proxy-mode ipvs` \
+                            prints its plan); the modes that run are --proxy-mode nftables (the default) and iptables";
 
 /// The one line logged per sync: what changed, what was rewritten, how long it took.
 fn log_sync(report: &SyncReport, changes: &Changes) {
@@ -203,13 +244,14 @@ fn init_only(cfg: &ProxyConfig) -> anyhow::Result<()> {
 }
 
 /// The proxier of the configured backend, programming the kernel.
-pub(crate) fn kernel_proxier(cfg: &ProxyConfig, node: NodeInfo, store: &Store) -> Box<dyn Proxier> {
+pub(crate) fn kernel_proxier(cfg: &ProxyConfig, node: NodeInfo, store: &Store) -> anyhow::Result<Box<dyn Proxier>> {
     let mut proxier: Box<dyn Proxier> = match cfg.mode {
         ProxyMode::Nftables => Box::new(NftProxier::new(cfg.clone(), node, NftBinary::default())),
         ProxyMode::Iptables => Box::new(IptablesProxier::new(cfg.clone(), node, IptablesBinary::new())),
+        ProxyMode::Ipvs => bail!(IPVS_NOT_YET),
     };
     proxier.set_service_cidrs(service_cidrs(store));
-    proxier
+    Ok(proxier)
 }
 
 /// `roadkeeper rules`: prints what a full sync would send, touching nothing.
@@ -229,6 +271,15 @@ pub fn print_rules(args: ProxyArgs) -> anyhow::Result<()> {
             proxier.set_service_cidrs(service_cidrs(store));
             proxier.sync(store, &BTreeSet::new())?;
             print!("{}", proxier.runner().script());
+        }
+        ProxyMode::Ipvs => {
+            let plan = NodePlan::new(store, &cfg, &node, &service_cidrs(store)).ipvs();
+            print!("{}", ipvs::show::ipvsadm_list(&plan.table));
+            let addresses: Vec<String> = plan.table.addresses.iter().map(ToString::to_string).collect();
+            println!("\n# {DUMMY_INTERFACE}: {}\n", addresses.join(" "));
+            for family in [IpFamily::V4, IpFamily::V6] {
+                print!("{}", plan.helpers.script(family));
+            }
         }
     }
     Ok(())
@@ -281,6 +332,9 @@ pub fn run(args: ProxyArgs) -> anyhow::Result<()> {
     if args.init_only {
         return init_only(&cfg);
     }
+    if cfg.mode == ProxyMode::Ipvs {
+        bail!(IPVS_NOT_YET);
+    }
     let runtime = runtime()?;
     if args.once { run_once(&runtime, &args, &cfg) } else { runtime.block_on(run_watching(&args, &cfg)) }
 }
@@ -289,7 +343,7 @@ pub fn run(args: ProxyArgs) -> anyhow::Result<()> {
 fn run_once(runtime: &tokio::runtime::Runtime, args: &ProxyArgs, cfg: &ProxyConfig) -> anyhow::Result<()> {
     let cfg = &setup_conntrack(cfg);
     let (feed, mut node) = runtime.block_on(open(args, cfg, false))?;
-    let mut proxier = kernel_proxier(cfg, node.clone(), feed.store());
+    let mut proxier = kernel_proxier(cfg, node.clone(), feed.store())?;
     let report = sync_changes(proxier.as_mut(), feed.store(), cfg, &mut node, &Changes::default())
         .context("programming the kernel")?;
     if !report.refused.is_empty() {
@@ -357,7 +411,7 @@ async fn run_watching(args: &ProxyArgs, cfg: &ProxyConfig) -> anyhow::Result<()>
         _ = sigterm.recv() => return Ok(()),
         _ = sigint.recv() => return Ok(()),
     };
-    let mut proxier = kernel_proxier(cfg, node.clone(), feed.store());
+    let mut proxier = kernel_proxier(cfg, node.clone(), feed.store())?;
     let mut observers = Observers {
         health: health.clone(),
         health_checks: HealthCheckServers::new(health.clone()),

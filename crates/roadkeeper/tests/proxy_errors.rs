@@ -150,7 +150,7 @@ fn kube_proxy_flags_are_refused_with_what_roadkeeper_does_instead() {
         (&["proxy", "--cleanup"], "`roadkeeper cleanup`"),
         (&["proxy", "--bind-address", "0.0.0.0"], "--metrics-bind-address"),
         (&["proxy", "--master", "https://10.0.0.1:6443"], "--kubeconfig"),
-        (&["rules", "--ipvs-scheduler", "rr"], "no IPVS mode"),
+        (&["rules", "--write-config-to", "/x"], "does not write its configuration"),
         (&["proxy", "--oncee"], "a similar argument exists: '--once'"),
     ] {
         let out = isolated(args);
@@ -205,4 +205,26 @@ fn an_errors_cause_is_printed_once() {
     let cause = std::fs::read_dir(&missing).map(|_| ()).unwrap_err().to_string();
     assert!(stderr.contains(&format!("{}: {cause}", missing.display())), "{stderr}");
     assert_eq!(stderr.matches(&cause).count(), 1, "the cause {cause:?} more than once:\n{stderr}");
+}
+
+/// IPVS mode is planned and printed (`rules`), and refused by `proxy` with a clear error naming
+/// the modes that run, until its kernel side is done; `--ipvs-*` flags are read.
+#[test]
+fn ipvs_mode_is_printed_by_rules_and_refused_by_proxy_for_now() {
+    let out = isolated(&["rules", "--proxy-mode", "ipvs", "--ipvs-scheduler", "lc", "--ipvs-sync-period", "10s"]);
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(stdout.starts_with("Prot LocalAddress:Port Scheduler Flags\n"), "{stdout}");
+    assert!(
+        stdout.contains("table ip roadkeeper-ipvs {") && stdout.contains("table ip6 roadkeeper-ipvs {"),
+        "{stdout}"
+    );
+    let out = isolated(&["rules", "--proxy-mode", "ipvs", "--ipvs-scheduler", "fastest"]);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success() && stderr.contains("--ipvs-scheduler") && stderr.contains("fastest"), "{stderr}");
+    let out = isolated(&["proxy", "--proxy-mode", "ipvs"]);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{stderr}");
+    assert!(stderr.contains("ipvs mode: ") && stderr.contains("not yet") && stderr.contains("nftables"), "{stderr}");
+    assert!(!stderr.contains("panicked"), "{stderr}");
 }

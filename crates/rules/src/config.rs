@@ -8,6 +8,7 @@ use serde::Deserialize;
 use serde::de::IgnoredAny;
 
 use crate::Error;
+use crate::ipvs::Scheduler;
 
 /// Which kernel backend programs the rules.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -17,6 +18,9 @@ pub enum ProxyMode {
     Nftables,
     /// iptables / ip6tables `nat` and `filter` chains with upstream's layout (`KUBE-SERVICES`...).
     Iptables,
+    /// IPVS virtual servers, the `kube-ipvs0` addresses and table `roadkeeper-ipvs`
+    /// ([`crate::ipvs`]): planned (`roadkeeper rules`), not yet programmed by `roadkeeper proxy`.
+    Ipvs,
 }
 
 impl std::fmt::Display for ProxyMode {
@@ -25,6 +29,7 @@ impl std::fmt::Display for ProxyMode {
         f.write_str(match self {
             ProxyMode::Nftables => "nftables",
             ProxyMode::Iptables => "iptables",
+            ProxyMode::Ipvs => "ipvs",
         })
     }
 }
@@ -35,9 +40,10 @@ impl std::str::FromStr for ProxyMode {
         match s {
             "" | "nftables" => Ok(ProxyMode::Nftables),
             "iptables" => Ok(ProxyMode::Iptables),
-            other => {
-                Err(Error::Config(format!("mode: unsupported proxy mode {other:?} (supported: nftables, iptables)")))
-            }
+            "ipvs" => Ok(ProxyMode::Ipvs),
+            other => Err(Error::Config(format!(
+                "mode: unsupported proxy mode {other:?} (supported: nftables, iptables, ipvs)"
+            ))),
         }
     }
 }
@@ -46,7 +52,7 @@ impl std::str::FromStr for ProxyMode {
 #[derive(Debug, Clone, PartialEq, Eq, Default)]
 pub enum NodePortAddresses {
     /// Not configured: the mode's default, i.e. the primary IPs in nftables mode and every local
-    /// address in iptables mode (as kube-proxy).
+    /// address in iptables and IPVS mode (as kube-proxy).
     #[default]
     Unset,
     /// The node's primary IP of each family (`primary`).
@@ -123,6 +129,25 @@ impl Default for ConntrackConfig {
     }
 }
 
+/// kube-proxy's IPVS settings (`ipvs:` of the file, the `--ipvs-*` flags; its `syncPeriod` and
+/// `minSyncPeriod` go to [`ProxyConfig`]'s in IPVS mode).
+#[derive(Debug, Clone, PartialEq, Default)]
+pub struct IpvsConfig {
+    /// The scheduler of every virtual server (`scheduler`, default `rr`).
+    pub scheduler: Scheduler,
+    /// `strictARP`: `arp_ignore=1`, `arp_announce=2`, so that the node does not answer ARP for the
+    /// addresses of `kube-ipvs0` (MetalLB's L2 mode needs it).
+    pub strict_arp: bool,
+    /// `excludeCIDRs`: virtual servers in them belong to other programs and are never deleted.
+    pub exclude_cidrs: Vec<IpNet>,
+    /// IPVS's idle timeout of TCP connections (`tcpTimeout`; 0: left as it is).
+    pub tcp_timeout: Duration,
+    /// IPVS's timeout of TCP connections after a FIN (`tcpFinTimeout`; 0: left as it is).
+    pub tcp_fin_timeout: Duration,
+    /// IPVS's timeout of UDP flows (`udpTimeout`; 0: left as it is).
+    pub udp_timeout: Duration,
+}
+
 /// A conntrack timeout as written (a Go duration): whole seconds, or zero; a fraction of a
 /// second would truncate to a zero timeout in the kernel, so it is refused, naming `field`.
 pub fn parse_conntrack_timeout(field: &str, value: &str) -> Result<Duration, Error> {
@@ -173,6 +198,8 @@ pub struct ProxyConfig {
     pub kubeconfig: Option<PathBuf>,
     /// kube-proxy's conntrack settings.
     pub conntrack: ConntrackConfig,
+    /// kube-proxy's IPVS settings (used in IPVS mode).
+    pub ipvs: IpvsConfig,
 }
 
 impl Default for ProxyConfig {
@@ -191,6 +218,7 @@ impl Default for ProxyConfig {
             metrics_bind_address: "127.0.0.1:10249".into(),
             kubeconfig: None,
             conntrack: ConntrackConfig::default(),
+            ipvs: IpvsConfig::default(),
         }
     }
 }
@@ -228,6 +256,9 @@ pub enum IgnoredBecause {
     KubeProxyOnly,
     /// In the mode section not read (the one of this mode is).
     OtherSection(ProxyMode),
+    /// `iptables.syncPeriod` and `minSyncPeriod` in IPVS mode, which reads the `iptables` section's
+    /// masquerading settings and the `ipvs` section's periods, as kube-proxy.
+    IpvsPeriods,
     /// `iptables.localhostNodePorts`: read in iptables mode only.
     IptablesModeOnly,
 }
@@ -248,6 +279,7 @@ impl std::fmt::Display for IgnoredField {
             }
             IgnoredBecause::OtherSection(read) => write!(f, "{field}: not used (the {read} section is read)"),
             IgnoredBecause::IptablesModeOnly => write!(f, "{field}: not used (iptables mode only)"),
+            IgnoredBecause::IpvsPeriods => write!(f, "{field}: not used (the ipvs section's is read)"),
         }
     }
 }
@@ -330,7 +362,7 @@ struct KubeProxyConfiguration {
     bind_address_hard_fail: Option<IgnoredAny>,
     enable_profiling: Option<IgnoredAny>,
     show_hidden_metrics_for_version: Option<IgnoredAny>,
-    ipvs: Option<IgnoredAny>,
+    ipvs: Option<IpvsSection>,
     winkernel: Option<IgnoredAny>,
     detect_local: Option<IgnoredAny>,
     oom_score_adj: Option<IgnoredAny>,
@@ -414,6 +446,62 @@ impl MasqueradeSettings {
     }
 }
 
+/// `ipvs:` of the file (kube-proxy's `KubeProxyIPVSConfiguration`).
+#[derive(Debug, Default, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+struct IpvsSection {
+    sync_period: Option<String>,
+    min_sync_period: Option<String>,
+    scheduler: Option<String>,
+    #[serde(rename = "excludeCIDRs")]
+    exclude_cidrs: Option<Vec<String>>,
+    #[serde(rename = "strictARP")]
+    strict_arp: Option<bool>,
+    tcp_timeout: Option<String>,
+    tcp_fin_timeout: Option<String>,
+    udp_timeout: Option<String>,
+}
+
+impl IpvsSection {
+    /// The section's fields, each with whether the file sets it.
+    fn fields(&self) -> [(&'static str, bool); 8] {
+        [
+            ("syncPeriod", self.sync_period.is_some()),
+            ("minSyncPeriod", self.min_sync_period.is_some()),
+            ("scheduler", self.scheduler.is_some()),
+            ("excludeCIDRs", self.exclude_cidrs.is_some()),
+            ("strictARP", self.strict_arp.is_some()),
+            ("tcpTimeout", self.tcp_timeout.is_some()),
+            ("tcpFinTimeout", self.tcp_fin_timeout.is_some()),
+            ("udpTimeout", self.udp_timeout.is_some()),
+        ]
+    }
+
+    /// Validates the section and writes its IPVS settings (not its periods) into `cfg`.
+    fn apply(&self, cfg: &mut IpvsConfig) -> Result<(), Error> {
+        if let Some(scheduler) = &self.scheduler {
+            cfg.scheduler = scheduler.parse()?;
+        }
+        if let Some(cidrs) = &self.exclude_cidrs {
+            cfg.exclude_cidrs = parse_cidrs("ipvs.excludeCIDRs", &cidrs.join(","))?;
+        }
+        if let Some(strict) = self.strict_arp {
+            cfg.strict_arp = strict;
+        }
+        let timeouts = [
+            (&self.tcp_timeout, "ipvs.tcpTimeout", &mut cfg.tcp_timeout),
+            (&self.tcp_fin_timeout, "ipvs.tcpFinTimeout", &mut cfg.tcp_fin_timeout),
+            (&self.udp_timeout, "ipvs.udpTimeout", &mut cfg.udp_timeout),
+        ];
+        for (value, field, slot) in timeouts {
+            if let Some(value) = value {
+                *slot = parse_conntrack_timeout(field, value)?;
+            }
+        }
+        Ok(())
+    }
+}
+
 impl KubeProxyConfiguration {
     /// The fields of kube-proxy's that the file sets and roadkeeper does not use.
     fn kube_proxy_only(&self) -> impl Iterator<Item = IgnoredField> + '_ {
@@ -423,7 +511,6 @@ impl KubeProxyConfiguration {
             ("bindAddressHardFail", self.bind_address_hard_fail.is_some()),
             ("enableProfiling", self.enable_profiling.is_some()),
             ("showHiddenMetricsForVersion", self.show_hidden_metrics_for_version.is_some()),
-            ("ipvs", self.ipvs.is_some()),
             ("winkernel", self.winkernel.is_some()),
             ("detectLocal", self.detect_local.is_some()),
             ("oomScoreAdj", self.oom_score_adj.is_some()),
@@ -504,22 +591,56 @@ impl KubeProxyConfiguration {
         if let Some(localhost) = self.iptables.as_ref().and_then(|s| s.localhost_node_ports) {
             cfg.localhost_nodeports = localhost;
         }
-        // The section of the mode (the flag's, else the file's); without either, the only
-        // section present, else the one of the default mode.
-        let (section, other) = match (mode_given, self.nftables, self.iptables) {
-            (false, Some(only), None) | (false, None, Some(only)) => (Some(only), None),
-            (_, nft, ipt) => {
-                if cfg.mode == ProxyMode::Nftables {
-                    (nft, ipt.map(|s| (ProxyMode::Iptables, s)))
-                } else {
-                    (ipt, nft.map(|s| (ProxyMode::Nftables, s)))
+        if let Some(ipvs) = &self.ipvs {
+            ipvs.apply(&mut cfg.ipvs)?;
+        }
+        // The sections of the mode (the flag's, else the file's); without either, the only
+        // section present, else the default mode's. IPVS mode reads the `iptables` section's
+        // masquerading settings and the `ipvs` section's periods, as kube-proxy.
+        let read = match (mode_given, &self.nftables, &self.iptables, &self.ipvs) {
+            (false, None, Some(_), None) => ProxyMode::Iptables,
+            (false, None, None, Some(_)) => ProxyMode::Ipvs,
+            (false, Some(_), None, None) => ProxyMode::Nftables,
+            _ => cfg.mode,
+        };
+        let other = IgnoredBecause::OtherSection(cfg.mode);
+        let (section, periods) = match read {
+            ProxyMode::Nftables => {
+                let ipt = self.iptables.iter().flat_map(|s| ignored("iptables.", s.fields(), other));
+                ignored_fields.extend(ipt.collect::<Vec<_>>());
+                (self.nftables, None)
+            }
+            ProxyMode::Iptables => {
+                let nft = self.nftables.iter().flat_map(|s| ignored("nftables.", s.fields(), other));
+                ignored_fields.extend(nft.collect::<Vec<_>>());
+                (self.iptables, None)
+            }
+            ProxyMode::Ipvs => {
+                let nft = self.nftables.iter().flat_map(|s| ignored("nftables.", s.fields(), other));
+                ignored_fields.extend(nft.collect::<Vec<_>>());
+                let mut section = self.iptables;
+                if let Some(ipt) = section.as_mut() {
+                    let periods =
+                        [("syncPeriod", ipt.sync_period.take()), ("minSyncPeriod", ipt.min_sync_period.take())];
+                    let periods = periods.map(|(name, value)| (name, value.is_some()));
+                    ignored_fields.extend(ignored("iptables.", periods, IgnoredBecause::IpvsPeriods));
                 }
+                let periods = self.ipvs.as_ref().map(|s| (s.sync_period.clone(), s.min_sync_period.clone()));
+                (section, periods)
             }
         };
-        if let Some((mode, other)) = other {
-            let prefix = format!("{mode}.");
-            let reason = IgnoredBecause::OtherSection(cfg.mode);
-            ignored_fields.extend(ignored(&prefix, other.fields(), reason));
+        if read != ProxyMode::Ipvs
+            && let Some(ipvs) = &self.ipvs
+        {
+            ignored_fields.extend(ignored("ipvs.", ipvs.fields(), other));
+        }
+        if let Some((sync, min_sync)) = periods {
+            if let Some(period) = sync {
+                cfg.sync_period = parse_go_duration("ipvs.syncPeriod", &period)?;
+            }
+            if let Some(period) = min_sync {
+                cfg.min_sync_period = parse_go_duration("ipvs.minSyncPeriod", &period)?;
+            }
         }
         if let Some(section) = section {
             if let Some(all) = section.masquerade_all {
@@ -663,10 +784,10 @@ mod tests {
             ignored_in(text, ProxyMode::Nftables),
             [
                 "bindAddress: accepted for kube-proxy compatibility, not used by roadkeeper",
-                "ipvs: accepted for kube-proxy compatibility, not used by roadkeeper",
                 "clientConnection.qps: accepted for kube-proxy compatibility, not used by roadkeeper",
                 "iptables.localhostNodePorts: not used (iptables mode only)",
                 "iptables.masqueradeBit: not used (the nftables section is read)",
+                "ipvs.scheduler: not used (the nftables section is read)",
             ]
         );
         // --proxy-mode iptables after the file: localhostNodePorts counts.
@@ -684,10 +805,72 @@ mod tests {
     fn bad_values_name_their_field() {
         let err = from_yaml("clusterCIDR: 10.0.0.300/8\n").unwrap_err();
         assert!(err.to_string().contains("clusterCIDR"), "{err}");
-        let err = from_yaml("mode: ipvs\n").unwrap_err();
-        assert!(err.to_string().contains("mode"), "{err}");
+        let err = from_yaml("mode: userspace\n").unwrap_err();
+        assert!(err.to_string().contains("mode") && err.to_string().contains("ipvs"), "{err}");
         let err = from_yaml("syncPeriod: soon\n").unwrap_err();
         assert!(err.to_string().contains("syncPeriod"), "{err}");
+    }
+
+    #[test]
+    fn ipvs_mode_is_accepted_by_the_file() {
+        let cfg = from_yaml("mode: ipvs\n").unwrap();
+        assert_eq!(cfg.mode.to_string(), "ipvs");
+        assert_eq!("ipvs".parse::<ProxyMode>().unwrap(), ProxyMode::Ipvs);
+        assert_eq!(cfg.ipvs, IpvsConfig::default());
+        assert_eq!(cfg.ipvs.scheduler, Scheduler::RoundRobin);
+    }
+
+    #[test]
+    fn ipvs_mode_reads_the_ipvs_section_and_the_iptables_masquerading() {
+        let text = "mode: ipvs\nipvs: {scheduler: sh, strictARP: true, excludeCIDRs: [\"172.16.0.0/12\"], \
+                    syncPeriod: 45s, minSyncPeriod: 2s, tcpTimeout: 15m, tcpFinTimeout: 30s, udpTimeout: 5s}\n\
+                    iptables: {masqueradeBit: 15, masqueradeAll: true, syncPeriod: 1m}\nnftables: {masqueradeBit: 16}\n";
+        let file = tempfile::Builder::new().prefix("rk-config-").suffix(".yaml").tempfile().unwrap();
+        std::fs::write(file.path(), text).unwrap();
+        let mut cfg = ProxyConfig::default();
+        let ignored = cfg.apply_file(file.path(), None).unwrap();
+        let want = IpvsConfig {
+            scheduler: Scheduler::SourceHashing,
+            strict_arp: true,
+            exclude_cidrs: vec!["172.16.0.0/12".parse().unwrap()],
+            tcp_timeout: Duration::from_secs(900),
+            tcp_fin_timeout: Duration::from_secs(30),
+            udp_timeout: Duration::from_secs(5),
+        };
+        assert_eq!((cfg.mode, &cfg.ipvs), (ProxyMode::Ipvs, &want));
+        assert_eq!((cfg.sync_period, cfg.min_sync_period), (Duration::from_secs(45), Duration::from_secs(2)));
+        assert_eq!((cfg.masquerade_mark(), cfg.masquerade_all), (0x8000, true), "iptables' masquerading");
+        assert_eq!(
+            ignored.iter().map(ToString::to_string).collect::<Vec<_>>(),
+            [
+                "nftables.masqueradeBit: not used (the ipvs section is read)",
+                "iptables.syncPeriod: not used (the ipvs section's is read)",
+            ]
+        );
+        // In another mode, the ipvs section is named as not used.
+        let mut cfg = ProxyConfig::default();
+        let ignored = cfg.apply_file(file.path(), Some(ProxyMode::Iptables)).unwrap();
+        assert_eq!(cfg.sync_period, Duration::from_secs(60));
+        let names: Vec<String> = ignored.iter().map(|f| f.field.clone()).collect();
+        assert!(
+            names.contains(&"ipvs.scheduler".to_string()) && names.contains(&"ipvs.syncPeriod".to_string()),
+            "{names:?}"
+        );
+    }
+
+    #[test]
+    fn bad_ipvs_values_name_their_field() {
+        for (yaml, field) in [
+            ("ipvs: {scheduler: fastest}\n", "ipvs.scheduler"),
+            ("ipvs: {excludeCIDRs: [10.0.0.1/33]}\n", "ipvs.excludeCIDRs"),
+            ("ipvs: {tcpTimeout: 1500ms}\n", "ipvs.tcpTimeout"),
+            ("ipvs: {udpTimeout: soon}\n", "ipvs.udpTimeout"),
+            ("mode: ipvs\nipvs: {syncPeriod: soon}\n", "ipvs.syncPeriod"),
+            ("ipvs: {strictArp: true}\n", "strictArp"),
+        ] {
+            let err = from_yaml(yaml).unwrap_err().to_string();
+            assert!(err.contains(field), "{yaml}: {err}");
+        }
     }
 
     #[test]

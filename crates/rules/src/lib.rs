@@ -4,7 +4,8 @@
 //!
 //! [`table`] turns a Service and its EndpointSlices into the node's service ports; [`claims`]
 //! gives every frontend one owner; [`nft`] and [`iptables`] plan each backend's rules from the
-//! table, as typed objects and `nft` syntax, or as `iptables-restore` input; [`plan`] is the one
+//! table, as typed objects and `nft` syntax, or as `iptables-restore` input; [`ipvs`] plans IPVS
+//! mode's virtual servers and helper rules; [`plan`] is the one
 //! path from the cluster state to them (a node's whole plan: what a full sync programs);
 //! [`conntrack`] decides which UDP/SCTP flows went stale; [`sysctls`] which conntrack sysctls to
 //! write; [`text`] keeps names from leaving their place in rule text; [`config`] is kube-proxy's
@@ -15,6 +16,7 @@ pub mod config;
 pub mod conntrack;
 pub mod hash;
 pub mod iptables;
+pub mod ipvs;
 pub mod nft;
 pub mod plan;
 pub mod sysctls;

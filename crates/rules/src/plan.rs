@@ -4,7 +4,7 @@
 //! [`plan_ports`] turns Services into their service ports with the frontend claims applied (the
 //! proxiers call it for the Services of each sync, with the claims they keep); [`NodePlan`] is
 //! what a full sync programs: every Service planned from no claims, as nftables objects
-//! ([`NftPlan`]) or iptables restore input ([`IptablesPlan`]).
+//! ([`NftPlan`]), iptables restore input ([`IptablesPlan`]) or IPVS mode's plan ([`IpvsPlan`]).
 
 use std::collections::{BTreeMap, BTreeSet};
 
@@ -15,6 +15,7 @@ use crate::claims::{Claimant, Conflict, FrontendClaims, frontends_of};
 use crate::config::{ProxyConfig, ProxyMode};
 use crate::iptables::plan::{PlanContext, endpoint_count, jumps};
 use crate::iptables::sync::{self as iptables_sync, ServicePlan};
+use crate::ipvs::IpvsPlan;
 use crate::nft::layout::Layout;
 use crate::nft::node as nft_node;
 use crate::nft::objects::Objects;
@@ -123,6 +124,11 @@ impl NodePlan {
             .filter(|(_, objects)| !objects.is_empty())
             .collect();
         NftPlan { layouts: nft_node::layouts(&self.cfg, &self.node, &self.service_cidrs), services }
+    }
+
+    /// IPVS mode's plan: `kube-ipvs0`'s addresses, the virtual and real servers, the helper rules.
+    pub fn ipvs(&self) -> IpvsPlan {
+        IpvsPlan::new(&self.cfg, &self.node, self.ports.ports.values().flatten())
     }
 
     /// The iptables rules: every Service's rules in both families. Planned in iptables mode

@@ -127,8 +127,10 @@ impl NodeInfo {
     /// The addresses that accept NodePort traffic for one family.
     pub fn nodeport_ips(&self, family: IpFamily, cfg: &ProxyConfig) -> Vec<IpAddr> {
         let mut ips: Vec<IpAddr> = match &cfg.nodeport_addresses {
-            // iptables mode's default: every local address.
-            NodePortAddresses::Unset if cfg.mode == ProxyMode::Iptables => self.local_addresses.clone(),
+            // iptables and IPVS modes' default: every local address.
+            NodePortAddresses::Unset if matches!(cfg.mode, ProxyMode::Iptables | ProxyMode::Ipvs) => {
+                self.local_addresses.clone()
+            }
             NodePortAddresses::Unset | NodePortAddresses::Primary => self.primary_ips.clone(),
             NodePortAddresses::Cidrs(cidrs) => {
                 self.local_addresses.iter().filter(|ip| cidrs.iter().any(|c| c.contains(*ip))).copied().collect()

@@ -213,6 +213,7 @@ fn snapshot(cluster: &Cluster, args: &[String]) -> Result<Snapshot, &'static str
                 format!("# {tool} --noflush\n{input}")
             })
             .collect(),
+        ProxyMode::Ipvs => return Err("the tracer does not model IPVS mode yet"),
     };
     let mut rules_args: Vec<&str> =
         args.iter().map(String::as_str).filter(|a| !matches!(*a, "--once" | "-v")).collect();

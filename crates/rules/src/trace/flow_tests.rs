@@ -70,6 +70,7 @@ fn host_to_cluster_ip_is_masqueraded() {
         let expected = match mode {
             ProxyMode::Nftables => "ip daddr @cluster-ips jump mark-if-not-pod-traffic",
             ProxyMode::Iptables => "! -s 10.244.0.0/16 -d 10.96.0.10/32 -p tcp",
+            ProxyMode::Ipvs => unreachable!("not among the traced BACKENDS"),
         };
         assert!(why.iter().any(|r| r.contains(expected)), "{mode:?}: {why:?}");
     }

@@ -87,6 +87,9 @@ pub enum Error {
     /// larger than any we write.
     #[error("more than {MAX_RULES} rules evaluated (a goto loop?)")]
     TooLong,
+    /// The tracer does not model this proxy mode yet.
+    #[error("{0} mode: tracing packets is not yet supported (nftables and iptables are)")]
+    UnsupportedMode(ProxyMode),
 }
 
 /// Deepest nesting of jumps a trace follows.
@@ -439,6 +442,7 @@ impl Ruleset {
         Ok(match plan.cfg.mode {
             ProxyMode::Nftables => Ruleset::Nftables(nft::Tables::of(&plan.nftables())?),
             ProxyMode::Iptables => Ruleset::Iptables(iptables::Tables::of(&plan.iptables())?),
+            ProxyMode::Ipvs => return Err(Error::UnsupportedMode(ProxyMode::Ipvs)),
         })
     }
 

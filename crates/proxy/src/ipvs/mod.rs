@@ -1,0 +1,10 @@
+//! IPVS mode's kernel side, the thin part (not yet wired: `roadkeeper proxy` refuses the mode).
+//!
+//! [`message`] encodes the generic-netlink messages of the kernel's `IPVS` family for the
+//! operations `roadkeeper_rules::ipvs` plans. Our own encoding, on the framing helpers the
+//! nf_tables and ctnetlink clients share, rather than a crate: `netlink-packet-generic` and
+//! `netlink-packet-core` give only the generic framing, which we already have, and the one IPVS
+//! message crate (`netlink-packet-ipvs` 0.0.1) is an early release with no users to speak of; the
+//! IPVS messages are a dozen attributes, pinned down here byte for byte by tests.
+
+pub mod message;

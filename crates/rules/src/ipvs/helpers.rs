@@ -1,0 +1,260 @@
+//! The netfilter rules IPVS mode needs beside IPVS, as data: the elements of the named sets of
+//! table `roadkeeper-ipvs` (one per family; see the module documentation of [`crate::ipvs`] for
+//! why nftables) and the fixed chains that match them, printed as an `nft -f` script.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::fmt::Write as _;
+use std::net::IpAddr;
+
+use ipnet::IpNet;
+
+use super::plan::{FrontendKind, RealServer, VirtualKey};
+use crate::config::ProxyConfig;
+use crate::nft::objects::family_keyword;
+use crate::table::{IpFamily, Protocol, ServicePort};
+
+/// Name of the helper table in each family.
+pub const TABLE: &str = "roadkeeper-ipvs";
+
+/// What the helper rules match, upstream's ipsets in nftables sets.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct HelperRules {
+    /// The mark that flags a connection for masquerading (`--masquerade-bit`'s).
+    pub masquerade_mark: u32,
+    /// Masquerade every connection to a ClusterIP (`--masquerade-all`).
+    pub masquerade_all: bool,
+    /// Pod CIDRs: connections to a ClusterIP from outside them are masqueraded.
+    pub cluster_cidrs: Vec<IpNet>,
+    /// ClusterIP frontends (`KUBE-CLUSTER-IP`).
+    pub cluster_ips: BTreeSet<VirtualKey>,
+    /// External frontends (NodePort, externalIP, LB IP) of `externalTrafficPolicy: Cluster`
+    /// ports: masqueraded, as upstream's `KUBE-NODE-PORT-*`, `KUBE-EXTERNAL-IP` and
+    /// `KUBE-LOAD-BALANCER` sets without their `-LOCAL` counterparts.
+    pub masquerade_external: BTreeSet<VirtualKey>,
+    /// Endpoints, masqueraded when they reach themselves through a Service (`KUBE-LOOP-BACK`).
+    pub hairpin: BTreeSet<(RealServer, Protocol)>,
+    /// Frontends of ports without any endpoint: new connections rejected.
+    pub no_endpoints: BTreeSet<VirtualKey>,
+    /// Frontends whose Local traffic policy finds no endpoint on this node: dropped.
+    pub no_local_endpoints: BTreeSet<VirtualKey>,
+    /// Load-balancer frontends with `loadBalancerSourceRanges`, and the sources they accept
+    /// (`KUBE-LOAD-BALANCER-FW`, `KUBE-LOAD-BALANCER-SOURCE-CIDR`); other sources are dropped.
+    pub firewall: BTreeMap<VirtualKey, Vec<IpNet>>,
+    /// The addresses on `kube-ipvs0`.
+    pub ipvs_addresses: BTreeSet<IpAddr>,
+    /// Every virtual server: traffic to a `kube-ipvs0` address on another port is dropped
+    /// (`KUBE-IPVS-FILTER`).
+    pub virtual_servers: BTreeSet<VirtualKey>,
+}
+
+impl HelperRules {
+    /// Empty sets under `cfg`'s masquerading settings.
+    pub fn new(cfg: &ProxyConfig) -> HelperRules {
+        HelperRules {
+            masquerade_mark: cfg.masquerade_mark(),
+            masquerade_all: cfg.masquerade_all,
+            cluster_cidrs: cfg.cluster_cidrs.clone(),
+            ..HelperRules::default()
+        }
+    }
+
+    /// Adds one virtual server of `port`: `no_real_servers` when its traffic has no endpoint.
+    pub(super) fn add_frontend(
+        &mut self,
+        port: &ServicePort,
+        kind: FrontendKind,
+        frontend: VirtualKey,
+        no_real_servers: bool,
+    ) {
+        if kind == FrontendKind::ClusterIp {
+            self.cluster_ips.insert(frontend);
+        } else if !port.external_policy_local {
+            self.masquerade_external.insert(frontend);
+        }
+        if no_real_servers {
+            // As the other modes: no endpoint at all is a reject, none on this node a drop.
+            let set =
+                if port.cluster_endpoints.is_empty() { &mut self.no_endpoints } else { &mut self.no_local_endpoints };
+            set.insert(frontend);
+        }
+        if kind == FrontendKind::LoadBalancer && !port.source_ranges.is_empty() {
+            self.firewall.insert(frontend, port.source_ranges.clone());
+        }
+    }
+
+    /// Adds the endpoints of `port` to the hairpin set.
+    pub(super) fn add_endpoints(&mut self, port: &ServicePort) {
+        let endpoints = port.cluster_endpoints.iter().chain(&port.local_endpoints);
+        self.hairpin.extend(endpoints.map(|e| (RealServer::from(e), port.name.protocol)));
+    }
+
+    /// The `nft -f` script that creates the table of `family` with its sets' elements.
+    pub fn script(&self, family: IpFamily) -> String {
+        let ip = family_keyword(family);
+        let addr = match family {
+            IpFamily::V4 => "ipv4_addr",
+            IpFamily::V6 => "ipv6_addr",
+        };
+        let frontend_type = format!("{addr} . inet_proto . inet_service");
+        let of_family = |keys: &BTreeSet<VirtualKey>| -> Vec<String> {
+            keys.iter().filter(|k| k.family() == family).map(frontend).collect()
+        };
+        let hairpin: Vec<String> = self
+            .hairpin
+            .iter()
+            .filter(|(r, _)| IpFamily::of(&r.address) == family)
+            .map(|(r, p)| format!("{} . {} . {} . {}", r.address, p.as_str(), r.port, r.address))
+            .collect();
+        let firewall: Vec<String> = self
+            .firewall
+            .iter()
+            .filter(|(k, _)| k.family() == family)
+            .flat_map(|(k, ranges)| ranges.iter().map(move |r| format!("{} . {}", frontend(k), r.trunc())))
+            .collect();
+        let firewalled: BTreeSet<VirtualKey> = self.firewall.keys().copied().collect();
+        let addresses: Vec<String> =
+            self.ipvs_addresses.iter().filter(|a| IpFamily::of(a) == family).map(ToString::to_string).collect();
+        let mark = self.masquerade_mark;
+        let pods: Vec<String> = self
+            .cluster_cidrs
+            .iter()
+            .filter(|c| IpFamily::of(&c.addr()) == family)
+            .map(|c| c.trunc().to_string())
+            .collect();
+
+        let mut out = format!("table {ip} {TABLE} {{\n");
+        let sets = [
+            ("cluster-ips", frontend_type.as_str(), "", of_family(&self.cluster_ips)),
+            ("masquerade-external", &frontend_type, "", of_family(&self.masquerade_external)),
+            ("hairpin", &format!("{frontend_type} . {addr}"), "", hairpin),
+            ("no-endpoints", &frontend_type, "", of_family(&self.no_endpoints)),
+            ("no-local-endpoints", &frontend_type, "", of_family(&self.no_local_endpoints)),
+            ("firewall", &frontend_type, "", of_family(&firewalled)),
+            ("firewall-allow", &format!("{frontend_type} . {addr}"), " flags interval;", firewall),
+            ("ipvs-addresses", addr, "", addresses),
+            ("virtual-servers", &frontend_type, "", of_family(&self.virtual_servers)),
+        ];
+        for (name, ty, flags, elements) in sets {
+            let _ = write!(out, "\tset {name} {{ type {ty};{flags}");
+            if !elements.is_empty() {
+                let _ = write!(out, " elements = {{ {} }};", elements.join(", "));
+            }
+            out.push_str(" }\n");
+        }
+        let key = format!("{ip} daddr . meta l4proto . th dport");
+        let filter = |name: &str, hook: &str, priority: &str| {
+            format!(
+                "\tchain {name} {{\n\t\ttype filter hook {hook} priority {priority}; policy accept;\n\
+                 \t\tct state new {key} @no-endpoints reject\n\
+                 \t\tct state new {key} @no-local-endpoints drop\n\
+                 \t\t{key} @firewall {key} . {ip} saddr != @firewall-allow drop\n\
+                 \t\t{ip} daddr @ipvs-addresses {key} != @virtual-servers drop\n\t}}\n"
+            )
+        };
+        // IPVS takes new connections at LOCAL_IN (priority 98) and, from local clients, at
+        // LOCAL_OUT (priority -99): the filters run before it.
+        out.push_str(&filter("filter-input", "input", "filter"));
+        out.push_str(&filter("filter-output", "output", "-150"));
+        let cluster_ip_masq = match (self.masquerade_all, pods.is_empty()) {
+            (true, _) => format!("\t\t{key} @cluster-ips meta mark set meta mark | {mark:#x}\n"),
+            (false, false) => {
+                format!(
+                    "\t\t{ip} saddr != {{ {} }} {key} @cluster-ips meta mark set meta mark | {mark:#x}\n",
+                    pods.join(", ")
+                )
+            }
+            (false, true) => String::new(),
+        };
+        let _ = write!(
+            out,
+            "\tchain mark-for-masquerade {{\n{cluster_ip_masq}\
+             \t\t{key} @masquerade-external meta mark set meta mark | {mark:#x}\n\t}}\n\
+             \tchain nat-prerouting {{\n\t\ttype nat hook prerouting priority dstnat; policy accept;\n\
+             \t\tjump mark-for-masquerade\n\t}}\n\
+             \tchain nat-output {{\n\t\ttype nat hook output priority dstnat; policy accept;\n\
+             \t\tjump mark-for-masquerade\n\t}}\n\
+             \tchain nat-postrouting {{\n\t\ttype nat hook postrouting priority srcnat; policy accept;\n\
+             \t\tmeta mark & {mark:#x} == {mark:#x} meta mark set meta mark ^ {mark:#x} masquerade fully-random\n\
+             \t\t{ip} saddr . meta l4proto . th dport . {ip} daddr @hairpin masquerade fully-random\n\t}}\n}}\n"
+        );
+        out
+    }
+}
+
+/// A frontend as an element: `10.96.0.10 . tcp . 80`.
+fn frontend(key: &VirtualKey) -> String {
+    format!("{} . {} . {}", key.address, key.protocol.as_str(), key.port)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::ipvs::plan::IpvsPlan;
+    use crate::ipvs::plan::tests::{ep, ipvs_cfg, node, port};
+
+    #[test]
+    fn reject_without_endpoints_drop_without_local_ones() {
+        let empty = port("empty", "10.96.0.1", vec![]);
+        let mut local = port("local", "10.96.0.2", vec![ep("10.244.0.11", 8080, false)]);
+        local.node_port = Some(30080);
+        local.external_policy_local = true;
+        let served = port("served", "10.96.0.3", vec![ep("10.244.0.12", 8080, false)]);
+        let plan = IpvsPlan::new(&ipvs_cfg(), &node(), [&empty, &local, &served]);
+        let strings = |keys: &BTreeSet<VirtualKey>| keys.iter().map(ToString::to_string).collect::<Vec<_>>();
+        assert_eq!(strings(&plan.helpers.no_endpoints), ["10.96.0.1:80"]);
+        assert_eq!(strings(&plan.helpers.no_local_endpoints), ["10.0.0.2:30080", "192.168.77.2:30080"]);
+        assert_eq!(strings(&plan.helpers.cluster_ips), ["10.96.0.1:80", "10.96.0.2:80", "10.96.0.3:80"]);
+        assert!(plan.helpers.masquerade_external.is_empty(), "Local policy: the client's address is kept");
+        let hairpin: Vec<String> = plan.helpers.hairpin.iter().map(|(r, p)| format!("{r}/{}", p.as_str())).collect();
+        assert_eq!(hairpin, ["10.244.0.11:8080/tcp", "10.244.0.12:8080/tcp"]);
+        assert_eq!(plan.helpers.virtual_servers.len(), 5);
+    }
+
+    #[test]
+    fn source_ranges_firewall_the_load_balancer_ips_only() {
+        let mut p = port("lb", "10.96.0.10", vec![ep("10.244.0.11", 8080, false)]);
+        p.load_balancer_ips = vec!["203.0.113.9".parse().unwrap()];
+        p.external_ips = vec!["203.0.113.7".parse().unwrap()];
+        p.source_ranges = vec!["198.51.100.0/24".parse().unwrap()];
+        let plan = IpvsPlan::new(&ipvs_cfg(), &node(), [&p]);
+        let firewalled: Vec<String> = plan.helpers.firewall.keys().map(ToString::to_string).collect();
+        assert_eq!(firewalled, ["203.0.113.9:80"]);
+        let masq: Vec<String> = plan.helpers.masquerade_external.iter().map(ToString::to_string).collect();
+        assert_eq!(masq, ["203.0.113.7:80", "203.0.113.9:80"]);
+        let script = plan.helpers.script(IpFamily::V4);
+        assert!(
+            script.contains("set firewall-allow { type ipv4_addr . inet_proto . inet_service . ipv4_addr; flags interval; elements = { 203.0.113.9 . tcp . 80 . 198.51.100.0/24 }; }"),
+            "{script}"
+        );
+    }
+
+    #[test]
+    fn the_script_of_each_family_holds_its_own_elements() {
+        let v4 = port("a", "10.96.0.10", vec![ep("10.244.0.11", 8080, false)]);
+        let v6 = port("a", "fd00:96::10", vec![]);
+        let mut cfg = ipvs_cfg();
+        cfg.cluster_cidrs = vec!["10.244.0.0/16".parse().unwrap(), "fd00:244::/48".parse().unwrap()];
+        let plan = IpvsPlan::new(&cfg, &node(), [&v4, &v6]);
+        let script = plan.helpers.script(IpFamily::V4);
+        for line in [
+            "table ip roadkeeper-ipvs {",
+            "\tset cluster-ips { type ipv4_addr . inet_proto . inet_service; elements = { 10.96.0.10 . tcp . 80 }; }",
+            "\tset hairpin { type ipv4_addr . inet_proto . inet_service . ipv4_addr; elements = { 10.244.0.11 . tcp . 8080 . 10.244.0.11 }; }",
+            "\tset no-endpoints { type ipv4_addr . inet_proto . inet_service; }",
+            "\tset ipvs-addresses { type ipv4_addr; elements = { 10.96.0.10 }; }",
+            "\t\tip saddr != { 10.244.0.0/16 } ip daddr . meta l4proto . th dport @cluster-ips meta mark set meta mark | 0x4000",
+            "\t\tct state new ip daddr . meta l4proto . th dport @no-endpoints reject",
+            "\t\tip daddr @ipvs-addresses ip daddr . meta l4proto . th dport != @virtual-servers drop",
+            "\t\tmeta mark & 0x4000 == 0x4000 meta mark set meta mark ^ 0x4000 masquerade fully-random",
+        ] {
+            assert!(script.lines().any(|l| l == line), "{line:?} not in\n{script}");
+        }
+        let script6 = plan.helpers.script(IpFamily::V6);
+        assert!(script6.contains("set no-endpoints { type ipv6_addr . inet_proto . inet_service; elements = { fd00:96::10 . tcp . 80 }; }"), "{script6}");
+        assert!(script6.contains("ip6 saddr != { fd00:244::/48 }"), "{script6}");
+        assert!(!script6.contains("10.96.0.10"), "{script6}");
+        cfg.masquerade_all = true;
+        let all = IpvsPlan::new(&cfg, &node(), [&v4]).helpers.script(IpFamily::V4);
+        assert!(all.contains("\t\tip daddr . meta l4proto . th dport @cluster-ips meta mark set"), "{all}");
+    }
+}
