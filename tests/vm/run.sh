@@ -1,0 +1,332 @@
+#!/usr/bin/env bash
+# Runs the proxy end-to-end suites (crates/roadkeeper/tests/proxy_*.rs) on another kernel, in a
+# qemu virtual machine whose userland is this host's: only the kernel differs.
+#
+#   tests/vm/run.sh [--kernel PATH] [--backend nftables|iptables|ipvs|all] [--timeout SECONDS]
+#                   [--subset FILE] [--modules DIR] [--exec CMD] [--accel kvm|tcg] [--cpus N]
+#                   [--memory SIZE] [-- FILTER...]
+#
+#   --kernel PATH   a kernel: a linux-image .deb (unpacked into the cache), or a vmlinuz whose
+#                   modules are in --modules DIR, else in ../lib/modules/<release> next to it
+#                   (the layout `dpkg-deb -x` makes). Default: Debian 12's linux-image-amd64
+#                   (6.1.x), fetched once with `apt-get download` into the cache.
+#   --modules DIR   the kernel's /lib/modules/<release> folder (for a vmlinuz elsewhere).
+#   --backend B     which per_backend! cases run: `B::*` of every proxy_*.rs binary (the tests of
+#                   no backend module run with nftables). `ipvs` runs the IPVS smoke check
+#                   (modules, a virtual server programmed and listed with ipvsadm) and then the
+#                   `ipvs::*` cases, once there are any. `all` (default) runs all three in one boot.
+#   -- FILTER...    libtest-style substring filters (any of them) on top of the backend's.
+#   --subset FILE   more filters, one a line ("#" comments): tests/vm/ci.subset is CI's subset.
+#   --timeout S     bound on the VM's whole run (default 3600); --accel forces kvm or tcg.
+#   --exec CMD      run `sh -c CMD` in the VM instead of the suites (nothing is built; for
+#                   trying a command on that kernel, e.g. --exec 'modprobe ip_vs && ipvsadm -Ln').
+#
+# Environment: ROADKEEPER_VM_CACHE (default ~/.cache/roadkeeper/vm), RUST_TEST_THREADS (passed
+# to the tests in the VM; default: the VM's CPUs).
+#
+# How: the test binaries are built here (`cargo test -p roadkeeper --no-run`); a small initramfs
+# (Debian's busybox-static, the kernel's virtio/9p/overlay modules) mounts this host's / read-only
+# over virtio-9p with a tmpfs overlay on top, binds the VM kernel's modules on /lib/modules and
+# switch_roots into it, so nft, iptables (both flavours), conntrack, ipvsadm, kmod and the binaries
+# are the host's at their own paths (the test binaries and target/debug/roadkeeper as copied when
+# the run starts, so a concurrent build changes nothing). br_netfilter is loaded as a node's
+# prerequisites do; the kernel loads every other module itself (modprobe). The serial console
+# carries the libtest report (streamed here as it runs), a writable 9p share the exit status.
+# Real hardware KVM (kvm_intel/kvm_amd) is used when present; otherwise TCG (this machine's
+# kvm_pvm boots no stock kernel). qemu is always killed on exit and the temp dir removed.
+#
+# Exit status: the tests' (0 when all passed), 1 on a harness error, 124 on timeout.
+set -euo pipefail
+
+repo=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
+cache=${ROADKEEPER_VM_CACHE:-$HOME/.cache/roadkeeper/vm}
+kernel="" modules="" exec="" backend=all timeout=3600 accel="" cpus=2 memory=3G
+filters=()
+
+die() { echo "vm: $*" >&2; exit 1; }
+usage() { sed -n '2,/^set -euo/p' "${BASH_SOURCE[0]}" | sed '$d; s/^# \{0,1\}//'; }
+
+while [ $# -gt 0 ]; do
+    case $1 in
+        --kernel) kernel=${2:?--kernel needs a path}; shift 2 ;;
+        --modules) modules=${2:?--modules needs a folder}; shift 2 ;;
+        --exec) exec=${2:?--exec needs a command}; shift 2 ;;
+        --backend) backend=${2:?--backend needs a value}; shift 2 ;;
+        --subset) [ -r "${2:?--subset needs a file}" ] || die "cannot read $2"
+            mapfile -t -O "${#filters[@]}" filters < <(sed 's/#.*//; s/[[:space:]]*$//; /^$/d' "$2"); shift 2 ;;
+        --timeout) timeout=${2:?--timeout needs seconds}; shift 2 ;;
+        --accel) accel=${2:?--accel needs kvm or tcg}; shift 2 ;;
+        --cpus) cpus=${2:?--cpus needs a number}; shift 2 ;;
+        --memory) memory=${2:?--memory needs a size}; shift 2 ;;
+        -h | --help) usage; exit 0 ;;
+        --) shift; filters+=("$@"); break ;;
+        *) die "unknown argument $1 (see --help)" ;;
+    esac
+done
+case $backend in
+    nftables | iptables | ipvs) backends=("$backend") ;;
+    all) backends=(nftables iptables ipvs) ;;
+    *) die "--backend must be nftables, iptables, ipvs or all, not $backend" ;;
+esac
+case $accel in
+    "" | kvm | tcg) ;;
+    *) die "--accel must be kvm or tcg, not $accel" ;;
+esac
+for tool in qemu-system-x86_64 depmod modprobe dpkg-deb apt-get cargo jq; do
+    command -v "$tool" >/dev/null || die "$tool is missing: install tests/vm/packages"
+done
+
+# Unpacks a Debian package into the cache (once) and prints the folder.
+unpack() {
+    local deb=$1 dir
+    dir="$cache/unpacked/$(basename "$deb" .deb)"
+    if [ ! -e "$dir/.done" ]; then
+        rm -rf "$dir" && mkdir -p "$dir"
+        dpkg-deb -x "$deb" "$dir"
+        touch "$dir/.done"
+    fi
+    echo "$dir"
+}
+
+# Downloads a package of the host's apt sources into the cache (once) and prints the .deb.
+download() {
+    local package=$1 version deb
+    mkdir -p "$cache/debs"
+    version=$(apt-cache show --no-all-versions "$package" | sed -n 's/^Version: //p' | head -n1)
+    [ -n "$version" ] || die "apt knows no package $package (apt-get update?)"
+    deb=$(find "$cache/debs" -name "${package}_${version//:/%3a}_*.deb" | head -n1)
+    if [ -z "$deb" ]; then
+        (cd "$cache/debs" && apt-get download "$package" >&2) || die "apt-get download $package failed"
+        deb=$(find "$cache/debs" -name "${package}_${version//:/%3a}_*.deb" | head -n1)
+    fi
+    [ -n "$deb" ] || die "apt-get download $package left no .deb"
+    echo "$deb"
+}
+
+# The kernel: vmlinuz and its modules folder (lib/modules/<release>).
+if [ -z "$kernel" ]; then
+    image=$(apt-cache depends linux-image-amd64 | sed -n 's/^ *Depends: \(linux-image-[^ ]*\)$/\1/p' | head -n1)
+    [ -n "$image" ] || die "cannot resolve linux-image-amd64 (apt-get update?)"
+    kernel=$(download "$image")
+fi
+[ -e "$kernel" ] || die "no kernel at $kernel"
+if [[ $kernel == *.deb ]]; then
+    root=$(unpack "$(realpath "$kernel")")
+    kernel=$(find "$root/boot" -name 'vmlinuz-*' | head -n1)
+    [ -n "$kernel" ] || die "no boot/vmlinuz-* in the package"
+fi
+kernel=$(realpath "$kernel")
+if [ -z "$modules" ]; then
+    release=$(basename "$kernel" | sed -n 's/^vmlinuz-//p')
+    modules=$(dirname "$kernel")/../lib/modules/$release
+    [ -n "$release" ] && [ -d "$modules" ] || die "no modules for $kernel: pass --modules DIR"
+fi
+modules=$(realpath "$modules")
+release=$(basename "$modules")
+moduleroot=${modules%/lib/modules/$release}
+[ "$moduleroot" != "$modules" ] || die "--modules must end in lib/modules/<release>, not $modules"
+# Debian's packages leave modules.dep to the postinst: make it (depmod writes into the cache).
+[ -e "$modules/modules.dep" ] || depmod -b "$moduleroot" "$release" || die "depmod failed for $modules"
+
+# Hardware KVM, unless it is PVM (which boots only PVM guest kernels) or absent: TCG then.
+if [ -z "$accel" ]; then
+    accel=tcg
+    if [ -w /dev/kvm ] && [ ! -e /sys/module/kvm_pvm ] &&
+        { [ -e /sys/module/kvm_intel ] || [ -e /sys/module/kvm_amd ]; }; then
+        accel=kvm
+    fi
+fi
+if [ "$accel" = kvm ]; then accel_args=(-accel kvm -cpu host); else accel_args=(-accel tcg,thread=multi -cpu max); fi
+
+busybox=$(unpack "$(download busybox-static)")/bin/busybox
+[ -x "$busybox" ] || die "busybox-static has no bin/busybox"
+
+# The test binaries (built here: the VM runs them at the paths their env!() baked in).
+binaries=() programs=()
+[ -n "$exec" ] || echo "vm: building the proxy suites" >&2
+[ -n "$exec" ] || artifacts=$(cd "$repo" && cargo test -p roadkeeper --no-run --message-format=json $(
+    for f in crates/roadkeeper/tests/proxy_*.rs; do t=$(basename "$f" .rs); echo "--test $t"; done)) ||
+    die "cargo test --no-run failed (above)"
+[ -n "$exec" ] || mapfile -t binaries < <(jq -r 'select(.reason == "compiler-artifact" and .profile.test and .executable)
+    | .executable' <<<"$artifacts")
+[ -n "$exec" ] || mapfile -t programs < <(jq -r 'select(.reason == "compiler-artifact" and (.profile.test | not) and .executable)
+    | .executable' <<<"$artifacts")
+[ -n "$exec" ] || [ ${#binaries[@]} -gt 0 ] || die "cargo built no proxy test binaries"
+
+run=$(mktemp -d "${TMPDIR:-/tmp}/roadkeeper-vm.XXXXXX")
+qemu_pid=""
+cleanup() {
+    if [ -n "$qemu_pid" ] && kill -0 "$qemu_pid" 2>/dev/null; then
+        kill "$qemu_pid" 2>/dev/null || true
+        wait "$qemu_pid" 2>/dev/null || true
+    fi
+    rm -rf "$run"
+}
+trap cleanup EXIT
+trap 'exit 130' INT TERM
+mkdir -p "$run/share" "$run/snap" "$run/initramfs"/{bin,lower,rw,newroot,proc,sys,dev,mods}
+# A snapshot of the binaries, bound over their paths in the VM: a build of the same checkout
+# while the VM runs (cargo rewrites target/debug/roadkeeper) does not change what is tested.
+for file in "${binaries[@]}" "${programs[@]}"; do
+    mkdir -p "$run/snap$(dirname "$file")" && cp "$file" "$run/snap$file"
+done
+
+# The test selection: for each backend, the names each binary lists under `<backend>::` (and,
+# with nftables, those under no backend module), narrowed by the user's filters.
+selected() {
+    local binary=$1 backend=$2
+    "$binary" --list --format terse 2>/dev/null | sed -n 's/: test$//p' | while read -r name; do
+        case $name in
+            "$backend"::*) ;;
+            nftables::* | iptables::* | ipvs::*) continue ;;
+            *) [ "$backend" = nftables ] || continue ;;
+        esac
+        if [ ${#filters[@]} -gt 0 ]; then
+            local hit=""
+            for f in "${filters[@]}"; do [[ $name == *"$f"* ]] && hit=1; done
+            [ -n "$hit" ] || continue
+        fi
+        echo "$name"
+    done
+}
+
+# The script the VM runs as PID 1 in the host's userland (after switch_root).
+{
+    echo '#!/bin/sh'
+    printf 'modules=%q repo=%q threads=%q\n' "$modules" "$repo" "${RUST_TEST_THREADS:-}"
+    cat <<'EOF'
+export PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin HOME=/root RUST_BACKTRACE=1
+mount -t proc proc /proc && mount -t sysfs sysfs /sys
+mkdir -p /dev/pts /dev/shm && mount -t devpts devpts /dev/pts && mount -t tmpfs tmpfs /dev/shm
+mount -t cgroup2 cgroup2 /sys/fs/cgroup 2>/dev/null
+for dir in /run /tmp /var/tmp; do mount -t tmpfs tmpfs "$dir"; done
+mkdir -p /run/netns /lib/modules && mount --bind "$(dirname "$modules")" /lib/modules
+ip link set lo up
+mkdir -p /run/snap && mount -t 9p -o trans=virtio,version=9p2000.L,msize=524288,ro,cache=loose vmsnap /run/snap
+(cd /run/snap && find . -type f) | while read -r file; do mount --bind "/run/snap/${file#./}" "/${file#./}"; done
+echo "vm: userland up at $(cut -d' ' -f1 /proc/uptime) s, kernel $(uname -r)"
+# What a Kubernetes node loads before its proxy starts (kubeadm's prerequisites: br_netfilter, so
+# that replies bridged between pods pass the node's conntrack); the kernel loads the rest itself.
+modprobe -a crc32c_generic br_netfilter veth dummy || echo "vm: modprobe failed"
+cd "$repo/crates/roadkeeper" && export CARGO_MANIFEST_DIR="$PWD"
+status=0
+. /.vm/tests.sh
+echo "vm: done at $(cut -d' ' -f1 /proc/uptime) s"
+echo "$status" > /.vm/status
+sync
+echo o > /proc/sysrq-trigger; sleep 60
+EOF
+} > "$run/share/stage2.sh"
+
+# What runs: the IPVS smoke check, then each binary with its selection.
+{
+    echo '# one line per step; "status" collects the first failure'
+    echo 'step() { "$@" || { rc=$?; [ "$status" -ne 0 ] || status=$rc; echo "vm: FAILED ($rc): $*"; }; }'
+    echo 'threads_args() { [ -n "$threads" ] && echo "--test-threads=$threads"; }'
+    ipvs_cases=0
+    [ -z "$exec" ] || { printf 'step sh -c %q\n' "$exec"; backends=(); }
+    for b in "${backends[@]}"; do
+        if [ "$b" = ipvs ]; then
+            cat <<'EOF'
+ipvs_smoke() {
+    echo "vm: IPVS smoke check"
+    modprobe -a ip_vs ip_vs_rr ip_vs_wrr ip_vs_sh || return 1
+    ipvsadm -A -t 10.96.0.10:80 -s rr && ipvsadm -a -t 10.96.0.10:80 -r 10.244.0.2:8080 -m &&
+        ipvsadm -Ln | tee /tmp/ipvs.txt && grep -q '10.244.0.2:8080' /tmp/ipvs.txt && ipvsadm -C &&
+        echo "vm: IPVS smoke check passed"
+}
+step ipvs_smoke
+EOF
+        fi
+        for binary in "${binaries[@]}"; do
+            mapfile -t names < <(selected "$binary" "$b")
+            [ ${#names[@]} -gt 0 ] || continue
+            [ "$b" != ipvs ] || ipvs_cases=$((ipvs_cases + ${#names[@]}))
+            printf 'echo "vm: %s: %s (%d tests)"\n' "$b" "$(basename "$binary")" ${#names[@]}
+            printf 'step %q --exact --color never $(threads_args)' "$binary"
+            printf ' %q' "${names[@]}"
+            echo
+        done
+        if [ "$b" = ipvs ] && [ "$ipvs_cases" = 0 ]; then
+            echo 'echo "vm: no ipvs:: cases yet: the IPVS smoke check is all that ran for ipvs"'
+        fi
+    done
+} > "$run/share/tests.sh.tmp"
+mv "$run/share/tests.sh.tmp" "$run/share/tests.sh"
+grep -q '^step ' "$run/share/tests.sh" || die "no test matches the backend and filters"
+
+# The initramfs: busybox, the modules that reach the 9p root, and /init.
+cp "$busybox" "$run/initramfs/bin/busybox"
+: > "$run/initramfs/mods/order"
+for m in virtio_pci 9pnet_virtio 9p overlay; do
+    modprobe -d "$moduleroot" -S "$release" --show-depends "$m" |
+        sed -n 's/^insmod \([^ ]*\).*/\1/p' | while read -r ko; do
+            name=$(basename "$ko")
+            grep -qx "$name" "$run/initramfs/mods/order" && continue
+            case $ko in
+                *.ko) cp "$ko" "$run/initramfs/mods/" ;;
+                *.ko.xz) xz -dc "$ko" > "$run/initramfs/mods/${name%.xz}"; name=${name%.xz} ;;
+                *.ko.zst) zstd -qdc "$ko" > "$run/initramfs/mods/${name%.zst}"; name=${name%.zst} ;;
+                *) die "unknown module format $ko" ;;
+            esac
+            echo "$name" >> "$run/initramfs/mods/order"
+        done
+done
+cat > "$run/initramfs/init" <<'EOF'
+#!/bin/busybox sh
+/bin/busybox --install -s /bin
+mount -t proc proc /proc && mount -t sysfs sysfs /sys && mount -t devtmpfs devtmpfs /dev
+fail() { echo "vm: init: $*"; echo o > /proc/sysrq-trigger; sleep 60; }
+for m in $(cat /mods/order); do insmod "/mods/$m" || fail "insmod $m"; done
+opts=trans=virtio,version=9p2000.L,msize=524288
+mount -t 9p -o "$opts,ro,cache=loose" hostroot /lower || fail "cannot mount the host root"
+mount -t tmpfs -o mode=0755 tmpfs /rw && mkdir /rw/upper /rw/work
+mount -t overlay overlay -o lowerdir=/lower,upperdir=/rw/upper,workdir=/rw/work /newroot ||
+    fail "cannot mount the overlay"
+mkdir -p /newroot/.vm && mount -t 9p -o "$opts,cache=none" vmshare /newroot/.vm || fail "cannot mount the share"
+umount /proc /sys
+mount --move /dev /newroot/dev
+exec switch_root /newroot /bin/sh /.vm/stage2.sh
+EOF
+chmod +x "$run/initramfs/init"
+(cd "$run/initramfs" && find . | "$busybox" cpio -o -H newc 2>/dev/null) > "$run/initramfs.cpio"
+
+# Control-plane binaries of the API-server cases are built (or found) here, not in the VM.
+if grep -q 'proxy_kube' "$run/share/tests.sh"; then
+    "$repo/tests/k8s/build.sh" > /dev/null || die "tests/k8s/build.sh failed"
+fi
+
+echo "vm: kernel $release ($kernel), accel $accel, $cpus CPUs, $memory, backends ${backends[*]}" >&2
+start=$(date +%s%N)
+: > "$run/console.log"
+timeout -k 5 "$timeout" qemu-system-x86_64 -nodefaults -no-reboot -display none \
+    "${accel_args[@]}" -smp "$cpus" -m "$memory" \
+    -kernel "$kernel" -initrd "$run/initramfs.cpio" \
+    -append "console=ttyS0 panic=-1 quiet loglevel=3" \
+    -serial "file:$run/console.log" \
+    -device virtio-rng-pci \
+    -virtfs local,path=/,mount_tag=hostroot,security_model=none,readonly=on,multidevs=remap \
+    -virtfs "local,path=$run/share,mount_tag=vmshare,security_model=none" \
+    -virtfs "local,path=$run/snap,mount_tag=vmsnap,security_model=none,readonly=on" &
+qemu_pid=$!
+# The stage-2 script writes its output to the console; stream it here as it comes.
+tail -n +1 -f --pid="$qemu_pid" "$run/console.log" 2>/dev/null &
+tail_pid=$!
+rc=0
+wait "$qemu_pid" || rc=$?
+qemu_pid=""
+sleep 0.2
+kill "$tail_pid" 2>/dev/null || true
+wait "$tail_pid" 2>/dev/null || true
+elapsed=$((($(date +%s%N) - start) / 1000000000))
+
+if [ "$rc" = 124 ]; then
+    echo "vm: timed out after ${timeout}s" >&2
+    exit 124
+fi
+[ -s "$run/share/status" ] || { echo "vm: the VM ended without a status (qemu exit $rc); console above" >&2; exit 1; }
+status=$(cat "$run/share/status")
+failed=$(grep -E '^test .* \.\.\. FAILED|^vm: FAILED' "$run/console.log" | tr -d '\r' | cut -c1-200 || true)
+[ -z "$failed" ] || printf 'vm: failures:\n%s\n' "$failed" >&2
+echo "vm: kernel $release, accel $accel: ${elapsed}s in all, tests exit status $status" >&2
+exit "$status"
