@@ -218,13 +218,30 @@ echo o > /proc/sysrq-trigger; sleep 60
 EOF
 } > "$run/share/stage2.sh"
 
-# What runs: the IPVS smoke check, then each binary with its selection.
+# What runs: the fresh-kernel check (first: before anything loads nf_conntrack), the IPVS smoke
+# check, then each binary with its selection.
 {
     echo '# one line per step; "status" collects the first failure'
     echo 'step() { "$@" || { rc=$?; [ "$status" -ne 0 ] || status=$rc; echo "vm: FAILED ($rc): $*"; }; }'
     echo 'threads_args() { [ -n "$threads" ] && echo "--test-threads=$threads"; }'
     ipvs_cases=0
     [ -z "$exec" ] || { printf 'step sh -c %q\n' "$exec"; backends=(); }
+    [ -n "$exec" ] || cat <<'EOF'
+fresh_kernel() {
+    # A node whose kernel has tracked no connection yet (no nf_conntrack, so no conntrack
+    # sysctls): `proxy --init-only` still writes kube-proxy's conntrack settings.
+    echo "vm: fresh-kernel check"
+    if lsmod | grep -q '^nf_conntrack '; then echo "vm: nf_conntrack is loaded already"; return 1; fi
+    mkdir -p /tmp/fresh-manifests
+    "$repo/target/debug/roadkeeper" proxy --init-only --manifests /tmp/fresh-manifests --hostname-override vm ||
+        return 1
+    want=$(($(nproc) * 32768)); [ "$want" -ge 131072 ] || want=131072
+    got=$(cat /proc/sys/net/netfilter/nf_conntrack_max) || return 1
+    [ "$got" = "$want" ] || { echo "vm: nf_conntrack_max is $got, not $want"; return 1; }
+    echo "vm: fresh-kernel check passed"
+}
+step fresh_kernel
+EOF
     for b in "${backends[@]}"; do
         if [ "$b" = ipvs ]; then
             cat <<'EOF'

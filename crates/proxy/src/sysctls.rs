@@ -25,6 +25,19 @@ fn read_number(path: &str) -> Option<u64> {
     std::fs::read_to_string(path).ok()?.trim().parse().ok()
 }
 
+/// Has the kernel load `nf_conntrack` if it has not yet (a fresh node: nothing has used
+/// connection tracking, and its sysctls do not exist). A ctnetlink request makes nfnetlink load
+/// `nf_conntrack_netlink`, which needs `nf_conntrack`: no `modprobe` and no `CAP_SYS_MODULE`.
+fn load_conntrack() {
+    if std::path::Path::new(sysctls::MAX).exists() {
+        return;
+    }
+    match crate::conntrack::dump_flows(roadkeeper_rules::table::IpFamily::V4) {
+        Ok(_) => tracing::info!("loaded the kernel's connection tracking (nf_conntrack) to set its sysctls"),
+        Err(err) => tracing::warn!(%err, "connection tracking could not be loaded"),
+    }
+}
+
 /// The machine's CPU count as kube-proxy takes it (every online CPU, not only those this process
 /// may use), else the CPUs available to this process.
 fn cpus() -> u64 {
@@ -40,6 +53,7 @@ fn cpus() -> u64 {
 /// conntrack module) are returned, and the rest are still written. Returns also whether the
 /// node's TCP tracking is liberal afterwards (`nf_conntrack_tcp_be_liberal` non-zero).
 pub fn apply_conntrack(cfg: &ConntrackConfig) -> (Vec<SysctlError>, bool) {
+    load_conntrack();
     let mut failed = Vec::new();
     for write in sysctls::plan(cfg, cpus(), read_number) {
         match std::fs::write(write.path, write.value.to_string()) {
