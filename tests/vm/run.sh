@@ -194,12 +194,15 @@ selected() {
 {
     echo '#!/bin/sh'
     printf 'modules=%q repo=%q threads=%q\n' "$modules" "$repo" "${RUST_TEST_THREADS:-}"
+    # Emulation is several times slower than hardware: the tests' wait for a first sync follows.
+    printf 'export ROADKEEPER_TEST_SLOWDOWN=%q\n' "$([ "$accel" = tcg ] && echo 3 || echo 1)"
     cat <<'EOF'
 export PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin HOME=/root RUST_BACKTRACE=1
 mount -t proc proc /proc && mount -t sysfs sysfs /sys
 mkdir -p /dev/pts /dev/shm && mount -t devpts devpts /dev/pts && mount -t tmpfs tmpfs /dev/shm
 mount -t cgroup2 cgroup2 /sys/fs/cgroup 2>/dev/null
-for dir in /run /tmp /var/tmp; do mount -t tmpfs tmpfs "$dir"; done
+# /tmp stays the overlay's (writable, in memory): the repository or the cache may live under it.
+mount -t tmpfs tmpfs /run
 mkdir -p /run/netns /lib/modules && mount --bind "$(dirname "$modules")" /lib/modules
 ip link set lo up
 mkdir -p /run/snap && mount -t 9p -o trans=virtio,version=9p2000.L,msize=524288,ro,cache=loose vmsnap /run/snap

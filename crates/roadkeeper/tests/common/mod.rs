@@ -125,6 +125,12 @@ pub enum Proto {
     Udp,
 }
 
+/// How many times slower than real hardware the tests run here: `ROADKEEPER_TEST_SLOWDOWN` (set
+/// by tests/vm under emulation), else 1. The wait for a proxy's first sync is multiplied by it.
+pub fn slowdown() -> u32 {
+    std::env::var("ROADKEEPER_TEST_SLOWDOWN").ok().and_then(|v| v.parse().ok()).filter(|v| *v >= 1).unwrap_or(1)
+}
+
 /// The proxy backend a test runs against. Every behaviour case runs once per backend (see
 /// [`per_backend!`]): a case that passes on one and fails on the other is a bug.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -377,7 +383,8 @@ impl Cluster {
         let log = self.scratch.path().join("proxy.log");
         let process = self.lab.node().spawn_logged(&args, &log).expect("spawn roadkeeper");
         self.proxy = Some(process);
-        let deadline = Instant::now() + Duration::from_secs(10);
+        let patience = Duration::from_secs(10) * slowdown();
+        let deadline = Instant::now() + patience;
         while Instant::now() < deadline {
             if self.programmed() {
                 replay::Replay::programmed(&self.replay, self, &proxy_args, true);
@@ -385,7 +392,7 @@ impl Cluster {
             }
             std::thread::sleep(Duration::from_millis(50));
         }
-        panic!("roadkeeper did not program the kernel within 10s");
+        panic!("roadkeeper did not program the kernel within {patience:?}");
     }
 
     /// [`start_proxy`](Self::start_proxy) with a KubeProxyConfiguration file that makes it react
