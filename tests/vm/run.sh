@@ -13,8 +13,10 @@
 #   --modules DIR   the kernel's /lib/modules/<release> folder (for a vmlinuz elsewhere).
 #   --backend B     which per_backend! cases run: `B::*` of every proxy_*.rs binary (the tests of
 #                   no backend module run with nftables). `ipvs` runs the IPVS smoke check
-#                   (modules, a virtual server programmed and listed with ipvsadm) and then the
-#                   `ipvs::*` cases, once there are any. `all` (default) runs all three in one boot.
+#                   (modules, a virtual server programmed and listed with ipvsadm), then the
+#                   proxy crate's IPVS kernel tests (`roadkeeper-proxy`'s `ipvs::` unit tests),
+#                   then the `ipvs::*` cases; both with --include-ignored, as they are ignored on
+#                   hosts without IPVS. `all` (default) runs all three in one boot.
 #   -- FILTER...    libtest-style substring filters (any of them) on top of the backend's.
 #   --subset FILE   more filters, one a line ("#" comments): tests/vm/ci.subset is CI's subset.
 #   --timeout S     bound on the VM's whole run (default 3600); --accel forces kvm or tcg.
@@ -152,6 +154,14 @@ binaries=() programs=()
 [ -n "$exec" ] || mapfile -t programs < <(jq -r 'select(.reason == "compiler-artifact" and (.profile.test | not) and .executable)
     | .executable' <<<"$artifacts")
 [ -n "$exec" ] || [ ${#binaries[@]} -gt 0 ] || die "cargo built no proxy test binaries"
+# The proxy crate's unit tests, whose `ipvs::` ones program IPVS and kube-ipvs0 (for --backend ipvs).
+proxy_unit=""
+if [ -z "$exec" ] && [[ " ${backends[*]} " == *" ipvs "* ]]; then
+    proxy_unit=$(cd "$repo" && cargo test -p roadkeeper-proxy --lib --no-run --message-format=json |
+        jq -r 'select(.reason == "compiler-artifact" and .profile.test and .executable) | .executable') ||
+        die "cargo test -p roadkeeper-proxy --no-run failed (above)"
+    [ -n "$proxy_unit" ] || die "cargo built no roadkeeper-proxy test binary"
+fi
 
 run=$(mktemp -d "${TMPDIR:-/tmp}/roadkeeper-vm.XXXXXX")
 qemu_pid=""
@@ -167,7 +177,7 @@ trap 'exit 130' INT TERM
 mkdir -p "$run/share" "$run/snap" "$run/initramfs"/{bin,lower,rw,newroot,proc,sys,dev,mods}
 # A snapshot of the binaries, bound over their paths in the VM: a build of the same checkout
 # while the VM runs (cargo rewrites target/debug/roadkeeper) does not change what is tested.
-for file in "${binaries[@]}" "${programs[@]}"; do
+for file in "${binaries[@]}" "${programs[@]}" ${proxy_unit:+"$proxy_unit"}; do
     mkdir -p "$run/snap$(dirname "$file")" && cp "$file" "$run/snap$file"
 done
 
@@ -257,13 +267,16 @@ ipvs_smoke() {
 }
 step ipvs_smoke
 EOF
+            printf 'echo "vm: ipvs: the IPVS kernel tests of %s"\n' "$(basename "$proxy_unit")"
+            printf 'step %q --color never $(threads_args) --include-ignored ipvs::\n' "$proxy_unit"
         fi
         for binary in "${binaries[@]}"; do
             mapfile -t names < <(selected "$binary" "$b")
             [ ${#names[@]} -gt 0 ] || continue
             [ "$b" != ipvs ] || ipvs_cases=$((ipvs_cases + ${#names[@]}))
             printf 'echo "vm: %s: %s (%d tests)"\n' "$b" "$(basename "$binary")" ${#names[@]}
-            printf 'step %q --exact --color never $(threads_args)' "$binary"
+            # The ipvs:: cases are ignored on hosts without IPVS; this kernel has it.
+            printf 'step %q --exact --color never $(threads_args)%s' "$binary" "$([ "$b" != ipvs ] || echo ' --include-ignored')"
             printf ' %q' "${names[@]}"
             echo
         done

@@ -23,8 +23,8 @@ use roadkeeper_rules::table::{IpFamily, ServicePort};
 
 use crate::Error;
 use crate::netlink_socket::{
-    self as nl, NLA_HDRLEN, NLM_F_ACK, NLM_F_DUMP, NLM_F_REQUEST, NLMSG_DONE, NLMSG_ERROR, NLMSG_HDRLEN,
-    NetfilterSocket, attr,
+    self as nl, NLA_HDRLEN, NLM_F_ACK, NLM_F_DUMP, NLM_F_REQUEST, NLMSG_DONE, NLMSG_ERROR, NLMSG_HDRLEN, NetlinkSocket,
+    attr,
 };
 
 // linux/netlink.h
@@ -297,11 +297,11 @@ fn next_seq() -> u32 {
 }
 
 /// A `NETLINK_NETFILTER` socket in the calling thread's network namespace.
-struct Socket(NetfilterSocket);
+struct Socket(NetlinkSocket);
 
 impl Socket {
     fn open() -> Result<Socket, Error> {
-        NetfilterSocket::open().map(Socket).map_err(|e| Error::Conntrack(e.to_string()))
+        NetlinkSocket::open(nl::NETLINK_NETFILTER).map(Socket).map_err(|e| Error::Conntrack(e.to_string()))
     }
 
     fn send(&self, data: &[u8]) -> Result<(), Error> {

@@ -1,8 +1,8 @@
 //! roadkeeper's node proxy, the thin part: what `roadkeeper_rules` plans, applied to the kernel.
 //!
 //! [`nft`] sends the nftables ops as netlink batches and reads the kernel's answers; [`iptables`]
-//! runs `iptables-restore`; [`ipvs`] encodes IPVS mode's generic-netlink messages (not yet
-//! sent); [`conntrack`] dumps and deletes stale flows over ctnetlink;
+//! runs `iptables-restore`; [`ipvs`] programs IPVS over generic netlink and `kube-ipvs0` over
+//! rtnetlink; [`conntrack`] dumps and deletes stale flows over ctnetlink;
 //! [`proxier`] is the trait the sync loop drives, with the state both backends keep; [`node`]
 //! finds this node's identity; [`health`] is what `/healthz` reports; [`sysctls`] writes
 //! kube-proxy's conntrack settings.
@@ -38,6 +38,10 @@ pub enum Error {
     /// Listing or deleting conntrack entries over netlink failed.
     #[error("conntrack: {0}")]
     Conntrack(String),
+    /// IPVS mode could not program or read the kernel (IPVS over generic netlink, `kube-ipvs0`
+    /// over rtnetlink), or the kernel has no IPVS.
+    #[error(transparent)]
+    Ipvs(#[from] ipvs::exchange::IpvsError),
 }
 
 impl From<nft::answer::NetlinkError> for Error {

@@ -5,6 +5,7 @@ use std::net::IpAddr;
 
 use roadkeeper_cluster::Store;
 
+use roadkeeper_rules::ipvs::plan::DUMMY_INTERFACE;
 use roadkeeper_rules::table::{IpFamily, NodeInfo};
 
 /// Label carrying the node's zone (topology hints).
@@ -61,10 +62,23 @@ fn is_global(ip: &IpAddr) -> bool {
     }
 }
 
-/// Every address configured on the host's interfaces, in interface order.
+/// Every address configured on the host's interfaces, in interface order, but those of IPVS
+/// mode's `kube-ipvs0` (Service addresses, never the node's: as upstream, NodePorts are not
+/// served on them).
 pub fn host_addresses() -> Vec<IpAddr> {
+    addresses_where(|interface| interface != DUMMY_INTERFACE)
+}
+
+/// The addresses of one interface (none when it does not exist).
+pub fn interface_addresses(name: &str) -> Vec<IpAddr> {
+    addresses_where(|interface| interface == name)
+}
+
+/// The addresses of the interfaces whose name passes `keep`, in interface order.
+fn addresses_where(keep: impl Fn(&str) -> bool) -> Vec<IpAddr> {
     let Ok(addrs) = nix::ifaddrs::getifaddrs() else { return Vec::new() };
     addrs
+        .filter(|ifa| keep(&ifa.interface_name))
         .filter_map(|ifa| {
             let addr = ifa.address?;
             if let Some(v4) = addr.as_sockaddr_in() {
@@ -105,5 +119,22 @@ mod tests {
         let tainted = store(serde_json::json!({"metadata": {"name": "n1"},
             "spec": {"taints": [{"key": TO_BE_DELETED_TAINT, "effect": "NoSchedule"}]}}));
         assert!(!node_eligible("n1", &tainted));
+    }
+
+    #[test]
+    fn the_addresses_of_kube_ipvs0_are_services_not_the_nodes() {
+        // Needs root. A veth of that name stands in for the dummy interface (this host's kernel
+        // has no dummy driver): only the name counts.
+        let ns = roadkeeper_netlab::Netns::new("rk-ipvs0").unwrap();
+        ns.ip_batch(&[
+            "link add kube-ipvs0 type veth peer name peer0".into(),
+            "addr add 10.96.0.10/32 dev kube-ipvs0".into(),
+            "addr add 192.168.5.2/24 dev peer0".into(),
+        ])
+        .unwrap();
+        let (host, ipvs0) = ns.run(|| (host_addresses(), interface_addresses(DUMMY_INTERFACE)));
+        let ten: IpAddr = "10.96.0.10".parse().unwrap();
+        assert!(!host.contains(&ten) && host.contains(&"192.168.5.2".parse().unwrap()), "{host:?}");
+        assert_eq!(ipvs0, [ten]);
     }
 }

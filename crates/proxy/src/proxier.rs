@@ -57,8 +57,9 @@ pub trait Proxier: Send {
     /// Brings the kernel up to date: a full sync when needed, else only the `changed` Services
     /// (plus those the kernel refused before).
     fn sync(&mut self, store: &Store, changed: &BTreeSet<NamespacedName>) -> Result<SyncReport, Error>;
-    /// True when the kernel refused some Service at the last sync.
-    fn has_refused(&self) -> bool;
+    /// True when the kernel refused some Service at the last sync or the backend has work left:
+    /// a sync is worth running at the next `syncPeriod` even without changes.
+    fn wants_retry(&self) -> bool;
     /// Whether our rules are in place (nobody deleted or flushed them), or whether that cannot
     /// be told.
     fn check_rules(&mut self) -> RulesCheck;
@@ -163,6 +164,11 @@ pub trait Backend: Send {
     /// True while the backend's rules are in place, an error when they cannot be read
     /// ([`Proxier::check_rules`]).
     fn rules_in_place(&mut self) -> Result<bool, Error>;
+    /// True when a later sync has work left even without changes (IPVS: drained real servers
+    /// waiting for their connections to end).
+    fn has_pending_work(&self) -> bool {
+        false
+    }
 }
 
 impl<B: Backend> Proxier for B {
@@ -211,9 +217,10 @@ impl<B: Backend> Proxier for B {
         Ok(report)
     }
 
-    /// True when the kernel refused some Service at the last sync (a retry is worth scheduling).
-    fn has_refused(&self) -> bool {
-        !self.state().refused.is_empty()
+    /// True when the kernel refused some Service at the last sync, or the backend has work left
+    /// (a retry is worth scheduling).
+    fn wants_retry(&self) -> bool {
+        !self.state().refused.is_empty() || self.has_pending_work()
     }
 
     fn check_rules(&mut self) -> RulesCheck {

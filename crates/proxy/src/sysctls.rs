@@ -54,12 +54,24 @@ fn cpus() -> u64 {
 /// node's TCP tracking is liberal afterwards (`nf_conntrack_tcp_be_liberal` non-zero).
 pub fn apply_conntrack(cfg: &ConntrackConfig) -> (Vec<SysctlError>, bool) {
     load_conntrack();
+    let failed = write_all(sysctls::plan(cfg, cpus(), read_number));
+    (failed, read_number(sysctls::TCP_BE_LIBERAL).is_some_and(|v| v != 0))
+}
+
+/// Writes IPVS mode's settings ([`sysctls::ipvs`]: run once the `ip_vs` module is loaded, which
+/// makes its `net.ipv4.vs` files); those that could not be written are returned.
+pub fn apply_ipvs(strict_arp: bool) -> Vec<SysctlError> {
+    write_all(sysctls::ipvs(strict_arp, read_number))
+}
+
+/// Writes each value, logged; those that failed are returned and the rest still written.
+fn write_all(writes: Vec<Write>) -> Vec<SysctlError> {
     let mut failed = Vec::new();
-    for write in sysctls::plan(cfg, cpus(), read_number) {
+    for write in writes {
         match std::fs::write(write.path, write.value.to_string()) {
             Ok(()) => tracing::info!(path = write.path, value = write.value, was = held(write.current), "set"),
             Err(error) => failed.push(SysctlError { write, error }),
         }
     }
-    (failed, read_number(sysctls::TCP_BE_LIBERAL).is_some_and(|v| v != 0))
+    failed
 }

@@ -10,6 +10,8 @@ use roadkeeper_cluster::{Changes, Feed, Interest, Kind, Store};
 use roadkeeper_proxy::conntrack;
 use roadkeeper_proxy::health::ProxyHealth;
 use roadkeeper_proxy::iptables::{self, IptablesBinary, IptablesProxier};
+use roadkeeper_proxy::ipvs::proxier::IpvsProxier;
+use roadkeeper_proxy::ipvs::runner::KernelRunner;
 use roadkeeper_proxy::nft::apply::{NftBinary, NftRunner, Recorder};
 use roadkeeper_proxy::nft::proxier::NftProxier;
 use roadkeeper_proxy::node::{host_addresses, hostname, node_eligible, node_info};
@@ -174,10 +176,6 @@ fn apply_ipvs_flags(args: &IpvsArgs, cfg: &mut ProxyConfig) -> anyhow::Result<()
     Ok(())
 }
 
-/// Why `roadkeeper proxy` refuses IPVS mode for now.
-const IPVS_NOT_YET: &str = "ipvs mode: programming IPVS is not yet implemented (`roadkeeper rules --proxy-mode ipvs` \
-                            prints its plan); the modes that run are --proxy-mode nftables (the default) and iptables";
-
 /// The one line logged per sync: what changed, what was rewritten, how long it took.
 fn log_sync(report: &SyncReport, changes: &Changes) {
     tracing::info!(
@@ -248,8 +246,16 @@ pub(crate) fn kernel_proxier(cfg: &ProxyConfig, node: NodeInfo, store: &Store) -
     let mut proxier: Box<dyn Proxier> = match cfg.mode {
         ProxyMode::Nftables => Box::new(NftProxier::new(cfg.clone(), node, NftBinary::default())),
         ProxyMode::Iptables => Box::new(IptablesProxier::new(cfg.clone(), node, IptablesBinary::new())),
-        ProxyMode::Ipvs => bail!(IPVS_NOT_YET),
+        ProxyMode::Ipvs => {
+            let runner = KernelRunner::open(&cfg.ipvs).context("starting IPVS mode")?;
+            for err in sysctls::apply_ipvs(cfg.ipvs.strict_arp) {
+                tracing::warn!("{err}");
+            }
+            Box::new(IpvsProxier::new(cfg.clone(), node, runner))
+        }
     };
+    // Upstream's line, which operators and the tutorials look for.
+    tracing::info!("Using {} Proxier", cfg.mode);
     proxier.set_service_cidrs(service_cidrs(store));
     Ok(proxier)
 }
@@ -285,11 +291,16 @@ pub fn print_rules(args: ProxyArgs) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// `roadkeeper cleanup`: deletes our nftables tables and our iptables chains (both flavours, both
-/// families), and nothing else.
+/// `roadkeeper cleanup`: deletes our nftables tables, our iptables chains (both flavours, both
+/// families) and what IPVS mode made (its virtual servers, `kube-ipvs0`, its helper tables),
+/// and nothing else.
 pub fn cleanup() -> anyhow::Result<()> {
     NftBinary::default().apply(&transaction::cleanup()).context("removing nftables tables")?;
     iptables::cleanup().context("removing iptables chains")?;
+    let deleted = roadkeeper_proxy::ipvs::runner::cleanup(&host_addresses()).context("removing IPVS mode's objects")?;
+    if deleted > 0 {
+        tracing::info!(virtual_servers = deleted, "deleted IPVS virtual servers");
+    }
     Ok(())
 }
 
@@ -331,9 +342,6 @@ pub fn run(args: ProxyArgs) -> anyhow::Result<()> {
     let cfg = build_config(&args)?;
     if args.init_only {
         return init_only(&cfg);
-    }
-    if cfg.mode == ProxyMode::Ipvs {
-        bail!(IPVS_NOT_YET);
     }
     let runtime = runtime()?;
     if args.once { run_once(&runtime, &args, &cfg) } else { runtime.block_on(run_watching(&args, &cfg)) }
@@ -478,7 +486,7 @@ async fn run_watching(args: &ProxyArgs, cfg: &ProxyConfig) -> anyhow::Result<()>
                 }
                 // Services the kernel refused are retried every syncPeriod, and so are
                 // health-check ports that could not be bound.
-                sync_due |= proxier.has_refused();
+                sync_due |= proxier.wants_retry();
                 observers.health_checks.reconcile(proxier.table());
             }
             _ = hourly.tick() => {

@@ -57,6 +57,10 @@ fn cleanup_removes_what_roadkeeper_installed_and_nothing_else(backend: Backend) 
     assert!(unrelated.status.success(), "{}", String::from_utf8_lossy(&unrelated.stderr));
     c.node_output(&["iptables", "-t", "filter", "-N", "UNRELATED"]);
     c.node_output(&["iptables", "-t", "filter", "-A", "INPUT", "-j", "UNRELATED"]);
+    if backend == Backend::Ipvs {
+        // Another program's virtual server, on an address of no Service.
+        c.node_output(&["ipvsadm", "-A", "-t", "172.16.0.5:80", "-s", "rr"]);
+    }
     assert!(!ours(&c).is_empty(), "nothing installed");
 
     let out = c.roadkeeper(&["cleanup"]);
@@ -66,6 +70,10 @@ fn cleanup_removes_what_roadkeeper_installed_and_nothing_else(backend: Backend) 
     let filter = c.node_output(&["iptables-save", "-t", "filter"]);
     assert!(filter.contains("-A INPUT -j UNRELATED"), "an unrelated iptables rule was removed:\n{filter}");
     assert_eq!(theirs(&c), theirs_before, "the kubelet's or kube-router's chains, rules or jumps changed");
+    if backend == Backend::Ipvs {
+        let ipvs = c.node_output(&["ipvsadm", "-Ln"]);
+        assert!(ipvs.contains("172.16.0.5:80"), "another program's virtual server was removed:\n{ipvs}");
+    }
 }
 
 /// The node's `iptables-save` and `ip6tables-save` listings, one after the other.
@@ -74,14 +82,21 @@ fn listings(c: &Cluster) -> String {
 }
 
 /// roadkeeper's own objects in the node: nftables tables named roadkeeper, iptables `KUBE-`
-/// chains other than [`OTHERS`].
+/// chains other than [`OTHERS`], and in IPVS mode `kube-ipvs0` and the virtual servers of the
+/// Service (ClusterIP 10.96.0.20, NodePort 30020).
 fn ours(c: &Cluster) -> Vec<String> {
     let tables = c.ruleset();
     let iptables = listings(c);
+    let ipvs = if c.backend == Backend::Ipvs {
+        c.node_output(&["ipvsadm", "-Ln"]) + &c.node_output(&["ip", "-o", "link", "show", "kube-ipvs0"])
+    } else {
+        String::new()
+    };
     tables
         .lines()
         .filter(|l| l.starts_with("table") && l.contains("roadkeeper"))
         .chain(iptables.lines().filter(|l| l.starts_with(":KUBE-") && !mentions_others(l)))
+        .chain(ipvs.lines().filter(|l| l.contains("10.96.0.20:") || l.contains(":30020") || l.contains("kube-ipvs0")))
         .map(str::to_owned)
         .collect()
 }

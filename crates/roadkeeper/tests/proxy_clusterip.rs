@@ -72,15 +72,22 @@ fn ipv4_only_and_ipv6_only_services_live_side_by_side(backend: Backend) {
     for vip in [v4, v6] {
         answers(&c.client.ns, Proto::Tcp, at(vip), 3);
     }
+    let table = |family: Family, name: &str| {
+        String::from_utf8_lossy(&c.nft(&["list", "table", family.nft(), name]).stdout).into_owned()
+    };
     let rules = |family: Family| match backend {
-        Backend::Nftables => {
-            String::from_utf8_lossy(&c.nft(&["list", "table", family.nft(), "roadkeeper"]).stdout).into_owned()
-        }
+        Backend::Nftables => table(family, "roadkeeper"),
         Backend::Iptables => c.node_output(&[if family == Family::V4 { "iptables-save" } else { "ip6tables-save" }]),
+        // The helper table of each family holds its own family's frontends (no Service names).
+        Backend::Ipvs => table(family, "roadkeeper-ipvs"),
+    };
+    let (only_v4, only_v6) = match backend {
+        Backend::Ipvs => (format!("{v4} . tcp . 80"), format!("{v6} . tcp . 80")),
+        _ => ("default/only-v4".to_string(), "default/only-v6".to_string()),
     };
     let (ip, ip6) = (rules(Family::V4), rules(Family::V6));
-    assert!(ip.contains("default/only-v4") && !ip.contains("default/only-v6"), "{ip}");
-    assert!(ip6.contains("default/only-v6") && !ip6.contains("default/only-v4"), "{ip6}");
+    assert!(ip.contains(&only_v4) && !ip.contains(&only_v6), "{ip}");
+    assert!(ip6.contains(&only_v6) && !ip6.contains(&only_v4), "{ip6}");
 }
 
 fn sctp_service_ports_are_programmed(backend: Backend) {
@@ -104,6 +111,7 @@ fn sctp_service_ports_are_programmed(backend: Backend) {
                 .to_string(),
             format!("-p sctp -m comment --comment \"default/assoc\" -m sctp -j DNAT --to-destination {pod}:8080"),
         ),
+        Backend::Ipvs => ("SCTP 10.96.0.70:9999 rr".to_string(), format!("  -> {pod}:8080")),
     };
     let rules = c.kernel_rules();
     assert!(rules.contains(&dispatch), "no `{dispatch}` in:\n{rules}");

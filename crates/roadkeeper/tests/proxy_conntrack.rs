@@ -61,8 +61,12 @@ fn a_udp_flow_pinned_to_a_removed_endpoint_moves_to_a_remaining_one_within_one_s
         assert!(moved, "{family:?}: the flow stayed on the removed endpoint; proxy log:\n{}", c.proxy_log());
     }
     // The sync's line is logged after its deletions: the flow may move before it is written.
-    let logged = |log: &str| log.contains("conntrack_deleted=1") || log.contains("conntrack_deleted=2");
-    assert!(eventually(SETTLE, || logged(&c.proxy_log())), "no deletion logged:\n{}", c.proxy_log());
+    // (In IPVS mode the kernel ends the flows of a deleted real server itself, conntrack entry
+    // included: `expire_nodest_conn`.)
+    if backend != Backend::Ipvs {
+        let logged = |log: &str| log.contains("conntrack_deleted=1") || log.contains("conntrack_deleted=2");
+        assert!(eventually(SETTLE, || logged(&c.proxy_log())), "no deletion logged:\n{}", c.proxy_log());
+    }
 }
 
 /// The node's `net.netfilter.nf_conntrack_<name>`.

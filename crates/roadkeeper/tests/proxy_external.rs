@@ -201,8 +201,9 @@ fn node_ports_listen_on_the_modes_default_addresses_and_on_every_address_with_0_
     c.add_pod("web-a", "app: web", NODE);
     c.write("web.yaml", &service_manifest("web", WEB, "type: NodePort"));
     c.proxy_once(&[]);
-    // As kube-proxy: nftables mode defaults to the primary IPs, iptables mode to every address.
-    let second_by_default = backend == Backend::Iptables;
+    // As kube-proxy: nftables mode defaults to the primary IPs, iptables and IPVS modes to every
+    // address.
+    let second_by_default = backend != Backend::Nftables;
     for family in FAMILIES {
         assert!(matches!(probe(c.lab.external(), Proto::Tcp, node_port_address(family)), ProbeResult::Reply(_)));
         let other = probe(c.lab.external(), Proto::Tcp, second_node_address(family));

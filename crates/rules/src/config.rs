@@ -19,12 +19,12 @@ pub enum ProxyMode {
     /// iptables / ip6tables `nat` and `filter` chains with upstream's layout (`KUBE-SERVICES`...).
     Iptables,
     /// IPVS virtual servers, the `kube-ipvs0` addresses and table `roadkeeper-ipvs`
-    /// ([`crate::ipvs`]): planned (`roadkeeper rules`), not yet programmed by `roadkeeper proxy`.
+    /// ([`crate::ipvs`]).
     Ipvs,
 }
 
 impl std::fmt::Display for ProxyMode {
-    /// The mode's name in the config (`nftables`, `iptables`), as kube-proxy's `/proxyMode` says.
+    /// The mode's name in the config (`nftables`, `iptables`, `ipvs`), as kube-proxy's `/proxyMode` says.
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.write_str(match self {
             ProxyMode::Nftables => "nftables",

@@ -21,6 +21,22 @@ pub const UDP: &str = "/proc/sys/net/netfilter/nf_conntrack_udp_timeout";
 /// `net.netfilter.nf_conntrack_udp_timeout_stream` (per network namespace).
 pub const UDP_STREAM: &str = "/proc/sys/net/netfilter/nf_conntrack_udp_timeout_stream";
 
+/// `net.ipv4.vs.conntrack`: IPVS connections keep conntrack entries, so that the helper rules'
+/// masquerading applies to them (per network namespace, like the other IPVS settings).
+pub const VS_CONNTRACK: &str = "/proc/sys/net/ipv4/vs/conntrack";
+/// `net.ipv4.vs.expire_nodest_conn`: a packet of a connection whose real server was deleted
+/// ends that connection at once, so a client's next one picks a live real server.
+pub const VS_EXPIRE_NODEST_CONN: &str = "/proc/sys/net/ipv4/vs/expire_nodest_conn";
+/// `net.ipv4.vs.expire_quiescent_template`: persistence (affinity) entries of a drained real
+/// server expire, so its clients move on.
+pub const VS_EXPIRE_QUIESCENT_TEMPLATE: &str = "/proc/sys/net/ipv4/vs/expire_quiescent_template";
+/// `net.ipv4.ip_forward`: the node routes its pods' traffic.
+pub const IP_FORWARD: &str = "/proc/sys/net/ipv4/ip_forward";
+/// `net.ipv4.conf.all.arp_ignore` (strict ARP).
+pub const ARP_IGNORE: &str = "/proc/sys/net/ipv4/conf/all/arp_ignore";
+/// `net.ipv4.conf.all.arp_announce` (strict ARP).
+pub const ARP_ANNOUNCE: &str = "/proc/sys/net/ipv4/conf/all/arp_announce";
+
 /// One value to write to one file.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Write {
@@ -87,6 +103,25 @@ pub fn plan(cfg: &ConntrackConfig, cpus: u64, current: impl Fn(&'static str) -> 
         }
     }
     writes
+}
+
+/// What IPVS mode writes at start, as kube-proxy's IPVS proxier (given what each file holds):
+/// IPVS's conntrack, expiry of connections to deleted real servers and of quiescent persistence
+/// templates, IP forwarding, and with `strict_arp` (`--ipvs-strict-arp`) `arp_ignore=1` and
+/// `arp_announce=2`, so that the node does not answer ARP for the addresses of `kube-ipvs0`.
+pub fn ipvs(strict_arp: bool, current: impl Fn(&'static str) -> Option<u64>) -> Vec<Write> {
+    let mut wanted =
+        vec![(VS_CONNTRACK, 1), (VS_EXPIRE_NODEST_CONN, 1), (VS_EXPIRE_QUIESCENT_TEMPLATE, 1), (IP_FORWARD, 1)];
+    if strict_arp {
+        wanted.extend([(ARP_IGNORE, 1), (ARP_ANNOUNCE, 2)]);
+    }
+    wanted
+        .into_iter()
+        .filter_map(|(path, value)| {
+            let current = current(path);
+            (current != Some(value)).then_some(Write { path, value, current })
+        })
+        .collect()
 }
 
 /// The number of CPUs in a list such as `/sys/devices/system/cpu/online` (`0-3,6,8-9`): kube-proxy
@@ -187,5 +222,17 @@ mod tests {
         for bad in ["", "3-1", "a", "0-", "1,,2"] {
             assert_eq!(count_cpus(bad), None, "{bad:?}");
         }
+    }
+
+    #[test]
+    fn ipvs_mode_writes_what_the_node_lacks_and_strict_arp_only_when_asked() {
+        let held = |path: &'static str| (path == VS_CONNTRACK).then_some(1);
+        let paths = |writes: Vec<Write>| writes.into_iter().map(|w| (w.path, w.value)).collect::<Vec<_>>();
+        assert_eq!(
+            paths(ipvs(false, held)),
+            [(VS_EXPIRE_NODEST_CONN, 1), (VS_EXPIRE_QUIESCENT_TEMPLATE, 1), (IP_FORWARD, 1)]
+        );
+        let strict = paths(ipvs(true, held));
+        assert_eq!(strict[3..], [(ARP_IGNORE, 1), (ARP_ANNOUNCE, 2)]);
     }
 }

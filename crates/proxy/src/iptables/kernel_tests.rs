@@ -176,7 +176,7 @@ fn a_service_the_kernel_refuses_keeps_its_last_good_rules_and_the_others_apply()
         let nat = save("iptables-nft-save", "nat");
         assert_eq!(count(&nat, "default/web"), 0, "web is gone: {nat}");
         assert_eq!(count(&nat, "default/hello"), 8, "hello keeps its 2-endpoint rules: {nat}");
-        assert!(p.has_refused());
+        assert!(p.wants_retry());
         // Once the foreign reference is gone, the next sync retries hello without being asked.
         assert!(Command::new("iptables-nft").args(["-t", "nat", "-F", "FOREIGN"]).status().unwrap().success());
         let report = p.sync(&Store::from_objects(moved), &BTreeSet::new()).unwrap();

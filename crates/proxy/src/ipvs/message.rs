@@ -9,13 +9,14 @@ use std::time::Duration;
 use roadkeeper_rules::ipvs::{IpvsOp, RealServer, VirtualKey, VirtualServer};
 use roadkeeper_rules::table::Protocol;
 
-use crate::netlink_socket::{self as nl, NLM_F_ACK, NLM_F_REQUEST};
+use crate::netlink_socket::{self as nl, NLM_F_ACK, NLM_F_DUMP, NLM_F_REQUEST};
 
 /// The generic-netlink family name of IPVS.
 pub const IPVS_GENL_NAME: &str = "IPVS";
 const IPVS_GENL_VERSION: u8 = 1;
 const GENL_ID_CTRL: u16 = 0x10;
 const CTRL_CMD_GETFAMILY: u8 = 3;
+pub(crate) const CTRL_ATTR_FAMILY_ID: u16 = 1;
 const CTRL_ATTR_FAMILY_NAME: u16 = 2;
 
 const IPVS_CMD_NEW_SERVICE: u8 = 1;
@@ -23,49 +24,46 @@ const IPVS_CMD_SET_SERVICE: u8 = 2;
 const IPVS_CMD_DEL_SERVICE: u8 = 3;
 const IPVS_CMD_NEW_DEST: u8 = 5;
 const IPVS_CMD_SET_DEST: u8 = 6;
+const IPVS_CMD_GET_SERVICE: u8 = 4;
 const IPVS_CMD_DEL_DEST: u8 = 7;
+const IPVS_CMD_GET_DEST: u8 = 8;
 const IPVS_CMD_SET_CONFIG: u8 = 12;
 
-const IPVS_CMD_ATTR_SERVICE: u16 = 1;
-const IPVS_CMD_ATTR_DEST: u16 = 2;
+pub(crate) const IPVS_CMD_ATTR_SERVICE: u16 = 1;
+pub(crate) const IPVS_CMD_ATTR_DEST: u16 = 2;
 const IPVS_CMD_ATTR_TIMEOUT_TCP: u16 = 4;
 const IPVS_CMD_ATTR_TIMEOUT_TCP_FIN: u16 = 5;
 const IPVS_CMD_ATTR_TIMEOUT_UDP: u16 = 6;
 
-const IPVS_SVC_ATTR_AF: u16 = 1;
-const IPVS_SVC_ATTR_PROTOCOL: u16 = 2;
-const IPVS_SVC_ATTR_ADDR: u16 = 3;
-const IPVS_SVC_ATTR_PORT: u16 = 4;
-const IPVS_SVC_ATTR_SCHED_NAME: u16 = 6;
-const IPVS_SVC_ATTR_FLAGS: u16 = 7;
-const IPVS_SVC_ATTR_TIMEOUT: u16 = 8;
+pub(crate) const IPVS_SVC_ATTR_AF: u16 = 1;
+pub(crate) const IPVS_SVC_ATTR_PROTOCOL: u16 = 2;
+pub(crate) const IPVS_SVC_ATTR_ADDR: u16 = 3;
+pub(crate) const IPVS_SVC_ATTR_PORT: u16 = 4;
+pub(crate) const IPVS_SVC_ATTR_SCHED_NAME: u16 = 6;
+pub(crate) const IPVS_SVC_ATTR_FLAGS: u16 = 7;
+pub(crate) const IPVS_SVC_ATTR_TIMEOUT: u16 = 8;
 const IPVS_SVC_ATTR_NETMASK: u16 = 9;
 
-const IPVS_DEST_ATTR_ADDR: u16 = 1;
-const IPVS_DEST_ATTR_PORT: u16 = 2;
+pub(crate) const IPVS_DEST_ATTR_ADDR: u16 = 1;
+pub(crate) const IPVS_DEST_ATTR_PORT: u16 = 2;
 const IPVS_DEST_ATTR_FWD_METHOD: u16 = 3;
-const IPVS_DEST_ATTR_WEIGHT: u16 = 4;
+pub(crate) const IPVS_DEST_ATTR_WEIGHT: u16 = 4;
 const IPVS_DEST_ATTR_U_THRESH: u16 = 5;
 const IPVS_DEST_ATTR_L_THRESH: u16 = 6;
-const IPVS_DEST_ATTR_ADDR_FAMILY: u16 = 11;
+pub(crate) const IPVS_DEST_ATTR_ACTIVE_CONNS: u16 = 7;
+pub(crate) const IPVS_DEST_ATTR_INACT_CONNS: u16 = 8;
+pub(crate) const IPVS_DEST_ATTR_ADDR_FAMILY: u16 = 11;
 
 /// `IP_VS_SVC_F_PERSISTENT`: session affinity.
-const IP_VS_SVC_F_PERSISTENT: u32 = 0x1;
+pub(crate) const IP_VS_SVC_F_PERSISTENT: u32 = 0x1;
 /// `IP_VS_CONN_F_MASQ`: NAT forwarding, IPVS mode's only method.
 const IP_VS_CONN_F_MASQ: u32 = 0x0;
-const AF_INET: u16 = 2;
-const AF_INET6: u16 = 10;
+pub(crate) const AF_INET: u16 = 2;
+pub(crate) const AF_INET6: u16 = 10;
 
-/// Starts a generic-netlink message: nlmsghdr (type: the family id) and genlmsghdr.
+/// Starts a request (acknowledged) of the `IPVS` family: nlmsghdr and genlmsghdr.
 fn begin(b: &mut Vec<u8>, family_id: u16, cmd: u8, version: u8, seq: u32) -> usize {
-    let start = b.len();
-    b.extend_from_slice(&0u32.to_ne_bytes()); // nlmsg_len, patched by end_msg
-    b.extend_from_slice(&family_id.to_ne_bytes());
-    b.extend_from_slice(&(NLM_F_REQUEST | NLM_F_ACK).to_ne_bytes());
-    b.extend_from_slice(&seq.to_ne_bytes());
-    b.extend_from_slice(&0u32.to_ne_bytes()); // nlmsg_pid: the kernel
-    b.extend_from_slice(&[cmd, version, 0, 0]);
-    start
+    nl::begin_genl(b, family_id, NLM_F_REQUEST | NLM_F_ACK, seq, cmd, version)
 }
 
 /// The question that resolves the `IPVS` family's id (`CTRL_CMD_GETFAMILY`); the answer's
@@ -76,6 +74,49 @@ pub fn get_family(seq: u32) -> Vec<u8> {
     nl::attr(&mut b, CTRL_ATTR_FAMILY_NAME, &nul_terminated(IPVS_GENL_NAME));
     nl::end_msg(&mut b, start);
     b
+}
+
+/// The dump of every virtual server (`IPVS_CMD_GET_SERVICE`); each answer is an
+/// `IPVS_CMD_NEW_SERVICE` message with the service's attributes.
+pub fn get_services(family_id: u16, seq: u32) -> Vec<u8> {
+    let mut b = Vec::new();
+    let start =
+        nl::begin_genl(&mut b, family_id, NLM_F_REQUEST | NLM_F_DUMP, seq, IPVS_CMD_GET_SERVICE, IPVS_GENL_VERSION);
+    nl::end_msg(&mut b, start);
+    b
+}
+
+/// The dump of one virtual server's destinations (`IPVS_CMD_GET_DEST`, the service named by its
+/// identity); each answer is an `IPVS_CMD_NEW_DEST` message with the destination's attributes.
+pub fn get_dests(family_id: u16, seq: u32, key: &VirtualKey) -> Vec<u8> {
+    let mut b = Vec::new();
+    let start =
+        nl::begin_genl(&mut b, family_id, NLM_F_REQUEST | NLM_F_DUMP, seq, IPVS_CMD_GET_DEST, IPVS_GENL_VERSION);
+    let nest = nl::begin_nest(&mut b, IPVS_CMD_ATTR_SERVICE);
+    service_attrs(&mut b, key, None);
+    nl::end_nest(&mut b, nest);
+    nl::end_msg(&mut b, start);
+    b
+}
+
+/// An operation as its command and objects, for errors: `IPVS_CMD_NEW_DEST TCP 10.96.0.10:80 ->
+/// 10.244.0.5:8080`.
+pub fn describe(op: &IpvsOp) -> String {
+    let service = |cmd: &str, key: &VirtualKey| format!("{cmd} {} {key}", key.protocol.as_str().to_uppercase());
+    match op {
+        IpvsOp::BindAddress(ip) => format!("bind {ip}"),
+        IpvsOp::UnbindAddress(ip) => format!("unbind {ip}"),
+        IpvsOp::AddService(key, _) => service("IPVS_CMD_NEW_SERVICE", key),
+        IpvsOp::EditService(key, _) => service("IPVS_CMD_SET_SERVICE", key),
+        IpvsOp::DelService(key) => service("IPVS_CMD_DEL_SERVICE", key),
+        IpvsOp::AddDest(key, real, weight) => {
+            format!("{} -> {real} weight {weight}", service("IPVS_CMD_NEW_DEST", key))
+        }
+        IpvsOp::EditDest(key, real, weight) => {
+            format!("{} -> {real} weight {weight}", service("IPVS_CMD_SET_DEST", key))
+        }
+        IpvsOp::DelDest(key, real) => format!("{} -> {real}", service("IPVS_CMD_DEL_DEST", key)),
+    }
 }
 
 /// A service's identity, and its settings when the command needs them.
@@ -159,11 +200,11 @@ fn dest_attrs(b: &mut Vec<u8>, real: &RealServer, weight: Option<u32>) {
     nl::attr(b, IPVS_DEST_ATTR_L_THRESH, &0u32.to_ne_bytes());
 }
 
-fn af(address: IpAddr) -> u16 {
+pub(crate) fn af(address: IpAddr) -> u16 {
     if address.is_ipv4() { AF_INET } else { AF_INET6 }
 }
 
-fn ip_proto(protocol: Protocol) -> u8 {
+pub(crate) fn ip_proto(protocol: Protocol) -> u8 {
     match protocol {
         Protocol::Tcp => 6,
         Protocol::Udp => 17,

@@ -6,5 +6,18 @@
 //! `netlink-packet-core` give only the generic framing, which we already have, and the one IPVS
 //! message crate (`netlink-packet-ipvs` 0.0.1) is an early release with no users to speak of; the
 //! IPVS messages are a dozen attributes, pinned down here byte for byte by tests.
+//!
+//! [`kernel`] sends them ([`kernel::IpvsKernel`]) and lists the virtual and real servers the
+//! kernel holds; [`dummy`] keeps `kube-ipvs0` and its addresses over rtnetlink; [`exchange`] is
+//! their request/answer layer (bounded, pure parsing) and [`exchange::IpvsError`]. Their kernel
+//! tests are ignored on kernels without IPVS and run in the VM (`tests/vm/run.sh --backend ipvs`).
 
+pub mod dummy;
+pub mod exchange;
+pub mod kernel;
 pub mod message;
+pub mod proxier;
+pub mod runner;
+
+#[cfg(test)]
+mod kernel_tests;

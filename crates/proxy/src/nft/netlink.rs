@@ -29,7 +29,7 @@ use ipnet::IpNet;
 use super::answer::{Answer, KernelError, NetlinkError, batch_outcome, parse_answers, u16_at, u32_at};
 use crate::netlink_socket::{
     self as nl, NLA_F_NESTED, NLM_F_ACK, NLM_F_DUMP, NLM_F_REQUEST, NLMSG_DONE, NLMSG_ERROR, NLMSG_HDRLEN,
-    NetfilterSocket, SocketError,
+    NetlinkSocket, SocketError,
 };
 use roadkeeper_rules::nft::objects::{Container, DataKind, KeyKind, TABLE, TABLE_COMMENT, Value};
 use roadkeeper_rules::nft::rule::{
@@ -1230,8 +1230,8 @@ fn encode_rule(b: &mut Buf, rule: &Rule) {
 
 /// A socket for one batch or dump: acks without the echoed request, extended acks (error
 /// strings) when available, and buffers that fit a batch of `batch_len` bytes in one send.
-fn open_socket(batch_len: usize) -> Result<NetfilterSocket, NetlinkError> {
-    let sock = NetfilterSocket::open().map_err(socket_error)?;
+fn open_socket(batch_len: usize) -> Result<NetlinkSocket, NetlinkError> {
+    let sock = NetlinkSocket::open(nl::NETLINK_NETFILTER).map_err(socket_error)?;
     sock.set_int_opt(libc::SOL_NETLINK, NETLINK_CAP_ACK, 1);
     sock.set_int_opt(libc::SOL_NETLINK, NETLINK_EXT_ACK, 1);
     fit_send_buffer(&sock, batch_len);
@@ -1245,7 +1245,7 @@ fn open_socket(batch_len: usize) -> Result<NetfilterSocket, NetlinkError> {
 
 /// Makes the whole batch fit one send. *FORCE needs CAP_NET_ADMIN, which nf_tables requires
 /// anyway; falls back to the capped variant.
-fn fit_send_buffer(sock: &NetfilterSocket, batch_len: usize) {
+fn fit_send_buffer(sock: &NetlinkSocket, batch_len: usize) {
     let sndbuf = (batch_len + 64 * 1024).min(i32::MAX as usize) as i32;
     if !sock.set_int_opt(libc::SOL_SOCKET, libc::SO_SNDBUFFORCE, sndbuf) {
         sock.set_int_opt(libc::SOL_SOCKET, libc::SO_SNDBUF, sndbuf);
@@ -1258,7 +1258,7 @@ fn fit_send_buffer(sock: &NetfilterSocket, batch_len: usize) {
 /// that a socket in an unknown state is never reused.
 #[derive(Debug, Default)]
 pub struct Session {
-    sock: Option<NetfilterSocket>,
+    sock: Option<NetlinkSocket>,
 }
 
 impl Session {
@@ -1306,7 +1306,7 @@ impl Session {
 
 /// Receives one datagram, waiting at most `timeout_ms`; `None` when nothing came. A datagram
 /// larger than `buf` is read as far as it fits.
-fn recv(sock: &NetfilterSocket, buf: &mut [u8], timeout_ms: i32) -> Result<Option<usize>, NetlinkError> {
+fn recv(sock: &NetlinkSocket, buf: &mut [u8], timeout_ms: i32) -> Result<Option<usize>, NetlinkError> {
     Ok(sock.recv(buf, timeout_ms).map_err(socket_error)?.map(|n| n.min(buf.len())))
 }
 
@@ -1348,7 +1348,7 @@ fn nth_op(ops: OpStream, index: usize) -> String {
 /// Sends a batch and reads every answer to it.
 /// `describe` names op `i` for an error.
 fn exchange(
-    sock: &NetfilterSocket,
+    sock: &NetlinkSocket,
     batch: &[Vec<u8>],
     seq_start: u32,
     ops: usize,

@@ -365,7 +365,7 @@ mod tests {
         assert!(last.contains("default/good") && !last.contains("default/bad"), "{last}");
         assert_eq!(p.applied(&bad), bad_before, "last good objects are kept");
         // Once the kernel accepts it again, the next sync retries `bad` without being asked.
-        assert!(p.has_refused());
+        assert!(p.wants_retry());
         p.runner().poison = None;
         let report = p.sync(&after, &BTreeSet::new()).unwrap();
         assert_eq!(report.services_changed, 1);

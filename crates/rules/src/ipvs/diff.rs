@@ -1,14 +1,16 @@
 //! The kernel operations from the IPVS table applied to a planned one: what a sync sends, so
 //! that one endpoint change is one real-server operation.
 //!
-//! Graceful termination, as upstream: a real server that leaves the plan is not deleted but set
-//! to weight 0 (no new connections, its open ones go on); it stays in the applied table, and the
+//! Graceful termination, as upstream: a real server that leaves the plan of a TCP virtual server
+//! is not deleted but set to weight 0 (no new connections, its open ones go on); it stays in the applied table, and the
 //! applier deletes it ([`IpvsOp::DelDest`]) once the kernel counts no connections on it or a
 //! bound has passed. If its endpoint comes back meanwhile, its weight is restored.
 
+use std::collections::BTreeSet;
 use std::net::IpAddr;
 
 use super::plan::{IpvsTable, RealServer, VirtualKey, VirtualServer};
+use crate::table::Protocol;
 
 /// One kernel operation of IPVS mode (the generic-netlink command, or the address change on
 /// `kube-ipvs0`).
@@ -37,33 +39,44 @@ impl IpvsTable {
     /// included) to `planned`: addresses bound first, services added or edited, real servers
     /// added, reweighted or drained, services deleted, addresses unbound last.
     pub fn diff(&self, planned: &IpvsTable) -> Vec<IpvsOp> {
-        let mut ops: Vec<IpvsOp> =
-            planned.addresses.difference(&self.addresses).map(|a| IpvsOp::BindAddress(*a)).collect();
-        for (key, server) in &planned.virtual_servers {
-            let Some(applied) = self.virtual_servers.get(key) else {
-                ops.push(IpvsOp::AddService(*key, server.clone()));
-                ops.extend(server.real_servers.iter().map(|(real, weight)| IpvsOp::AddDest(*key, *real, *weight)));
-                continue;
-            };
-            if applied.attributes_differ(server) {
-                ops.push(IpvsOp::EditService(*key, server.clone()));
-            }
-            for (real, weight) in &server.real_servers {
-                match applied.real_servers.get(real) {
-                    None => ops.push(IpvsOp::AddDest(*key, *real, *weight)),
-                    Some(old) if old != weight => ops.push(IpvsOp::EditDest(*key, *real, *weight)),
-                    Some(_) => {}
-                }
-            }
-            for (real, weight) in &applied.real_servers {
-                if *weight != 0 && !server.real_servers.contains_key(real) {
-                    ops.push(IpvsOp::EditDest(*key, *real, 0));
-                }
+        let keys: BTreeSet<&VirtualKey> = self.virtual_servers.keys().chain(planned.virtual_servers.keys()).collect();
+        let addresses: BTreeSet<&IpAddr> = self.addresses.iter().chain(&planned.addresses).collect();
+        self.diff_scoped(
+            keys.into_iter().map(|key| (*key, planned.virtual_servers.get(key))),
+            addresses.into_iter().map(|address| (*address, planned.addresses.contains(address))),
+        )
+    }
+
+    /// [`diff`](Self::diff) over some virtual servers and addresses only (those a partial sync
+    /// touched), each given with what is planned for it (`None`, `false`: nothing). Costs
+    /// O(what is given), whatever the size of the table.
+    pub fn diff_scoped<'a>(
+        &self,
+        servers: impl IntoIterator<Item = (VirtualKey, Option<&'a VirtualServer>)>,
+        addresses: impl IntoIterator<Item = (IpAddr, bool)>,
+    ) -> Vec<IpvsOp> {
+        let (mut bind, mut unbind) = (Vec::new(), Vec::new());
+        for (address, planned) in addresses {
+            match (self.addresses.contains(&address), planned) {
+                (false, true) => bind.push(IpvsOp::BindAddress(address)),
+                (true, false) => unbind.push(IpvsOp::UnbindAddress(address)),
+                _ => {}
             }
         }
-        let gone = self.virtual_servers.keys().filter(|key| !planned.virtual_servers.contains_key(key));
-        ops.extend(gone.map(|key| IpvsOp::DelService(*key)));
-        ops.extend(self.addresses.difference(&planned.addresses).map(|a| IpvsOp::UnbindAddress(*a)));
+        let (mut ops, mut deleted) = (bind, Vec::new());
+        for (key, planned) in servers {
+            match (self.virtual_servers.get(&key), planned) {
+                (None, Some(server)) => {
+                    ops.push(IpvsOp::AddService(key, server.clone()));
+                    ops.extend(server.real_servers.iter().map(|(real, weight)| IpvsOp::AddDest(key, *real, *weight)));
+                }
+                (Some(applied), Some(server)) => server_ops(key, applied, server, &mut ops),
+                (Some(_), None) => deleted.push(IpvsOp::DelService(key)),
+                (None, None) => {}
+            }
+        }
+        ops.extend(deleted);
+        ops.extend(unbind);
         ops
     }
 
@@ -110,6 +123,33 @@ impl IpvsTable {
         self.virtual_servers
             .iter()
             .flat_map(|(key, server)| server.real_servers.iter().filter(|(_, w)| **w == 0).map(move |(r, _)| (key, r)))
+    }
+}
+
+/// The operations that take one virtual server from `applied` to `planned`. A real server that
+/// leaves a TCP virtual server is drained (weight 0, see the module documentation); one of UDP or
+/// SCTP is deleted at once, as upstream (no connection to finish: `expire_nodest_conn` ends its
+/// flows).
+fn server_ops(key: VirtualKey, applied: &VirtualServer, planned: &VirtualServer, ops: &mut Vec<IpvsOp>) {
+    if applied.attributes_differ(planned) {
+        ops.push(IpvsOp::EditService(key, planned.clone()));
+    }
+    for (real, weight) in &planned.real_servers {
+        match applied.real_servers.get(real) {
+            None => ops.push(IpvsOp::AddDest(key, *real, *weight)),
+            Some(old) if old != weight => ops.push(IpvsOp::EditDest(key, *real, *weight)),
+            Some(_) => {}
+        }
+    }
+    for (real, weight) in &applied.real_servers {
+        if planned.real_servers.contains_key(real) {
+            continue;
+        }
+        if key.protocol != Protocol::Tcp {
+            ops.push(IpvsOp::DelDest(key, *real));
+        } else if *weight != 0 {
+            ops.push(IpvsOp::EditDest(key, *real, 0));
+        }
     }
 }
 
@@ -190,5 +230,16 @@ mod tests {
         let mut after = applied.clone();
         after.apply(&ops);
         assert_eq!(after, planned);
+    }
+
+    #[test]
+    fn a_udp_real_server_that_leaves_is_deleted_at_once() {
+        let mut p = port("dns", "10.96.0.10", vec![ep("10.244.0.11", 53, false), ep("10.244.0.12", 53, false)]);
+        p.name.protocol = Protocol::Udp;
+        let applied = IpvsPlan::new(&ipvs_cfg(), &node(), [&p]).table;
+        p.cluster_endpoints.pop();
+        let planned = IpvsPlan::new(&ipvs_cfg(), &node(), [&p]).table;
+        let vs = VirtualKey { protocol: Protocol::Udp, address: "10.96.0.10".parse().unwrap(), port: 80 };
+        assert_eq!(applied.diff(&planned), [IpvsOp::DelDest(vs, real("10.244.0.12", 53))]);
     }
 }

@@ -42,8 +42,9 @@ pub struct HelperRules {
     pub firewall: BTreeMap<VirtualKey, Vec<IpNet>>,
     /// The addresses on `kube-ipvs0`.
     pub ipvs_addresses: BTreeSet<IpAddr>,
-    /// Every virtual server: traffic to a `kube-ipvs0` address on another port is dropped
-    /// (`KUBE-IPVS-FILTER`).
+    /// Every virtual server: a new connection to a `kube-ipvs0` address on another port is
+    /// rejected (`KUBE-IPVS-FILTER`; replies to the node's own connections through a Service
+    /// come back to that address on the client's port, and pass).
     pub virtual_servers: BTreeSet<VirtualKey>,
 }
 
@@ -88,32 +89,40 @@ impl HelperRules {
         self.hairpin.extend(endpoints.map(|e| (RealServer::from(e), port.name.protocol)));
     }
 
+    /// Every element of the sets, both families.
+    pub fn elements(&self) -> BTreeSet<HelperElement> {
+        use HelperElement as E;
+        let mut out = BTreeSet::new();
+        out.extend(self.cluster_ips.iter().map(|k| E::ClusterIp(*k)));
+        out.extend(self.masquerade_external.iter().map(|k| E::MasqueradeExternal(*k)));
+        out.extend(self.hairpin.iter().map(|(r, p)| E::Hairpin(*r, *p)));
+        out.extend(self.no_endpoints.iter().map(|k| E::NoEndpoints(*k)));
+        out.extend(self.no_local_endpoints.iter().map(|k| E::NoLocalEndpoints(*k)));
+        out.extend(self.firewall.keys().map(|k| E::Firewall(*k)));
+        out.extend(self.firewall.iter().flat_map(|(k, ranges)| ranges.iter().map(|r| E::FirewallAllow(*k, r.trunc()))));
+        out.extend(self.ipvs_addresses.iter().map(|a| E::IpvsAddress(*a)));
+        out.extend(self.virtual_servers.iter().map(|k| E::VirtualServer(*k)));
+        out
+    }
+
     /// The `nft -f` script that creates the table of `family` with its sets' elements.
     pub fn script(&self, family: IpFamily) -> String {
+        self.script_with(family, &self.elements())
+    }
+
+    /// The `nft -f` script that creates the table of `family` holding `elements` (those of
+    /// `family`), under these rules' masquerading settings.
+    pub fn script_with(&self, family: IpFamily, elements: &BTreeSet<HelperElement>) -> String {
         let ip = family_keyword(family);
         let addr = match family {
             IpFamily::V4 => "ipv4_addr",
             IpFamily::V6 => "ipv6_addr",
         };
         let frontend_type = format!("{addr} . inet_proto . inet_service");
-        let of_family = |keys: &BTreeSet<VirtualKey>| -> Vec<String> {
-            keys.iter().filter(|k| k.family() == family).map(frontend).collect()
-        };
-        let hairpin: Vec<String> = self
-            .hairpin
-            .iter()
-            .filter(|(r, _)| IpFamily::of(&r.address) == family)
-            .map(|(r, p)| format!("{} . {} . {} . {}", r.address, p.as_str(), r.port, r.address))
-            .collect();
-        let firewall: Vec<String> = self
-            .firewall
-            .iter()
-            .filter(|(k, _)| k.family() == family)
-            .flat_map(|(k, ranges)| ranges.iter().map(move |r| format!("{} . {}", frontend(k), r.trunc())))
-            .collect();
-        let firewalled: BTreeSet<VirtualKey> = self.firewall.keys().copied().collect();
-        let addresses: Vec<String> =
-            self.ipvs_addresses.iter().filter(|a| IpFamily::of(a) == family).map(ToString::to_string).collect();
+        let mut by_set: BTreeMap<&str, Vec<String>> = BTreeMap::new();
+        for element in elements.iter().filter(|e| e.family() == family) {
+            by_set.entry(element.set()).or_default().push(element.text());
+        }
         let mark = self.masquerade_mark;
         let pods: Vec<String> = self
             .cluster_cidrs
@@ -123,20 +132,16 @@ impl HelperRules {
             .collect();
 
         let mut out = format!("table {ip} {TABLE} {{\n");
-        let sets = [
-            ("cluster-ips", frontend_type.as_str(), "", of_family(&self.cluster_ips)),
-            ("masquerade-external", &frontend_type, "", of_family(&self.masquerade_external)),
-            ("hairpin", &format!("{frontend_type} . {addr}"), "", hairpin),
-            ("no-endpoints", &frontend_type, "", of_family(&self.no_endpoints)),
-            ("no-local-endpoints", &frontend_type, "", of_family(&self.no_local_endpoints)),
-            ("firewall", &frontend_type, "", of_family(&firewalled)),
-            ("firewall-allow", &format!("{frontend_type} . {addr}"), " flags interval;", firewall),
-            ("ipvs-addresses", addr, "", addresses),
-            ("virtual-servers", &frontend_type, "", of_family(&self.virtual_servers)),
-        ];
-        for (name, ty, flags, elements) in sets {
-            let _ = write!(out, "\tset {name} {{ type {ty};{flags}");
-            if !elements.is_empty() {
+        let with_addr = format!("{frontend_type} . {addr}");
+        for set in HelperElement::SETS {
+            let (ty, flags) = match set {
+                "hairpin" => (with_addr.as_str(), ""),
+                "firewall-allow" => (with_addr.as_str(), " flags interval;"),
+                "ipvs-addresses" => (addr, ""),
+                _ => (frontend_type.as_str(), ""),
+            };
+            let _ = write!(out, "\tset {set} {{ type {ty};{flags}");
+            if let Some(elements) = by_set.get(set) {
                 let _ = write!(out, " elements = {{ {} }};", elements.join(", "));
             }
             out.push_str(" }\n");
@@ -148,7 +153,7 @@ impl HelperRules {
                  \t\tct state new {key} @no-endpoints reject\n\
                  \t\tct state new {key} @no-local-endpoints drop\n\
                  \t\t{key} @firewall {key} . {ip} saddr != @firewall-allow drop\n\
-                 \t\t{ip} daddr @ipvs-addresses {key} != @virtual-servers drop\n\t}}\n"
+                 \t\tct state new {ip} daddr @ipvs-addresses {key} != @virtual-servers reject\n\t}}\n"
             )
         };
         // IPVS takes new connections at LOCAL_IN (priority 98) and, from local clients, at
@@ -171,7 +176,7 @@ impl HelperRules {
              \t\t{key} @masquerade-external meta mark set meta mark | {mark:#x}\n\t}}\n\
              \tchain nat-prerouting {{\n\t\ttype nat hook prerouting priority dstnat; policy accept;\n\
              \t\tjump mark-for-masquerade\n\t}}\n\
-             \tchain nat-output {{\n\t\ttype nat hook output priority dstnat; policy accept;\n\
+             \tchain nat-output {{\n\t\ttype nat hook output priority -100; policy accept;\n\
              \t\tjump mark-for-masquerade\n\t}}\n\
              \tchain nat-postrouting {{\n\t\ttype nat hook postrouting priority srcnat; policy accept;\n\
              \t\tmeta mark & {mark:#x} == {mark:#x} meta mark set meta mark ^ {mark:#x} masquerade fully-random\n\
@@ -179,6 +184,109 @@ impl HelperRules {
         );
         out
     }
+}
+
+/// One element of a set of the helper table: what a partial sync adds or deletes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum HelperElement {
+    /// `cluster-ips`: a ClusterIP frontend.
+    ClusterIp(VirtualKey),
+    /// `masquerade-external`: an external frontend of a Cluster traffic policy.
+    MasqueradeExternal(VirtualKey),
+    /// `hairpin`: an endpoint that reaches itself through a Service is masqueraded.
+    Hairpin(RealServer, Protocol),
+    /// `no-endpoints`: rejected.
+    NoEndpoints(VirtualKey),
+    /// `no-local-endpoints`: dropped.
+    NoLocalEndpoints(VirtualKey),
+    /// `firewall`: a load-balancer frontend with source ranges.
+    Firewall(VirtualKey),
+    /// `firewall-allow`: a source range it accepts.
+    FirewallAllow(VirtualKey, IpNet),
+    /// `ipvs-addresses`: an address of `kube-ipvs0`.
+    IpvsAddress(IpAddr),
+    /// `virtual-servers`: a virtual server (new connections to other ports of its address are
+    /// rejected).
+    VirtualServer(VirtualKey),
+}
+
+impl HelperElement {
+    /// The sets of the helper table, in the order the script declares them.
+    pub const SETS: [&'static str; 9] = [
+        "cluster-ips",
+        "masquerade-external",
+        "hairpin",
+        "no-endpoints",
+        "no-local-endpoints",
+        "firewall",
+        "firewall-allow",
+        "ipvs-addresses",
+        "virtual-servers",
+    ];
+
+    /// The set it belongs to.
+    pub fn set(&self) -> &'static str {
+        use HelperElement as E;
+        match self {
+            E::ClusterIp(_) => "cluster-ips",
+            E::MasqueradeExternal(_) => "masquerade-external",
+            E::Hairpin(..) => "hairpin",
+            E::NoEndpoints(_) => "no-endpoints",
+            E::NoLocalEndpoints(_) => "no-local-endpoints",
+            E::Firewall(_) => "firewall",
+            E::FirewallAllow(..) => "firewall-allow",
+            E::IpvsAddress(_) => "ipvs-addresses",
+            E::VirtualServer(_) => "virtual-servers",
+        }
+    }
+
+    /// The family of the table that holds it.
+    pub fn family(&self) -> IpFamily {
+        use HelperElement as E;
+        match self {
+            E::ClusterIp(k)
+            | E::MasqueradeExternal(k)
+            | E::NoEndpoints(k)
+            | E::NoLocalEndpoints(k)
+            | E::Firewall(k)
+            | E::FirewallAllow(k, _)
+            | E::VirtualServer(k) => k.family(),
+            E::Hairpin(real, _) => IpFamily::of(&real.address),
+            E::IpvsAddress(address) => IpFamily::of(address),
+        }
+    }
+
+    /// The element as nft writes it: `10.96.0.10 . tcp . 80`.
+    pub fn text(&self) -> String {
+        use HelperElement as E;
+        match self {
+            E::ClusterIp(k)
+            | E::MasqueradeExternal(k)
+            | E::NoEndpoints(k)
+            | E::NoLocalEndpoints(k)
+            | E::Firewall(k)
+            | E::VirtualServer(k) => frontend(k),
+            E::FirewallAllow(k, range) => format!("{} . {range}", frontend(k)),
+            E::Hairpin(r, p) => format!("{} . {} . {} . {}", r.address, p.as_str(), r.port, r.address),
+            E::IpvsAddress(address) => address.to_string(),
+        }
+    }
+}
+
+/// The `nft -f` script of a partial sync: `removed` elements deleted from their sets, then
+/// `added` ones added (empty when both are).
+pub fn element_script(added: &[HelperElement], removed: &[HelperElement]) -> String {
+    let mut out = String::new();
+    for (verb, elements) in [("delete", removed), ("add", added)] {
+        let mut by_set: BTreeMap<(IpFamily, &str), Vec<String>> = BTreeMap::new();
+        for element in elements {
+            by_set.entry((element.family(), element.set())).or_default().push(element.text());
+        }
+        for ((family, set), texts) in by_set {
+            let _ = writeln!(out, "{verb} element {} {TABLE} {set} {{ {} }}", family_keyword(family), texts.join(", "));
+        }
+    }
+    out
 }
 
 /// A frontend as an element: `10.96.0.10 . tcp . 80`.
@@ -244,7 +352,7 @@ mod tests {
             "\tset ipvs-addresses { type ipv4_addr; elements = { 10.96.0.10 }; }",
             "\t\tip saddr != { 10.244.0.0/16 } ip daddr . meta l4proto . th dport @cluster-ips meta mark set meta mark | 0x4000",
             "\t\tct state new ip daddr . meta l4proto . th dport @no-endpoints reject",
-            "\t\tip daddr @ipvs-addresses ip daddr . meta l4proto . th dport != @virtual-servers drop",
+            "\t\tct state new ip daddr @ipvs-addresses ip daddr . meta l4proto . th dport != @virtual-servers reject",
             "\t\tmeta mark & 0x4000 == 0x4000 meta mark set meta mark ^ 0x4000 masquerade fully-random",
         ] {
             assert!(script.lines().any(|l| l == line), "{line:?} not in\n{script}");
@@ -256,5 +364,31 @@ mod tests {
         cfg.masquerade_all = true;
         let all = IpvsPlan::new(&cfg, &node(), [&v4]).helpers.script(IpFamily::V4);
         assert!(all.contains("\t\tip daddr . meta l4proto . th dport @cluster-ips meta mark set"), "{all}");
+    }
+
+    #[test]
+    fn a_partial_sync_deletes_then_adds_elements_per_family_and_set() {
+        let v4 = port("a", "10.96.0.10", vec![ep("10.244.0.11", 8080, false)]);
+        let v6 = port("a", "fd00:96::10", vec![]);
+        let plan = IpvsPlan::new(&ipvs_cfg(), &node(), [&v4, &v6]);
+        let elements: Vec<HelperElement> = plan.helpers.elements().into_iter().collect();
+        let (added, removed): (Vec<HelperElement>, Vec<HelperElement>) =
+            elements.iter().partition(|e| e.family() == IpFamily::V4);
+        let script = element_script(&added, &removed);
+        let lines: Vec<&str> = script.lines().collect();
+        assert_eq!(
+            lines,
+            [
+                "delete element ip6 roadkeeper-ipvs cluster-ips { fd00:96::10 . tcp . 80 }",
+                "delete element ip6 roadkeeper-ipvs ipvs-addresses { fd00:96::10 }",
+                "delete element ip6 roadkeeper-ipvs no-endpoints { fd00:96::10 . tcp . 80 }",
+                "delete element ip6 roadkeeper-ipvs virtual-servers { fd00:96::10 . tcp . 80 }",
+                "add element ip roadkeeper-ipvs cluster-ips { 10.96.0.10 . tcp . 80 }",
+                "add element ip roadkeeper-ipvs hairpin { 10.244.0.11 . tcp . 8080 . 10.244.0.11 }",
+                "add element ip roadkeeper-ipvs ipvs-addresses { 10.96.0.10 }",
+                "add element ip roadkeeper-ipvs virtual-servers { 10.96.0.10 . tcp . 80 }",
+            ]
+        );
+        assert!(element_script(&[], &[]).is_empty());
     }
 }

@@ -12,7 +12,7 @@
 //! # Helper rules: nftables, not iptables + ipset
 //!
 //! IPVS balances, but masquerading, hairpin, source ranges, REJECT/DROP for Services without
-//! (local) endpoints and dropping other ports on `kube-ipvs0` addresses need netfilter rules.
+//! (local) endpoints and rejecting other ports on `kube-ipvs0` addresses need netfilter rules.
 //! Upstream writes them as iptables chains matching ipsets (`KUBE-CLUSTER-IP`, `KUBE-LOOP-BACK`,
 //! `KUBE-LOAD-BALANCER-SOURCE-CIDR`...). roadkeeper writes them as one nftables table per family,
 //! `roadkeeper-ipvs`, whose named sets hold the same elements as those ipsets:
@@ -33,7 +33,9 @@ pub mod diff;
 pub mod helpers;
 pub mod plan;
 pub mod show;
+pub mod state;
 
 pub use diff::IpvsOp;
-pub use helpers::HelperRules;
+pub use helpers::{HelperElement, HelperRules, element_script};
 pub use plan::{FrontendKind, IpvsPlan, IpvsTable, RealServer, Scheduler, VirtualKey, VirtualServer};
+pub use state::{IpvsState, Touched};

@@ -186,6 +186,23 @@ pub struct VirtualServer {
 }
 
 impl VirtualServer {
+    /// A virtual server read back from the kernel: the kernel knows no Service or frontend kind
+    /// (an empty Service name, `ClusterIp`); what a diff compares, scheduler, persistence and
+    /// real servers, is the kernel's.
+    pub fn found(
+        key: &VirtualKey,
+        scheduler: Scheduler,
+        persistence: Option<u32>,
+        real_servers: BTreeMap<RealServer, u32>,
+    ) -> VirtualServer {
+        let service = ServicePortName {
+            service: roadkeeper_cluster::NamespacedName::new("", ""),
+            port: String::new(),
+            protocol: key.protocol,
+        };
+        VirtualServer { service, kind: FrontendKind::ClusterIp, scheduler, persistence, real_servers }
+    }
+
     /// True when the kernel must update the service itself (not its real servers) to go from
     /// `self` to `other`.
     pub fn attributes_differ(&self, other: &VirtualServer) -> bool {
@@ -287,6 +304,21 @@ pub fn stale_virtual_servers<'a>(
 ) -> Vec<&'a VirtualKey> {
     let ours = |key: &VirtualKey| !exclude_cidrs.iter().any(|c| c.contains(&key.address));
     found.into_iter().filter(|key| !plan.virtual_servers.contains_key(key) && ours(key)).collect()
+}
+
+/// The virtual servers `roadkeeper cleanup` deletes among those `found` in the kernel: IPVS
+/// mode's, and no other program's. Those on an address of `kube-ipvs0` (`dummy_addresses`:
+/// ClusterIPs, externalIPs, LB IPs), and NodePorts: those on another address of the node
+/// (`node_addresses`) with a port in `node_ports` (`--service-node-port-range`'s default unless
+/// told).
+pub fn cleanup_virtual_servers<'a>(
+    found: impl IntoIterator<Item = &'a VirtualKey>,
+    dummy_addresses: &BTreeSet<IpAddr>,
+    node_addresses: &[IpAddr],
+    node_ports: roadkeeper_cluster::NodePortRange,
+) -> Vec<&'a VirtualKey> {
+    let node_port = |key: &VirtualKey| node_addresses.contains(&key.address) && node_ports.contains(key.port.into());
+    found.into_iter().filter(|key| dummy_addresses.contains(&key.address) || node_port(key)).collect()
 }
 
 #[cfg(test)]
@@ -421,6 +453,16 @@ pub(crate) mod tests {
         let exclude = ["172.16.0.0/12".parse().unwrap()];
         let stale = stale_virtual_servers(&plan.table, &found, &exclude);
         assert_eq!(stale, [&key("10.96.0.11", 80)]);
+    }
+
+    #[test]
+    fn cleanup_takes_service_addresses_and_node_ports_only() {
+        let found =
+            [key("10.96.0.10", 80), key("192.168.77.2", 30080), key("192.168.77.2", 8080), key("172.16.0.5", 80)];
+        let dummy = BTreeSet::from(["10.96.0.10".parse().unwrap()]);
+        let node = ["192.168.77.2".parse().unwrap()];
+        let ours = cleanup_virtual_servers(&found, &dummy, &node, roadkeeper_cluster::NodePortRange::DEFAULT);
+        assert_eq!(ours, [&key("10.96.0.10", 80), &key("192.168.77.2", 30080)]);
     }
 
     #[test]

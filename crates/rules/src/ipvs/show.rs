@@ -18,7 +18,7 @@ pub fn ipvsadm_list(table: &IpvsTable) -> String {
             Protocol::Udp => "UDP",
             Protocol::Sctp => "SCTP",
         };
-        let _ = write!(out, "{protocol}  {key} {}", server.scheduler);
+        let _ = write!(out, "{protocol:<4} {key} {}", server.scheduler);
         if let Some(timeout) = server.persistence {
             let _ = write!(out, " persistent {timeout}");
         }
