@@ -1,5 +1,5 @@
 //! Roads through a two-node cluster of manifests (no root, no kernel): the tracer over the plan
-//! each node's proxy would program, in both backends.
+//! each node's proxy would program, in every backend.
 
 use std::net::{IpAddr, SocketAddr};
 
@@ -149,30 +149,34 @@ fn nodes(mode: ProxyMode) -> Vec<Node> {
 /// How a landing ends: fate, DNAT target, pod, masqueraded.
 type Fate = (&'static str, Option<SocketAddr>, Option<String>, bool);
 
-/// The road of `url` from `origin` in both backends (which must agree on every landing).
+/// The road of `url` from `origin` in every backend (which must agree on every landing).
 fn walk(origin: Origin, url: &str, observed: Observed) -> Road {
     walk_request(origin, Request::parse(url).unwrap(), observed, false)
 }
 
-/// The road of `request` from `origin` in both backends; `ingress_dns`: as in the lab.
+/// The road of `request` from `origin` in every backend; `ingress_dns`: as in the lab.
 fn walk_request(origin: Origin, request: Request, observed: Observed, ingress_dns: bool) -> Road {
+    let [nftables, ..] = roads(origin, request, observed, ingress_dns);
+    nftables
+}
+
+/// The roads of `request` from `origin` in nftables, iptables and IPVS mode, checked to agree.
+fn roads(origin: Origin, request: Request, observed: Observed, ingress_dns: bool) -> [Road; 3] {
     let dir = tempfile::tempdir().unwrap();
     std::fs::write(dir.path().join("cluster.yaml"), MANIFESTS).unwrap();
     let (source, errors) = ManifestSource::load(dir.path()).unwrap();
     assert!(errors.is_empty(), "{errors:?}");
-    let roads: Vec<Road> = [ProxyMode::Nftables, ProxyMode::Iptables]
-        .map(|mode| {
-            let world = World {
-                store: source.store(),
-                nodes: nodes(mode),
-                cluster_domain: "cluster.local".into(),
-                ingress_service: NamespacedName::new("kube-system", "roadkeeper-ingress"),
-                ingress_class: ClassConfig::default(),
-                ingress_dns,
-            };
-            road(&world, &origin, &request, &observed).unwrap()
-        })
-        .into();
+    let roads: [Road; 3] = [ProxyMode::Nftables, ProxyMode::Iptables, ProxyMode::Ipvs].map(|mode| {
+        let world = World {
+            store: source.store(),
+            nodes: nodes(mode),
+            cluster_domain: "cluster.local".into(),
+            ingress_service: NamespacedName::new("kube-system", "roadkeeper-ingress"),
+            ingress_class: ClassConfig::default(),
+            ingress_dns,
+        };
+        road(&world, &origin, &request, &observed).unwrap()
+    });
     let fates = |road: &Road| -> Vec<Vec<Fate>> {
         road.legs
             .iter()
@@ -185,9 +189,10 @@ fn walk_request(origin: Origin, request: Request, observed: Observed, ingress_dn
             .collect()
     };
     assert_eq!(fates(&roads[0]), fates(&roads[1]), "nftables and iptables disagree");
+    assert_eq!(fates(&roads[0]), fates(&roads[2]), "nftables and IPVS disagree");
     let text = text::render(&roads[0]);
     assert!(text.contains("node proxy  nftables rules of "), "{text}");
-    roads.into_iter().next().unwrap()
+    roads
 }
 
 fn pod(namespace: &str, name: &str) -> Origin {
@@ -318,6 +323,26 @@ fn a_service_without_endpoints_is_rejected() {
     assert!(leg.followed.is_none());
     let text = text::render(&road);
     assert!(text.contains("no endpoints in its EndpointSlices") && text.contains("rejected"), "{text}");
+}
+
+#[test]
+fn in_ipvs_mode_the_node_proxy_names_the_virtual_server_and_each_real_server() {
+    let request = Request::parse("http://hello/").unwrap();
+    let [_, _, ipvs] = roads(pod("default", "hello-b"), request, Observed::default(), false);
+    let text = text::render(&ipvs);
+    for line in [
+        "node proxy  ipvs rules of node-2, in the order the packet meets them:",
+        "    IPVS LOCAL_IN (ip_vs hook input priority 99)",
+        "      #0 virtual server lookup (ipvsadm -Ln) [element TCP 10.96.0.100:80 rr, chance 0.500] => DNAT 10.244.1.4:8080",
+    ] {
+        assert!(text.lines().any(|l| l == line), "{line:?} not in\n{text}");
+    }
+    let mut landings: Vec<(Option<String>, bool)> =
+        ipvs.legs[0].landings.iter().map(|l| (l.pod.clone(), l.masquerade.is_some())).collect();
+    landings.sort();
+    let pod = |name: &str| Some(format!("default/{name}"));
+    assert_eq!(landings, [(pod("hello-a"), false), (pod("hello-b"), true)], "the hairpin to itself is masqueraded");
+    assert!(text.contains("roadkeeper-ipvs nat-postrouting"), "{text}");
 }
 
 #[test]

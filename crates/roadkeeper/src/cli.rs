@@ -84,9 +84,10 @@ pub enum Command {
     /// Follow a request down the road, one station at a time, computed by the code that builds
     /// the rules: the DNS answer for a name, the Service and port, the EndpointSlices and the
     /// endpoints eligible on the node the packet enters, the node's nftables or iptables rules
-    /// it passes (in order, with their verdicts), the DNAT target, the pod and node it lands on,
-    /// whether its source is masqueraded and why, and for the Ingress controller's Service the
-    /// Ingress rule that matched and the leg to the backend.
+    /// it passes (in order, with their verdicts; in IPVS mode, --proxy-mode ipvs, the helper
+    /// rules and the IPVS virtual server with its scheduler's choices), the DNAT target, the pod
+    /// and node it lands on, whether its source is masqueraded and why, and for the Ingress
+    /// controller's Service the Ingress rule that matched and the leg to the backend.
     ///
     /// In the lab (the default: no --from-node) it also sends the real request from --from and
     /// shows the answer, the pod that gave it and the connection's conntrack entry. With

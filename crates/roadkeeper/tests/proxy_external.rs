@@ -336,3 +336,33 @@ fn node_ports_outside_the_range_and_broken_documents_are_refused_and_the_rest_of
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(!out.status.success() && stderr.contains("cannot be used with '--service-node-port-range"), "{stderr}");
 }
+
+/// IPVS mode's helper tables, as `roadkeeper rules --proxy-mode ipvs` prints them, load into
+/// this kernel's nf_tables in both families, every set and the short-circuit map filled (IPVS
+/// itself is tried in the VM: the `ipvs::` cases).
+#[test]
+fn ipvs_helper_tables_printed_by_rules_load_into_nftables() {
+    let mut c = Cluster::new("rk-ipvsnft", Backend::Ipvs);
+    local_and_remote_pods(&mut c);
+    let ranges = format!("{}/32", c.client_ip(Family::V4));
+    let extra = format!("externalTrafficPolicy: Local, loadBalancerSourceRanges: [{ranges}, \"fd00::/8\"]");
+    c.write("web.yaml", &load_balancer(&extra));
+    c.write("empty.yaml", &selectorless_service_manifest("empty", WEB + 1));
+    let args = c.proxy_args_for("rules", &[]);
+    let out = c.roadkeeper(&args.iter().map(String::as_str).collect::<Vec<_>>());
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let printed = String::from_utf8_lossy(&out.stdout).into_owned();
+    let script = &printed[printed.find("table ip ").expect("the helper tables")..];
+    let loaded = c.lab.node().exec_with_input(["nft", "-f", "-"], script).expect("run nft");
+    assert!(loaded.status.success(), "{}\n{script}", String::from_utf8_lossy(&loaded.stderr));
+    for family in FAMILIES {
+        let table =
+            String::from_utf8_lossy(&c.nft(&["list", "table", family.nft(), "roadkeeper-ipvs"]).stdout).into_owned();
+        let node_port = format!("{} . tcp . {} : {} . 80", family.node_ip(), node_port(WEB), family.cluster_ip(WEB));
+        assert!(table.contains(&node_port), "{family:?}: no short-circuit of the NodePort in\n{table}");
+        let empty = format!("{} . tcp . 80", family.cluster_ip(WEB + 1));
+        let no_endpoints =
+            table.split("set no-endpoints").nth(1).unwrap_or_default().split('}').next().unwrap_or_default();
+        assert!(no_endpoints.contains(&empty), "{family:?}: `empty` not rejected in\n{table}");
+    }
+}

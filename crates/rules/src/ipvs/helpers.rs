@@ -40,6 +40,10 @@ pub struct HelperRules {
     /// Load-balancer frontends with `loadBalancerSourceRanges`, and the sources they accept
     /// (`KUBE-LOAD-BALANCER-FW`, `KUBE-LOAD-BALANCER-SOURCE-CIDR`); other sources are dropped.
     pub firewall: BTreeMap<VirtualKey, Vec<IpNet>>,
+    /// External frontends of `externalTrafficPolicy: Local` ports, with the ClusterIP and port
+    /// they stand for: traffic from pods and from the node itself is sent there (to every
+    /// endpoint) instead, as the other modes short-circuit it to the Cluster set.
+    pub short_circuit: BTreeMap<VirtualKey, (IpAddr, u16)>,
     /// The addresses on `kube-ipvs0`.
     pub ipvs_addresses: BTreeSet<IpAddr>,
     /// Every virtual server: a new connection to a `kube-ipvs0` address on another port is
@@ -71,6 +75,8 @@ impl HelperRules {
             self.cluster_ips.insert(frontend);
         } else if !port.external_policy_local {
             self.masquerade_external.insert(frontend);
+        } else if let Some(cluster_ip) = port.cluster_ip {
+            self.short_circuit.insert(frontend, (cluster_ip, port.port));
         }
         if no_real_servers {
             // As the other modes: no endpoint at all is a reject, none on this node a drop.
@@ -100,6 +106,8 @@ impl HelperRules {
         out.extend(self.no_local_endpoints.iter().map(|k| E::NoLocalEndpoints(*k)));
         out.extend(self.firewall.keys().map(|k| E::Firewall(*k)));
         out.extend(self.firewall.iter().flat_map(|(k, ranges)| ranges.iter().map(|r| E::FirewallAllow(*k, r.trunc()))));
+        out.extend(self.short_circuit.iter().map(|(k, (ip, port))| E::ShortCircuit(*k, *ip, *port)));
+        out.extend(self.short_circuit.keys().map(|k| E::ShortCircuitFrontend(*k)));
         out.extend(self.ipvs_addresses.iter().map(|a| E::IpvsAddress(*a)));
         out.extend(self.virtual_servers.iter().map(|k| E::VirtualServer(*k)));
         out
@@ -134,32 +142,51 @@ impl HelperRules {
         let mut out = format!("table {ip} {TABLE} {{\n");
         let with_addr = format!("{frontend_type} . {addr}");
         for set in HelperElement::SETS {
-            let (ty, flags) = match set {
-                "hairpin" => (with_addr.as_str(), ""),
-                "firewall-allow" => (with_addr.as_str(), " flags interval;"),
-                "ipvs-addresses" => (addr, ""),
-                _ => (frontend_type.as_str(), ""),
+            let short_circuit = format!("{frontend_type} : {addr} . inet_service");
+            let (kind, ty, flags) = match set {
+                "hairpin" => ("set", with_addr.as_str(), ""),
+                "firewall-allow" => ("set", with_addr.as_str(), " flags interval;"),
+                "short-circuit" => ("map", short_circuit.as_str(), ""),
+                "ipvs-addresses" => ("set", addr, ""),
+                _ => ("set", frontend_type.as_str(), ""),
             };
-            let _ = write!(out, "\tset {set} {{ type {ty};{flags}");
+            let _ = write!(out, "\t{kind} {set} {{ type {ty};{flags}");
             if let Some(elements) = by_set.get(set) {
                 let _ = write!(out, " elements = {{ {} }};", elements.join(", "));
             }
             out.push_str(" }\n");
         }
         let key = format!("{ip} daddr . meta l4proto . th dport");
-        let filter = |name: &str, hook: &str, priority: &str| {
+        // A TCP client gets a reset (an IPv6 one would retry its SYN after an ICMPv6 error),
+        // others ICMP port unreachable.
+        let reject = |condition: &str| {
+            format!("\t\t{condition} meta l4proto tcp reject with tcp reset\n\t\t{condition} reject\n")
+        };
+        let filter = |name: &str, hook: &str, priority: &str, no_local: &str| {
             format!(
-                "\tchain {name} {{\n\t\ttype filter hook {hook} priority {priority}; policy accept;\n\
-                 \t\tct state new {key} @no-endpoints reject\n\
-                 \t\tct state new {key} @no-local-endpoints drop\n\
-                 \t\t{key} @firewall {key} . {ip} saddr != @firewall-allow drop\n\
-                 \t\tct state new {ip} daddr @ipvs-addresses {key} != @virtual-servers reject\n\t}}\n"
+                "\tchain {name} {{\n\t\ttype filter hook {hook} priority {priority}; policy accept;\n{}{no_local}\
+                 \t\t{key} @firewall {key} . {ip} saddr != @firewall-allow drop\n{}\t}}\n",
+                reject(&format!("ct state new {key} @no-endpoints")),
+                reject(&format!("ct state new {ip} daddr @ipvs-addresses {key} != @virtual-servers")),
             )
         };
         // IPVS takes new connections at LOCAL_IN (priority 98) and, from local clients, at
-        // LOCAL_OUT (priority -99): the filters run before it.
-        out.push_str(&filter("filter-input", "input", "filter"));
-        out.push_str(&filter("filter-output", "output", "-150"));
+        // LOCAL_OUT (priority -99): the filters run before it. The node's own traffic to a Local
+        // policy's external frontend is short-circuited (nat-output), never dropped for want of
+        // a local endpoint.
+        let no_local = format!("\t\tct state new {key} @no-local-endpoints drop\n");
+        out.push_str(&filter("filter-input", "input", "filter", &no_local));
+        out.push_str(&filter("filter-output", "output", "-150", ""));
+        // Pods' and the node's traffic to a Local policy's external frontend goes to its
+        // ClusterIP, that is to every endpoint (the node's masqueraded, as upstream's); the
+        // mark-for-masquerade jump comes first, as the DNAT ends the chain.
+        let protocols = "meta l4proto { tcp, udp, sctp }";
+        let dnat = format!("dnat to {key} map @short-circuit");
+        let pods_short_circuit = if pods.is_empty() {
+            String::new()
+        } else {
+            format!("\t\t{ip} saddr {{ {} }} {protocols} {dnat}\n", pods.join(", "))
+        };
         let cluster_ip_masq = match (self.masquerade_all, pods.is_empty()) {
             (true, _) => format!("\t\t{key} @cluster-ips meta mark set meta mark | {mark:#x}\n"),
             (false, false) => {
@@ -175,9 +202,10 @@ impl HelperRules {
             "\tchain mark-for-masquerade {{\n{cluster_ip_masq}\
              \t\t{key} @masquerade-external meta mark set meta mark | {mark:#x}\n\t}}\n\
              \tchain nat-prerouting {{\n\t\ttype nat hook prerouting priority dstnat; policy accept;\n\
-             \t\tjump mark-for-masquerade\n\t}}\n\
+             \t\tjump mark-for-masquerade\n{pods_short_circuit}\t}}\n\
              \tchain nat-output {{\n\t\ttype nat hook output priority -100; policy accept;\n\
-             \t\tjump mark-for-masquerade\n\t}}\n\
+             \t\tjump mark-for-masquerade\n\
+             \t\t{protocols} {key} @short-circuit-frontends meta mark set meta mark | {mark:#x} {dnat}\n\t}}\n\
              \tchain nat-postrouting {{\n\t\ttype nat hook postrouting priority srcnat; policy accept;\n\
              \t\tmeta mark & {mark:#x} == {mark:#x} meta mark set meta mark ^ {mark:#x} masquerade fully-random\n\
              \t\t{ip} saddr . meta l4proto . th dport . {ip} daddr @hairpin masquerade fully-random\n\t}}\n}}\n"
@@ -186,7 +214,7 @@ impl HelperRules {
     }
 }
 
-/// One element of a set of the helper table: what a partial sync adds or deletes.
+/// One element of a set (or map) of the helper table: what a partial sync adds or deletes.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub enum HelperElement {
     /// `cluster-ips`: a ClusterIP frontend.
@@ -203,6 +231,12 @@ pub enum HelperElement {
     Firewall(VirtualKey),
     /// `firewall-allow`: a source range it accepts.
     FirewallAllow(VirtualKey, IpNet),
+    /// `short-circuit`: an external frontend of a Local policy, and the ClusterIP and port its
+    /// pods' and node's traffic goes to.
+    ShortCircuit(VirtualKey, IpAddr, u16),
+    /// `short-circuit-frontends`: the keys of `short-circuit`, as a set (a map cannot be
+    /// matched as a set before Linux 6.x: 6.1 refuses it).
+    ShortCircuitFrontend(VirtualKey),
     /// `ipvs-addresses`: an address of `kube-ipvs0`.
     IpvsAddress(IpAddr),
     /// `virtual-servers`: a virtual server (new connections to other ports of its address are
@@ -211,8 +245,8 @@ pub enum HelperElement {
 }
 
 impl HelperElement {
-    /// The sets of the helper table, in the order the script declares them.
-    pub const SETS: [&'static str; 9] = [
+    /// The sets (and the one map) of the helper table, in the order the script declares them.
+    pub const SETS: [&'static str; 11] = [
         "cluster-ips",
         "masquerade-external",
         "hairpin",
@@ -220,6 +254,8 @@ impl HelperElement {
         "no-local-endpoints",
         "firewall",
         "firewall-allow",
+        "short-circuit",
+        "short-circuit-frontends",
         "ipvs-addresses",
         "virtual-servers",
     ];
@@ -235,6 +271,8 @@ impl HelperElement {
             E::NoLocalEndpoints(_) => "no-local-endpoints",
             E::Firewall(_) => "firewall",
             E::FirewallAllow(..) => "firewall-allow",
+            E::ShortCircuit(..) => "short-circuit",
+            E::ShortCircuitFrontend(_) => "short-circuit-frontends",
             E::IpvsAddress(_) => "ipvs-addresses",
             E::VirtualServer(_) => "virtual-servers",
         }
@@ -250,6 +288,8 @@ impl HelperElement {
             | E::NoLocalEndpoints(k)
             | E::Firewall(k)
             | E::FirewallAllow(k, _)
+            | E::ShortCircuit(k, ..)
+            | E::ShortCircuitFrontend(k)
             | E::VirtualServer(k) => k.family(),
             E::Hairpin(real, _) => IpFamily::of(&real.address),
             E::IpvsAddress(address) => IpFamily::of(address),
@@ -265,8 +305,10 @@ impl HelperElement {
             | E::NoEndpoints(k)
             | E::NoLocalEndpoints(k)
             | E::Firewall(k)
+            | E::ShortCircuitFrontend(k)
             | E::VirtualServer(k) => frontend(k),
             E::FirewallAllow(k, range) => format!("{} . {range}", frontend(k)),
+            E::ShortCircuit(k, ip, port) => format!("{} : {ip} . {port}", frontend(k)),
             E::Hairpin(r, p) => format!("{} . {} . {} . {}", r.address, p.as_str(), r.port, r.address),
             E::IpvsAddress(address) => address.to_string(),
         }
@@ -390,5 +432,29 @@ mod tests {
             ]
         );
         assert!(element_script(&[], &[]).is_empty());
+    }
+
+    #[test]
+    fn pods_and_the_node_reach_a_local_policys_external_frontends_through_the_cluster_ip() {
+        let mut p = port("local", "10.96.0.2", vec![ep("10.244.0.11", 8080, false)]);
+        p.node_port = Some(30080);
+        p.external_policy_local = true;
+        let mut cfg = ipvs_cfg();
+        cfg.cluster_cidrs = vec!["10.244.0.0/16".parse().unwrap()];
+        let plan = IpvsPlan::new(&cfg, &node(), [&p]);
+        let targets: Vec<String> =
+            plan.helpers.short_circuit.iter().map(|(k, (ip, port))| format!("{k} {ip}:{port}")).collect();
+        assert_eq!(targets, ["10.0.0.2:30080 10.96.0.2:80", "192.168.77.2:30080 10.96.0.2:80"]);
+        let script = plan.helpers.script(IpFamily::V4);
+        for line in [
+            "\tmap short-circuit { type ipv4_addr . inet_proto . inet_service : ipv4_addr . inet_service; elements = { 10.0.0.2 . tcp . 30080 : 10.96.0.2 . 80, 192.168.77.2 . tcp . 30080 : 10.96.0.2 . 80 }; }",
+            "\t\tip saddr { 10.244.0.0/16 } meta l4proto { tcp, udp, sctp } dnat to ip daddr . meta l4proto . th dport map @short-circuit",
+            "\t\tmeta l4proto { tcp, udp, sctp } ip daddr . meta l4proto . th dport @short-circuit-frontends meta mark set meta mark | 0x4000 dnat to ip daddr . meta l4proto . th dport map @short-circuit",
+            "\t\tct state new ip daddr . meta l4proto . th dport @no-endpoints meta l4proto tcp reject with tcp reset",
+        ] {
+            assert!(script.lines().any(|l| l == line), "{line:?} not in\n{script}");
+        }
+        let output = script.split("chain filter-output").nth(1).unwrap().split("chain ").next().unwrap();
+        assert!(!output.contains("no-local-endpoints"), "the node's own traffic is short-circuited: {output}");
     }
 }

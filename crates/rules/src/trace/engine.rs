@@ -35,6 +35,9 @@ pub(super) enum Evaluation {
     /// Every condition holds, and the rule picks one of this many outcomes at random (`numgen
     /// random mod n` as a key): evaluate it again with each [`Outcome::Pick`].
     Pick(u32),
+    /// Every condition holds, and the rule picks outcome `i` with a chance of weight `i` over the
+    /// sum of the weights (IPVS's schedulers): evaluate it again with each [`Outcome::Pick`].
+    Weighted(Vec<f64>),
     /// It matched: the element its lookup found, and what it does (a verdict last).
     Match {
         /// The set or map element found.
@@ -253,6 +256,13 @@ impl Walker {
             (_, Stage::At(HookPoint::Forward)) => Stage::At(HookPoint::Postrouting),
             (Entry::Host, Stage::At(HookPoint::Postrouting)) if local => Stage::Looped(HookPoint::Prerouting),
             (_, Stage::Looped(HookPoint::Prerouting)) => Stage::Looped(HookPoint::Input),
+            // Rewritten at input to an address that is not local (IPVS at LOCAL_IN): sent on
+            // through output and postrouting.
+            (Entry::Received, Stage::At(HookPoint::Input)) if !local => {
+                route();
+                Stage::At(HookPoint::Output)
+            }
+            (Entry::Received, Stage::At(HookPoint::Output)) => Stage::At(HookPoint::Postrouting),
             (_, Stage::At(HookPoint::Input) | Stage::Looped(HookPoint::Input)) => return Err(Delivery::Local),
             // Postrouting (the other stages do not occur on these paths).
             _ => return Err(Delivery::Forwarded),
@@ -318,6 +328,23 @@ impl Walker {
         }
     }
 
+    /// Decides a rule's pick of one of `weights.len()` outcomes, each with a chance of its weight
+    /// over their sum: this walker takes the first, a branch each other; the rule is then
+    /// evaluated again with that outcome.
+    fn pick(&mut self, weights: &[f64], budget: &mut usize, spawned: &mut Vec<Walker>) {
+        let sum: f64 = weights.iter().sum();
+        let chance = |i: usize| if sum > 0.0 { weights[i] / sum } else { 1.0 / weights.len() as f64 };
+        for i in 1..weights.len() {
+            let mut other = self.branch();
+            other.random = Some((Outcome::Pick(i as u32), chance(i)));
+            other.probability *= chance(i);
+            spawned.push(other);
+        }
+        self.random = Some((Outcome::Pick(0), chance(0)));
+        self.probability *= chance(0);
+        *budget += 1;
+    }
+
     /// Evaluates the next rule of the current chain (or leaves the chain at its end); a verdict
     /// when the path ends there.
     fn step<M: Model>(
@@ -361,17 +388,11 @@ impl Walker {
                 return Ok(None);
             }
             Evaluation::Pick(n) => {
-                // Each outcome with the same chance; this walker takes the first.
-                let p = 1.0 / f64::from(n.max(1));
-                for i in 1..n {
-                    let mut other = self.branch();
-                    other.random = Some((Outcome::Pick(i), p));
-                    other.probability *= p;
-                    spawned.push(other);
-                }
-                self.random = Some((Outcome::Pick(0), p));
-                self.probability *= p;
-                *budget += 1;
+                self.pick(&vec![1.0; n.max(1) as usize], budget, spawned);
+                return Ok(None);
+            }
+            Evaluation::Weighted(weights) => {
+                self.pick(&weights, budget, spawned);
                 return Ok(None);
             }
             Evaluation::NoMatch => (None, None),

@@ -19,8 +19,8 @@ pub const NODE: &str = "node-a";
 pub const PORT: u16 = 80;
 /// Port of every pod's echo server.
 pub const ECHO: u16 = 8080;
-/// Both backends.
-pub const BACKENDS: [ProxyMode; 2] = [ProxyMode::Nftables, ProxyMode::Iptables];
+/// Every backend.
+pub const BACKENDS: [ProxyMode; 3] = [ProxyMode::Nftables, ProxyMode::Iptables, ProxyMode::Ipvs];
 /// Both families.
 pub const FAMILIES: [IpFamily; 2] = [IpFamily::V4, IpFamily::V6];
 /// Both probe protocols.

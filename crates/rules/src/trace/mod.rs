@@ -1,6 +1,7 @@
 //! The road one packet takes through our rules, computed: a model of how the kernel evaluates
 //! the tables roadkeeper writes, fed with exactly what a sync sends ([`nft::Tables`] applies
-//! nftables [`Op`](crate::nft::rule::Op)s, [`iptables::Tables`] applies `iptables-restore` input).
+//! nftables [`Op`](crate::nft::rule::Op)s, [`iptables::Tables`] applies `iptables-restore` input,
+//! [`ipvs::Tables`] the IPVS table and the `nft -f` scripts of IPVS mode's helper tables).
 //!
 //! A [`Packet`] is the first packet of a new connection (or UDP flow) entering the node's
 //! netfilter path ([`Entry`]); the [`Environment`] says which addresses are the node's own and
@@ -18,6 +19,7 @@
 
 mod engine;
 pub mod iptables;
+pub mod ipvs;
 pub mod nft;
 
 use std::collections::BTreeSet;
@@ -87,9 +89,6 @@ pub enum Error {
     /// larger than any we write.
     #[error("more than {MAX_RULES} rules evaluated (a goto loop?)")]
     TooLong,
-    /// The tracer does not model this proxy mode yet.
-    #[error("{0} mode: tracing packets is not yet supported (nftables and iptables are)")]
-    UnsupportedMode(ProxyMode),
 }
 
 /// Deepest nesting of jumps a trace follows.
@@ -128,8 +127,8 @@ pub struct Environment {
     /// The node's own addresses (`fib ... type local`, `addrtype LOCAL`, and whether the
     /// destination is delivered locally); loopback addresses always are.
     pub local_addresses: Vec<IpAddr>,
-    /// Affinity entries (nftables) or recent lists (iptables) already holding the packet's source
-    /// ([`Ruleset::affinity_sets`] names those of an endpoint).
+    /// Affinity entries (nftables), recent lists (iptables) or persistence templates (IPVS)
+    /// already holding the packet's source ([`Ruleset::affinity_sets`] names those of an endpoint).
     pub affinity: BTreeSet<String>,
 }
 
@@ -392,7 +391,7 @@ impl Path {
 /// Every way one packet can go through our rules.
 #[derive(Debug, Clone, PartialEq, Serialize)]
 pub struct Trace {
-    /// `nftables` or `iptables`.
+    /// `nftables`, `iptables` or `ipvs`.
     pub backend: &'static str,
     /// The packet.
     pub packet: Packet,
@@ -434,6 +433,8 @@ pub enum Ruleset {
     Nftables(nft::Tables),
     /// Our iptables chains.
     Iptables(iptables::Tables),
+    /// IPVS mode: the IPVS table and the helper tables.
+    Ipvs(ipvs::Tables),
 }
 
 impl Ruleset {
@@ -442,7 +443,7 @@ impl Ruleset {
         Ok(match plan.cfg.mode {
             ProxyMode::Nftables => Ruleset::Nftables(nft::Tables::of(&plan.nftables())?),
             ProxyMode::Iptables => Ruleset::Iptables(iptables::Tables::of(&plan.iptables())?),
-            ProxyMode::Ipvs => return Err(Error::UnsupportedMode(ProxyMode::Ipvs)),
+            ProxyMode::Ipvs => Ruleset::Ipvs(ipvs::Tables::of(&plan.ipvs())?),
         })
     }
 
@@ -451,16 +452,19 @@ impl Ruleset {
         match self {
             Ruleset::Nftables(tables) => tables.trace(packet, env),
             Ruleset::Iptables(tables) => tables.trace(packet, env),
+            Ruleset::Ipvs(tables) => tables.trace(packet, env),
         }
     }
 
-    /// The affinity entries (nftables) or recent lists (iptables) that the rules DNATing `protocol`
+    /// The affinity entries (nftables), recent lists (iptables) or persistence templates (IPVS,
+    /// [`ipvs::persistence_entry`]) that the rules DNATing `protocol`
     /// to `endpoint` add sources to: what [`Environment::affinity`] holds for a source pinned to
     /// that endpoint (of every Service port sending there).
     pub fn affinity_sets(&self, protocol: Protocol, endpoint: SocketAddr) -> BTreeSet<String> {
         match self {
             Ruleset::Nftables(tables) => tables.affinity_sets(protocol, endpoint),
             Ruleset::Iptables(tables) => tables.affinity_sets(protocol, endpoint),
+            Ruleset::Ipvs(tables) => tables.affinity_sets(protocol, endpoint),
         }
     }
 }
