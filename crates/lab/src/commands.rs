@@ -39,13 +39,16 @@ pub fn up(lab: &LabDir, up: &Up) -> Result<()> {
     if !(1..=roadkeeper_netlab::cluster::MAX_NODES).contains(&up.nodes) {
         return Err(Error::Invalid(format!("--nodes must be 1 to {}", roadkeeper_netlab::cluster::MAX_NODES)));
     }
-    if !["nftables", "iptables"].contains(&up.proxy_mode.as_str()) {
-        return Err(Error::Invalid(format!("--proxy-mode must be nftables or iptables, not {:?}", up.proxy_mode)));
-    }
-    let tools: &[&str] = if up.proxy_mode == "iptables" {
-        &["ip", "nft", "iptables-restore", "getent"]
-    } else {
-        &["ip", "nft", "getent"]
+    let tools: &[&str] = match up.proxy_mode.as_str() {
+        "nftables" => &["ip", "nft", "getent"],
+        "iptables" => &["ip", "nft", "iptables-restore", "getent"],
+        "ipvs" => {
+            ipvs_available()?;
+            &["ip", "nft", "getent", "ipvsadm"]
+        }
+        other => {
+            return Err(Error::Invalid(format!("--proxy-mode must be nftables, iptables or ipvs, not {other:?}")));
+        }
     };
     for tool in tools {
         if which(tool).is_none() {
@@ -150,6 +153,24 @@ fn problems_text(problems: &[String], runs: bool) -> String {
         let _ = writeln!(out, "  {problem}");
     }
     out
+}
+
+/// For `--proxy-mode ipvs`: loads IPVS and the dummy interface's driver (the nodes' proxies
+/// would), and refuses the mode, saying why, when this kernel has no IPVS.
+fn ipvs_available() -> Result<(), Error> {
+    let loaded = std::process::Command::new("modprobe").args(["-a", "ip_vs", "dummy"]).output();
+    // The kernel's IPVS table appears in /proc once IPVS is there (module or built in).
+    if std::path::Path::new("/proc/net/ip_vs").exists() {
+        return Ok(());
+    }
+    let why = match loaded {
+        Ok(out) => String::from_utf8_lossy(&out.stderr).trim().to_string(),
+        Err(err) => format!("modprobe: {err}"),
+    };
+    Err(Error::Invalid(format!(
+        "--proxy-mode ipvs needs a kernel with IPVS (the ip_vs module), and this one has none ({why}); \
+         the lab runs here with --proxy-mode nftables (the default) or iptables"
+    )))
 }
 
 fn which(tool: &str) -> Option<PathBuf> {

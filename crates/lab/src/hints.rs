@@ -76,11 +76,19 @@ pub fn hints(store: &Store, state: &State) -> Vec<(String, String)> {
         })
     });
     if let Some(service) = backend.or_else(|| user_services.first().map(|(k, _)| (*k).clone())) {
-        let (tutorial, lab) = match state.config.proxy_mode.as_str() {
-            "iptables" => ("iptables-save -t nat", "roadkeeper lab exec node-1 -- iptables-save -t nat"),
-            _ => ("nft list ruleset", "roadkeeper lab exec node-1 -- nft list ruleset"),
+        let lab = "roadkeeper lab exec node-1 --";
+        let hint = match state.config.proxy_mode.as_str() {
+            "iptables" => Some(format!("iptables-save -t nat | grep {service}")),
+            // IPVS names no Service: its virtual server is its ClusterIP and port.
+            "ipvs" => store.service(&service).and_then(|svc| {
+                let cluster_ip = svc.spec.as_ref()?.cluster_ip.as_deref().filter(|ip| *ip != "None")?;
+                Some(format!("ipvsadm -Ln -t {cluster_ip}:{}", port(svc)?))
+            }),
+            _ => Some(format!("nft list ruleset | grep {service}")),
         };
-        hints.push((format!("{tutorial} | grep {service}"), format!("{lab} | grep {service}")));
+        if let Some(hint) = hint {
+            hints.push((hint.clone(), format!("{lab} {hint}")));
+        }
     }
     match (&route, lb, pod) {
         (Some((host, path)), Some(lb), _) => {
@@ -163,7 +171,7 @@ mod tests {
         state.pods.push(pod);
         let mut objects = vec![Object::Service(object(
             json!({"metadata": {"name": "storefront", "namespace": "store"},
-                "spec": {"ports": [{"port": 8080}]}, "status": {"loadBalancer": {"ingress": [{"ip": "192.168.77.201"}]}}}),
+                "spec": {"clusterIP": "10.96.0.120", "ports": [{"port": 8080}]}, "status": {"loadBalancer": {"ingress": [{"ip": "192.168.77.201"}]}}}),
         ))];
         if ingress {
             objects.push(Object::Ingress(object(json!({"metadata": {"name": "shop", "namespace": "store"},
@@ -198,6 +206,20 @@ mod tests {
         assert!(lab_commands.contains(&"roadkeeper lab exec client -- curl -si http://192.168.77.201:8080/".into()));
         assert!(
             lab_commands.contains(&"roadkeeper trace http://storefront.store:8080/ --from store/shop-abc-x".into())
+        );
+    }
+
+    #[test]
+    fn in_ipvs_mode_the_rules_hint_lists_the_services_virtual_server() {
+        let (store, mut state) = lab(true);
+        state.config.proxy_mode = "ipvs".into();
+        let hints = hints(&store, &state);
+        assert!(
+            hints.contains(&(
+                "ipvsadm -Ln -t 10.96.0.120:8080".into(),
+                "roadkeeper lab exec node-1 -- ipvsadm -Ln -t 10.96.0.120:8080".into()
+            )),
+            "{hints:?}"
         );
     }
 }

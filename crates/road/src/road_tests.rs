@@ -330,10 +330,14 @@ fn in_ipvs_mode_the_node_proxy_names_the_virtual_server_and_each_real_server() {
     let request = Request::parse("http://hello/").unwrap();
     let [_, _, ipvs] = roads(pod("default", "hello-b"), request, Observed::default(), false);
     let text = text::render(&ipvs);
+    let leg = &ipvs.legs[0];
+    let followed = leg.landings[leg.followed.unwrap()].dnat.unwrap();
     for line in [
-        "node proxy  ipvs rules of node-2, in the order the packet meets them:",
-        "    IPVS LOCAL_IN (ip_vs hook input priority 99)",
-        "      #0 virtual server lookup (ipvsadm -Ln) [element TCP 10.96.0.100:80 rr, chance 0.500] => DNAT 10.244.1.4:8080",
+        "node proxy  ipvs rules of node-2, in the order the packet meets them:".to_string(),
+        "    IPVS LOCAL_IN (ip_vs hook input priority 99)".into(),
+        format!(
+            "      #0 virtual server lookup (ipvsadm -Ln) [element TCP 10.96.0.100:80 rr, chance 0.500] => DNAT {followed}"
+        ),
     ] {
         assert!(text.lines().any(|l| l == line), "{line:?} not in\n{text}");
     }

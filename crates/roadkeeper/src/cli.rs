@@ -459,7 +459,8 @@ pub enum LabCommand {
         /// Number of nodes (1-50).
         #[arg(long, default_value_t = 2)]
         nodes: u8,
-        /// The proxy's kernel backend in every node: nftables or iptables.
+        /// The proxy's kernel backend in every node: nftables, iptables or ipvs (ipvs needs a
+        /// kernel with IPVS, which is refused where there is none).
         #[arg(long, value_name = "MODE", default_value = "nftables")]
         proxy_mode: String,
     },

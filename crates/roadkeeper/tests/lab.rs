@@ -599,6 +599,27 @@ fn lab_up_with_broken_manifests_fails_at_once_naming_each_problem() {
     lab.ok(&["down"]);
 }
 
+/// `lab up --proxy-mode ipvs` on a kernel without IPVS (as this machine's) is refused at once,
+/// saying why and which modes work, and leaves nothing; where the kernel has IPVS the lab comes
+/// up in that mode and walks the road (`tests/vm/run.sh --exec` runs it on Debian 12's kernel).
+#[test]
+fn lab_up_in_ipvs_mode_runs_where_the_kernel_has_ipvs_and_is_refused_clearly_elsewhere() {
+    let lab = TestLab::new();
+    let output = lab.run(&["up", lab.manifests.to_str().unwrap(), "--nodes", "1", "--proxy-mode", "ipvs"]);
+    let (stdout, stderr) = (String::from_utf8_lossy(&output.stdout), String::from_utf8_lossy(&output.stderr));
+    if std::path::Path::new("/proc/net/ip_vs").exists() {
+        assert!(output.status.success(), "{stdout}\n{stderr}");
+        assert!(stdout.contains("proxy mode ipvs"), "{stdout}");
+        lab.ok(&["down"]);
+        return;
+    }
+    assert!(!output.status.success(), "lab up succeeded without IPVS: {stdout}");
+    for part in ["--proxy-mode ipvs needs a kernel with IPVS", "--proxy-mode nftables"] {
+        assert!(stderr.contains(part), "{part:?} missing from:\n{stderr}");
+    }
+    lab.assert_nothing_left();
+}
+
 /// An app with names of its own (Deployment `shop`, Service `storefront` on port 8080, Ingress
 /// path `/store`) and a StatefulSet the lab does not run.
 const SHOP: &str = "apiVersion: v1\nkind: ConfigMap\nmetadata: {name: shop-site}\ndata: {index.html: the shop}\n---\n\

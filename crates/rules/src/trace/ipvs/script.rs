@@ -4,9 +4,8 @@
 //! (tables, named sets and maps with their elements, base and regular chains; rules of `ct state`,
 //! address, protocol, port and mark comparisons against values, anonymous and named sets;
 //! statements setting the mark, DNAT through a map, masquerading, rejecting, dropping, accepting,
-//! jumping), and applied whole or
-//! refused, as `nft -f` commits a script. A construct outside it is a parse error naming its
-//! line, never skipped.
+//! jumping), and applied whole or refused, as `nft -f` commits a script. A construct outside it
+//! is a parse error naming its line, never skipped.
 
 use std::collections::BTreeMap;
 use std::fmt::Write as _;
@@ -572,11 +571,19 @@ fn parse_rule(words: &[String], family: IpFamily) -> Result<(Vec<Condition>, Vec
                 statements.push(Statement::Reject(None));
                 at += 1;
             }
-            ["drop", ..] => (statements.push(Statement::Drop), at += 1).1,
-            ["accept", ..] => (statements.push(Statement::Accept), at += 1).1,
-            ["return", ..] => (statements.push(Statement::Return), at += 1).1,
-            ["jump", chain, ..] => (statements.push(Statement::Jump(chain.to_string())), at += 2).1,
-            ["goto", chain, ..] => (statements.push(Statement::Goto(chain.to_string())), at += 2).1,
+            [verdict @ ("drop" | "accept" | "return"), ..] => {
+                statements.push(match *verdict {
+                    "drop" => Statement::Drop,
+                    "accept" => Statement::Accept,
+                    _ => Statement::Return,
+                });
+                at += 1;
+            }
+            [verdict @ ("jump" | "goto"), chain, ..] => {
+                let chain = chain.to_string();
+                statements.push(if *verdict == "jump" { Statement::Jump(chain) } else { Statement::Goto(chain) });
+                at += 2;
+            }
             ["dnat", "to", ..] => {
                 let (key, used) = parse_key(&words[at + 2..], family)?;
                 at += 2 + used;
