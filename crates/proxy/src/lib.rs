@@ -3,9 +3,9 @@
 //! [`nft`] sends the nftables ops as netlink batches and reads the kernel's answers; [`iptables`]
 //! runs `iptables-restore`; [`ipvs`] programs IPVS over generic netlink and `kube-ipvs0` over
 //! rtnetlink; [`conntrack`] dumps and deletes stale flows over ctnetlink;
-//! [`proxier`] is the trait the sync loop drives, with the state both backends keep; [`node`]
+//! [`proxier`] is the trait the sync loop drives, with the state every backend keeps; [`node`]
 //! finds this node's identity; [`health`] is what `/healthz` reports; [`sysctls`] writes
-//! kube-proxy's conntrack settings.
+//! kube-proxy's conntrack settings and IPVS mode's.
 
 pub mod conntrack;
 pub mod health;
@@ -21,7 +21,8 @@ mod tool;
 /// Errors of the proxy crate.
 #[derive(Debug, thiserror::Error)]
 pub enum Error {
-    /// The `nft` tool failed (cleanup); the text is its own error output.
+    /// The `nft` tool failed (cleanup, IPVS mode's helper tables); the text is its own error
+    /// output.
     #[error("nft: {0}")]
     Nft(String),
     /// nf_tables did not apply a transaction or answer a listing over netlink (in the message,

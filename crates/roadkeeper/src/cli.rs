@@ -187,7 +187,8 @@ pub struct ProxyArgs {
     pub once: bool,
     /// Write the node's conntrack settings and exit, as kube-proxy's `--init-only`: for a
     /// privileged init container, so that the proxy itself runs with `NET_ADMIN` alone (its
-    /// `/proc/sys` read-only). Fails if a setting cannot be written.
+    /// `/proc/sys` read-only). In IPVS mode also load IPVS's modules and write its settings.
+    /// Fails if a setting cannot be written (or, in IPVS mode, the kernel has no IPVS).
     #[arg(long, conflicts_with = "once")]
     pub init_only: bool,
 }
@@ -237,8 +238,8 @@ pub struct RuleArgs {
     /// kube-proxy).
     #[arg(long, value_name = "CIDRS", value_delimiter = ',')]
     pub nodeport_addresses: Option<Vec<String>>,
-    /// Kernel backend: `nftables` (default) or `iptables`; `ipvs` is planned (`roadkeeper rules`
-    /// prints it) and not yet programmed (`roadkeeper proxy` refuses it).
+    /// Kernel backend: `nftables` (default), `iptables` or `ipvs` (`proxy` needs a kernel with
+    /// IPVS for it; `rules` prints and `trace` follows a packet through any of the three).
     #[arg(long, value_name = "MODE")]
     pub proxy_mode: Option<String>,
     /// iptables mode: the packet-mark bit flagging traffic for masquerading (0-31, default 14).

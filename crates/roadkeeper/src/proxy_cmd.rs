@@ -231,12 +231,18 @@ fn setup_conntrack(cfg: &ProxyConfig) -> ProxyConfig {
     cfg
 }
 
-/// `--init-only`: writes the conntrack settings, failing with every one the node refused.
+/// `--init-only`: writes the conntrack settings (in IPVS mode also loads the modules, checks
+/// that the kernel has IPVS and writes IPVS's settings), failing with every one the node refused.
 fn init_only(cfg: &ProxyConfig) -> anyhow::Result<()> {
-    let (failed, _) = sysctls::apply_conntrack(&cfg.conntrack);
+    let (mut failed, _) = sysctls::apply_conntrack(&cfg.conntrack);
+    if cfg.mode == ProxyMode::Ipvs {
+        roadkeeper_proxy::ipvs::runner::load_modules(&cfg.ipvs);
+        roadkeeper_proxy::ipvs::kernel::IpvsKernel::open().context("--proxy-mode ipvs")?;
+        failed.extend(sysctls::apply_ipvs(cfg.ipvs.strict_arp));
+    }
     if !failed.is_empty() {
         let errors: Vec<String> = failed.iter().map(ToString::to_string).collect();
-        bail!("{} conntrack setting(s) not written:\n{}", errors.len(), errors.join("\n"));
+        bail!("{} setting(s) not written:\n{}", errors.len(), errors.join("\n"));
     }
     Ok(())
 }

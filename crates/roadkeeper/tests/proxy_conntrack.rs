@@ -315,3 +315,32 @@ fn an_out_of_window_segment_from_an_endpoint_never_reaches_the_client_un_natted(
         drop(connection);
     }
 }
+
+/// `proxy --init-only --proxy-mode ipvs` (the privileged init container of an IPVS-mode
+/// DaemonSet): where the kernel has IPVS it loads the modules and writes IPVS's settings (strict
+/// ARP with `--ipvs-strict-arp`) in the node; where it has none (this machine) it fails at
+/// once saying so. `tests/vm/run.sh` runs it on a kernel with IPVS.
+#[test]
+fn init_only_in_ipvs_mode_loads_ipvs_and_writes_its_settings_or_says_the_kernel_has_none() {
+    let c = Cluster::new("rk-ipvsinit", Backend::Ipvs);
+    let mut args = c.proxy_args_for("proxy", &["--init-only", "--ipvs-strict-arp", "--conntrack-max-per-core=0"]);
+    args.retain(|a| !a.is_empty());
+    let out = c.roadkeeper(&args.iter().map(String::as_str).collect::<Vec<_>>());
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    if !std::path::Path::new("/proc/net/ip_vs").exists() {
+        assert!(!out.status.success(), "--init-only succeeded without IPVS");
+        assert!(stderr.contains("IPVS is not available in this kernel"), "{stderr}");
+        return;
+    }
+    assert!(out.status.success(), "{stderr}");
+    let read = |path: &str| c.node_output(&["cat", path]).trim().to_string();
+    for (path, value) in [
+        ("/proc/sys/net/ipv4/vs/conntrack", "1"),
+        ("/proc/sys/net/ipv4/vs/expire_nodest_conn", "1"),
+        ("/proc/sys/net/ipv4/vs/expire_quiescent_template", "1"),
+        ("/proc/sys/net/ipv4/conf/all/arp_ignore", "1"),
+        ("/proc/sys/net/ipv4/conf/all/arp_announce", "2"),
+    ] {
+        assert_eq!(read(path), value, "{path}\n{stderr}");
+    }
+}

@@ -1,4 +1,5 @@
-//! IPVS mode's kernel side, the thin part (not yet wired: `roadkeeper proxy` refuses the mode).
+//! IPVS mode's kernel side, the thin part: [`proxier`] (the backend the sync loop drives) and
+//! [`runner`] (modules, IPVS, `kube-ipvs0`, the helper tables, cleanup) over the layers below.
 //!
 //! [`message`] encodes the generic-netlink messages of the kernel's `IPVS` family for the
 //! operations `roadkeeper_rules::ipvs` plans. Our own encoding, on the framing helpers the

@@ -126,11 +126,13 @@ impl<R: IpvsRunner> IpvsProxier<R> {
         let mut counted: BTreeMap<VirtualKey, Vec<Connections>> = BTreeMap::new();
         for (key, real) in drained {
             let since = *self.drained_since.entry((key, real)).or_insert(now);
-            if !counted.contains_key(&key) {
-                let connections = self.state.kernel.time(|| self.runner.connections(&key))?;
-                counted.insert(key, connections);
-            }
-            let idle = counted[&key].iter().find(|c| c.real == real).is_none_or(|c| c.active + c.inactive == 0);
+            let connections = match counted.entry(key) {
+                std::collections::btree_map::Entry::Occupied(entry) => entry.into_mut(),
+                std::collections::btree_map::Entry::Vacant(entry) => {
+                    entry.insert(self.state.kernel.time(|| self.runner.connections(&key))?)
+                }
+            };
+            let idle = connections.iter().find(|c| c.real == real).is_none_or(|c| c.active + c.inactive == 0);
             if idle || now.duration_since(since) >= DRAIN_BOUND {
                 ops.push(IpvsOp::DelDest(key, real));
             }

@@ -37,21 +37,33 @@ impl KernelRunner {
     /// saying so when the kernel has none), makes or finds `kube-ipvs0` and sets IPVS's
     /// timeouts from `cfg`.
     pub fn open(cfg: &IpvsConfig) -> Result<KernelRunner, Error> {
-        let scheduler_module = format!("ip_vs_{}", cfg.scheduler);
-        let mut modules: Vec<&str> = MODULES.to_vec();
-        if !modules.contains(&scheduler_module.as_str()) {
-            modules.push(&scheduler_module);
-        }
-        let mut args = vec!["-a"];
-        args.extend(&modules);
-        if let Err(err) = tool::run("modprobe", &args, None) {
-            // Built-in modules, or a container without modprobe: the family lookup decides.
-            tracing::warn!(modules = ?modules, error = %describe(&err), "modprobe failed");
-        }
+        load_modules(cfg);
         let mut ipvs = IpvsKernel::open()?;
         let dummy = DummyInterface::ensure(DUMMY_INTERFACE)?;
         ipvs.set_timeouts(cfg.tcp_timeout, cfg.tcp_fin_timeout, cfg.udp_timeout)?;
         Ok(KernelRunner { ipvs, dummy })
+    }
+}
+
+/// Loads the modules IPVS mode needs that are not loaded yet (`/sys/module/<name>`; none: no
+/// `modprobe` runs, so a proxy container without `SYS_MODULE` or `/lib/modules` is quiet once
+/// `proxy --init-only` or the node loaded them). A failure is logged: built-in modules have no
+/// entry to load, and [`IpvsKernel::open`] tells whether IPVS is there.
+pub fn load_modules(cfg: &IpvsConfig) {
+    let scheduler_module = format!("ip_vs_{}", cfg.scheduler);
+    let mut modules: Vec<&str> = MODULES.to_vec();
+    if !modules.contains(&scheduler_module.as_str()) {
+        modules.push(&scheduler_module);
+    }
+    modules.retain(|m| !std::path::Path::new("/sys/module").join(m).exists());
+    if modules.is_empty() {
+        return;
+    }
+    let mut args = vec!["-a"];
+    args.extend(&modules);
+    match tool::run("modprobe", &args, None) {
+        Ok(_) => tracing::info!(?modules, "loaded kernel modules"),
+        Err(err) => tracing::warn!(?modules, error = %describe(&err), "modprobe failed"),
     }
 }
 

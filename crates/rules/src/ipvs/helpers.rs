@@ -262,37 +262,29 @@ impl HelperElement {
 
     /// The set it belongs to.
     pub fn set(&self) -> &'static str {
-        use HelperElement as E;
-        match self {
-            E::ClusterIp(_) => "cluster-ips",
-            E::MasqueradeExternal(_) => "masquerade-external",
-            E::Hairpin(..) => "hairpin",
-            E::NoEndpoints(_) => "no-endpoints",
-            E::NoLocalEndpoints(_) => "no-local-endpoints",
-            E::Firewall(_) => "firewall",
-            E::FirewallAllow(..) => "firewall-allow",
-            E::ShortCircuit(..) => "short-circuit",
-            E::ShortCircuitFrontend(_) => "short-circuit-frontends",
-            E::IpvsAddress(_) => "ipvs-addresses",
-            E::VirtualServer(_) => "virtual-servers",
-        }
+        self.placed().0
     }
 
     /// The family of the table that holds it.
     pub fn family(&self) -> IpFamily {
+        IpFamily::of(&self.placed().1)
+    }
+
+    /// Its set, and the address that decides its family.
+    fn placed(&self) -> (&'static str, IpAddr) {
         use HelperElement as E;
         match self {
-            E::ClusterIp(k)
-            | E::MasqueradeExternal(k)
-            | E::NoEndpoints(k)
-            | E::NoLocalEndpoints(k)
-            | E::Firewall(k)
-            | E::FirewallAllow(k, _)
-            | E::ShortCircuit(k, ..)
-            | E::ShortCircuitFrontend(k)
-            | E::VirtualServer(k) => k.family(),
-            E::Hairpin(real, _) => IpFamily::of(&real.address),
-            E::IpvsAddress(address) => IpFamily::of(address),
+            E::ClusterIp(k) => ("cluster-ips", k.address),
+            E::MasqueradeExternal(k) => ("masquerade-external", k.address),
+            E::Hairpin(real, _) => ("hairpin", real.address),
+            E::NoEndpoints(k) => ("no-endpoints", k.address),
+            E::NoLocalEndpoints(k) => ("no-local-endpoints", k.address),
+            E::Firewall(k) => ("firewall", k.address),
+            E::FirewallAllow(k, _) => ("firewall-allow", k.address),
+            E::ShortCircuit(k, ..) => ("short-circuit", k.address),
+            E::ShortCircuitFrontend(k) => ("short-circuit-frontends", k.address),
+            E::IpvsAddress(address) => ("ipvs-addresses", *address),
+            E::VirtualServer(k) => ("virtual-servers", k.address),
         }
     }
 

@@ -6,7 +6,8 @@
 //!
 //! [`plan`] is what the kernel should hold ([`IpvsPlan`]: the IPVS table and the helper rules),
 //! [`diff`] the kernel operations from what was applied to a new plan (one endpoint change is one
-//! real-server operation), [`helpers`] the rules IPVS cannot express, [`show`] the plan as
+//! real-server operation), [`state`] every Service's plan kept so that a partial sync costs
+//! O(the changed Services), [`helpers`] the rules IPVS cannot express, [`show`] the plan as
 //! `ipvsadm -Ln` prints it.
 //!
 //! # Helper rules: nftables, not iptables + ipset
@@ -19,9 +20,9 @@
 //! - the behaviour is the same: the same elements, matched at the same hooks before IPVS sees
 //!   the packet (IPVS takes new connections at `LOCAL_IN` and, for local clients, at `LOCAL_OUT`
 //!   priority -99; the filter chains run before them), masquerading on the same mark;
-//! - it needs no `ipset` module or tool, nor a second netlink protocol (ipset's): the nftables
-//!   netlink layer of the nftables mode applies it, in one atomic transaction per sync, its sets
-//!   updated element by element;
+//! - it needs no `ipset` module or tool, nor a second netlink protocol (ipset's): `nft -f`
+//!   applies it, the whole table replaced in one atomic transaction by a full sync, set
+//!   elements added and deleted one by one ([`HelperElement`]) by a partial one;
 //! - it is one table of our own, so `roadkeeper cleanup` removes exactly it and it never touches
 //!   the kubelet's or another program's iptables chains;
 //! - nftables is what upstream recommends in IPVS's place, and the tracer already models it.

@@ -12,7 +12,9 @@
 //! - `rr`, `wrr`, `lc`, `wlc`, `sed`, `nq`, `lblc`, `lblcr`, `mh`, `dh`: each one, with
 //!   probability weight / sum of weights. The tracer knows no connection counts nor the history
 //!   of earlier connections, so the connection-counting and locality schedulers are modelled as
-//!   "any of them", as round robin is over many connections;
+//!   "any of them", as round robin is over many connections (their step says so); `mh` keeps
+//!   one client on one real server, `dh` every client of the virtual server, which one the
+//!   tracer does not compute (their step says so too);
 //! - `sh` (source hashing): one of them, always the same for one client address; which one
 //!   depends on the kernel's 256-bucket table, whose order is the order real servers were added
 //!   to the service, so the tracer does not claim one: its step says so, and each real server is
@@ -57,6 +59,32 @@ fn virtual_server_text(key: &VirtualKey, scheduler: Scheduler, persistence: Opti
         text.push_str(&format!(" persistent {timeout}"));
     }
     text
+}
+
+/// What the trace says of a scheduler's choice beyond "each with its share of the weights".
+fn scheduler_note(scheduler: Scheduler) -> Option<&'static str> {
+    use Scheduler as S;
+    Some(match scheduler {
+        S::RoundRobin | S::WeightedRoundRobin => return None,
+        S::SourceHashing => {
+            "source hashing: this client always lands on the same one of these; which one depends on the kernel's \
+             bucket table and is not computed"
+        }
+        S::MaglevHashing => {
+            "maglev hashing of the source: this client always lands on the same one of these; which one is not \
+             computed"
+        }
+        S::DestinationHashing => {
+            "destination hashing: every client of this virtual server lands on the same one of these; which one \
+             is not computed"
+        }
+        S::LeastConnection
+        | S::WeightedLeastConnection
+        | S::LocalityLeastConnection
+        | S::LocalityLeastConnectionReplicated
+        | S::ShortestExpectedDelay
+        | S::NeverQueue => "picked by connection counts, which the tracer does not know: any of these",
+    })
 }
 
 impl Tables {
@@ -129,11 +157,9 @@ impl Tables {
             (None, Some(Outcome::Pick(index))) => index as usize,
             (None, _) => return Evaluation::Weighted(live.iter().map(|(_, w)| f64::from(*w)).collect()),
         };
-        if pinned.is_none() && server.scheduler == Scheduler::SourceHashing {
-            element.push_str(
-                ", source hashing: this client always lands on the same one of these; which one depends on the \
-                 kernel's bucket table and is not computed",
-            );
+        if let (None, Some(note)) = (pinned, scheduler_note(server.scheduler)) {
+            element.push_str(", ");
+            element.push_str(note);
         }
         let (real, _) = live[chosen];
         let mut effects = Vec::new();

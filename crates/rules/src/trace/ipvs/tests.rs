@@ -233,3 +233,47 @@ fn a_partial_sync_script_updates_the_helper_sets() {
         .unwrap_err();
     assert!(err.to_string().starts_with("line 3:"), "{err}");
 }
+
+#[test]
+fn each_real_server_lands_with_its_share_of_the_weights_and_a_drained_one_never() {
+    let lab = web(&["web-a", "web-b", "web-c"], "");
+    let Ruleset::Ipvs(mut tables) = lab.ruleset(MODE) else { panic!("IPVS mode") };
+    let to = at(cluster_ip(IpFamily::V4, 80));
+    let key = VirtualKey { protocol: Protocol::Tcp, address: to.ip(), port: 80 };
+    let server = tables.ipvs.virtual_servers.get_mut(&key).unwrap();
+    server.scheduler = Scheduler::WeightedRoundRobin;
+    for (weight, real) in [3, 1, 0].into_iter().zip(server.real_servers.values_mut()) {
+        *real = weight;
+    }
+    let trace = tables.trace(&lab.packet(From::Pod(0), to, Protocol::Tcp), &lab.environment(BTreeSet::new())).unwrap();
+    let mut shares: Vec<(String, f64)> =
+        trace.paths.iter().map(|p| (p.dnat.unwrap().ip().to_string(), p.probability)).collect();
+    shares.sort_by(|a, b| a.0.cmp(&b.0));
+    let pod_ip = |i: usize| lab.pod_ip(i, IpFamily::V4).to_string();
+    assert_eq!(shares, [(pod_ip(1), 0.75), (pod_ip(2), 0.25)], "web-c is drained (weight 0)");
+    assert_eq!(ipvs_steps(&trace, 0)[0].0, "TCP 10.96.0.80:80 wrr");
+}
+
+#[test]
+fn the_step_says_what_the_tracer_cannot_know_of_a_scheduler() {
+    for (scheduler, note) in [
+        (
+            Scheduler::LeastConnection,
+            "TCP 10.96.0.80:80 lc, picked by connection counts, which the tracer does not know",
+        ),
+        (
+            Scheduler::DestinationHashing,
+            "TCP 10.96.0.80:80 dh, destination hashing: every client of this virtual server",
+        ),
+        (Scheduler::MaglevHashing, "TCP 10.96.0.80:80 mh, maglev hashing of the source: this client always lands"),
+    ] {
+        let mut lab = web(&["web-a", "web-b"], "");
+        lab.cfg.ipvs.scheduler = scheduler;
+        let trace = lab.trace(MODE, From::Pod(0), at(cluster_ip(IpFamily::V4, 80)), Protocol::Tcp);
+        assert_eq!(lab.reaches(&trace).0, names(&["web-a", "web-b"]), "{scheduler}: either is possible");
+        for index in 0..trace.paths.len() {
+            let (element, _) = &ipvs_steps(&trace, index)[0];
+            assert!(element.starts_with(note), "{element}");
+        }
+    }
+}
