@@ -251,6 +251,9 @@ fresh_kernel() {
     want=$(($(nproc) * 32768)); [ "$want" -ge 131072 ] || want=131072
     got=$(cat /proc/sys/net/netfilter/nf_conntrack_max) || return 1
     [ "$got" = "$want" ] || { echo "vm: nf_conntrack_max is $got, not $want"; return 1; }
+    # The suites expect a limit kube-proxy would change (their node namespaces may not): put
+    # back one that is not kube-proxy's, as a fresh node's would be.
+    echo $((want / 2)) > /proc/sys/net/netfilter/nf_conntrack_max
     echo "vm: fresh-kernel check passed"
 }
 step fresh_kernel

@@ -81,7 +81,15 @@ fn proxy_peak_rss_mib(dir: &Path, backend: Backend) -> anyhow::Result<f64> {
     let mut child = std::process::Command::new("ip")
         .args(["netns", "exec", ns.name()])
         .arg(std::env::current_exe()?)
-        .args(["proxy", "--once", "--hostname-override", "node-0", "--proxy-mode", backend.mode_flag(), "--manifests"])
+        .args([
+            "proxy",
+            "--once",
+            "--hostname-override",
+            "node-0",
+            "--proxy-mode",
+            &backend.mode().to_string(),
+            "--manifests",
+        ])
         .arg(dir)
         .stderr(std::process::Stdio::piped())
         .stdout(std::process::Stdio::null())
@@ -117,12 +125,13 @@ fn proxy_peak_rss_mib(dir: &Path, backend: Backend) -> anyhow::Result<f64> {
 
 /// A backend as the bench runs it: iptables either with the flavour a fresh host gets (nft on
 /// Debian) or with the legacy flavour, chosen the way kube-proxy's detection sees a legacy host
-/// (a `KUBE-IPTABLES-HINT` chain made with `iptables-legacy`).
+/// (a `KUBE-IPTABLES-HINT` chain made with `iptables-legacy`); IPVS where the kernel has it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Backend {
     Nftables,
     Iptables,
     IptablesLegacy,
+    Ipvs,
 }
 
 impl std::str::FromStr for Backend {
@@ -132,7 +141,10 @@ impl std::str::FromStr for Backend {
             "nftables" => Ok(Backend::Nftables),
             "iptables" => Ok(Backend::Iptables),
             "iptables-legacy" => Ok(Backend::IptablesLegacy),
-            other => anyhow::bail!("--proxy-mode: unknown backend {other:?} (nftables, iptables, iptables-legacy)"),
+            "ipvs" => Ok(Backend::Ipvs),
+            other => {
+                anyhow::bail!("--proxy-mode: unknown backend {other:?} (nftables, iptables, iptables-legacy, ipvs)")
+            }
         }
     }
 }
@@ -143,15 +155,16 @@ impl Backend {
             Backend::Nftables => "nftables",
             Backend::Iptables => "iptables",
             Backend::IptablesLegacy => "iptables-legacy",
+            Backend::Ipvs => "ipvs",
         }
     }
 
     fn mode(self) -> ProxyMode {
-        if self == Backend::Nftables { ProxyMode::Nftables } else { ProxyMode::Iptables }
-    }
-
-    fn mode_flag(self) -> &'static str {
-        if self == Backend::Nftables { "nftables" } else { "iptables" }
+        match self {
+            Backend::Nftables => ProxyMode::Nftables,
+            Backend::Iptables | Backend::IptablesLegacy => ProxyMode::Iptables,
+            Backend::Ipvs => ProxyMode::Ipvs,
+        }
     }
 
     /// A fresh scratch namespace that looks like a host of this backend.

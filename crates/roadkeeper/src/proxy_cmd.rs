@@ -20,7 +20,7 @@ use roadkeeper_proxy::sysctls;
 use roadkeeper_rules::config::{
     IgnoredField, NodePortAddresses, ProxyConfig, ProxyMode, parse_cidrs, parse_conntrack_timeout, parse_go_duration,
 };
-use roadkeeper_rules::ipvs::{self, plan::DUMMY_INTERFACE};
+use roadkeeper_rules::ipvs;
 use roadkeeper_rules::nft::transaction;
 use roadkeeper_rules::plan::{NodePlan, service_cidrs};
 use roadkeeper_rules::table::{IpFamily, NodeInfo};
@@ -286,12 +286,7 @@ pub fn print_rules(args: ProxyArgs) -> anyhow::Result<()> {
         }
         ProxyMode::Ipvs => {
             let plan = NodePlan::new(store, &cfg, &node, &service_cidrs(store)).ipvs();
-            print!("{}", ipvs::show::ipvsadm_list(&plan.table));
-            let addresses: Vec<String> = plan.table.addresses.iter().map(ToString::to_string).collect();
-            println!("\n# {DUMMY_INTERFACE}: {}\n", addresses.join(" "));
-            for family in [IpFamily::V4, IpFamily::V6] {
-                print!("{}", plan.helpers.script(family));
-            }
+            print!("{}", ipvs::show::rules_listing(&plan));
         }
     }
     Ok(())

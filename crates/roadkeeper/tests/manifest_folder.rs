@@ -35,7 +35,7 @@ const REPORTED: [&str; 4] = [
 
 /// Waits until `log()` reports every planted file.
 fn assert_reported(log: impl Fn() -> String) {
-    let reported = eventually(SETTLE, || REPORTED.iter().all(|r| log().contains(r)));
+    let reported = eventually(settle(), || REPORTED.iter().all(|r| log().contains(r)));
     assert!(reported, "expected {REPORTED:?} in the log:\n{}", log());
 }
 
@@ -66,7 +66,7 @@ fn proxy_skips_fifos_devices_and_huge_files_and_keeps_syncing() {
     c.add_pod("later-a", "app: later", NODE);
     c.write("later.yaml", &service_manifest("later", 71, ""));
     let later = at(Family::V4.cluster_ip(71));
-    let applied = eventually(SETTLE, || {
+    let applied = eventually(settle(), || {
         matches!(probe(&c.client.ns, Proto::Tcp, later), roadkeeper_netlab::ProbeResult::Reply(_))
     });
     assert!(applied, "a change after the hostile files was not applied:\n{}", c.proxy_log());
@@ -119,7 +119,7 @@ fn dns_skips_fifos_devices_and_huge_files_and_keeps_answering() {
             dns.ns.exec(["dig", "+short", "+time=1", "+tries=1", "@127.0.0.1", "web.default.svc.cluster.local", "A"]);
         out.map(|o| String::from_utf8_lossy(&o.stdout).trim().to_string()).unwrap_or_default()
     };
-    assert!(eventually(SETTLE, || answer() == "10.96.0.72"), "got {:?}; log:\n{}", answer(), dns.log());
+    assert!(eventually(settle(), || answer() == "10.96.0.72"), "got {:?}; log:\n{}", answer(), dns.log());
     assert_reported(|| dns.log());
     assert_eq!(status_in(&dns.ns, "127.0.0.1:8080", "/health"), Some(200));
     assert_stops_on_sigterm(&dns.process, || dns.log());
@@ -163,7 +163,7 @@ fn ingress_skips_fifos_devices_and_huge_files_and_keeps_routing() {
     ingress.write("web.yaml", &format!("{}---\n{route}", service_manifest("web", 73, "")));
     // The route exists (its Service has no endpoints yet): 503 instead of 404.
     assert!(
-        eventually(SETTLE, || status("a.example") == "503"),
+        eventually(settle(), || status("a.example") == "503"),
         "got {}; log:\n{}",
         status("a.example"),
         ingress.log()

@@ -163,13 +163,13 @@ fn services_labelled_headless_are_left_alone_and_follow_the_label(backend: Backe
     assert!(off(&c), "a Service labelled headless answered; proxy log:\n{}", c.proxy_log());
 
     c.write("toggled.yaml", &toggled("app: toggled"));
-    let on = eventually(SETTLE, || toggled_ips.iter().all(|&t| answered(&c, t)));
+    let on = eventually(settle(), || toggled_ips.iter().all(|&t| answered(&c, t)));
     assert!(on, "the label went, the Service stayed off; proxy log:\n{}", c.proxy_log());
     assert!(always_ips.iter().all(|&t| !answered(&c, t)), "the Service labelled from the start answered");
 
     c.write("toggled.yaml", &toggled(HEADLESS));
     assert!(
-        eventually(SETTLE, || off(&c)),
+        eventually(settle(), || off(&c)),
         "the label came back, the Service stayed on; proxy log:\n{}",
         c.proxy_log()
     );

@@ -28,7 +28,7 @@ fn external_ips(v4: &str, v6: &str) -> String {
 /// sync that programmed them).
 fn assert_conflicts(c: &Cluster, n: f64) {
     let count = || sample(&get(c, "127.0.0.1:10249", "/metrics").1, "roadkeeper_sync_proxy_rules_frontend_conflicts");
-    assert!(eventually(SETTLE, || count() == n), "{} frontend conflicts, expected {n}\n{}", count(), c.proxy_log());
+    assert!(eventually(settle(), || count() == n), "{} frontend conflicts, expected {n}\n{}", count(), c.proxy_log());
 }
 
 /// True when a probe from the client to `target` is answered by `pod`.
@@ -81,10 +81,10 @@ fn a_contested_frontend_goes_to_the_oldest_service_and_the_rest_of_the_node_keep
     for family in FAMILIES {
         for proto in PROTOS {
             let target = at(family.external_ip(SHARED));
-            let moved = eventually(SETTLE, || answered_by(&c, proto, target, "new-a"));
+            let moved = eventually(settle(), || answered_by(&c, proto, target, "new-a"));
             assert!(moved, "{proto:?} {target} moves to new");
             let target = at(family.cluster_ip(81));
-            let moved = eventually(SETTLE, || answered_by(&c, proto, target, "thief-a"));
+            let moved = eventually(settle(), || answered_by(&c, proto, target, "thief-a"));
             assert!(moved, "{proto:?} {target}: thief's externalIP takes over once old is gone");
         }
     }

@@ -57,7 +57,7 @@ fn a_udp_flow_pinned_to_a_removed_endpoint_moves_to_a_remaining_one_within_one_s
     // send datagrams there): the same flows reach dns-b within one sync.
     c.remove("pod-dns-a.yaml");
     for family in FAMILIES {
-        let moved = eventually(SETTLE, || answer(&c, family).as_deref() == Some("dns-b"));
+        let moved = eventually(settle(), || answer(&c, family).as_deref() == Some("dns-b"));
         assert!(moved, "{family:?}: the flow stayed on the removed endpoint; proxy log:\n{}", c.proxy_log());
     }
     // The sync's line is logged after its deletions: the flow may move before it is written.
@@ -65,7 +65,7 @@ fn a_udp_flow_pinned_to_a_removed_endpoint_moves_to_a_remaining_one_within_one_s
     // included: `expire_nodest_conn`.)
     if backend != Backend::Ipvs {
         let logged = |log: &str| log.contains("conntrack_deleted=1") || log.contains("conntrack_deleted=2");
-        assert!(eventually(SETTLE, || logged(&c.proxy_log())), "no deletion logged:\n{}", c.proxy_log());
+        assert!(eventually(settle(), || logged(&c.proxy_log())), "no deletion logged:\n{}", c.proxy_log());
     }
 }
 

@@ -29,7 +29,7 @@ fn serving_web(prefix: &str, backend: Backend) -> Cluster {
 /// Waits until the proxy log holds every piece of `report`, then checks that `web` still answers,
 /// a Service added afterwards is programmed, the proxy is alive and reported each piece once.
 fn assert_reported_and_unharmed(c: &mut Cluster, report: &[&str]) {
-    let logged = eventually(SETTLE, || {
+    let logged = eventually(settle(), || {
         let log = c.proxy_log();
         report.iter().all(|part| log.contains(part))
     });
@@ -42,7 +42,7 @@ fn assert_reported_and_unharmed(c: &mut Cluster, report: &[&str]) {
     c.add_pod("later-a", "app: later", NODE);
     c.write("later.yaml", &service_manifest("later", WEB + 1, ""));
     let later = at(Family::V6.cluster_ip(WEB + 1));
-    let applied = eventually(SETTLE, || {
+    let applied = eventually(settle(), || {
         matches!(probe(&c.client.ns, Proto::Tcp, later), roadkeeper_netlab::ProbeResult::Reply(_))
     });
     assert!(applied, "a good change after the bad one was not applied; proxy log:\n{}", c.proxy_log());

@@ -25,7 +25,7 @@ fn health_and_metrics_are_served_after_the_first_sync(backend: Backend) {
     c.write("web.yaml", &service_manifest("web", 70, ""));
     c.start_fast_proxy();
     // The rules are in the kernel a moment before the sync is recorded as done.
-    let recorded = eventually(SETTLE, || !get(&c, "127.0.0.1:10256", "/healthz").1.contains("\"0001-"));
+    let recorded = eventually(settle(), || !get(&c, "127.0.0.1:10256", "/healthz").1.contains("\"0001-"));
     assert!(recorded, "the first sync was never recorded; proxy log:\n{}", c.proxy_log());
 
     for (path, node_field) in [("/healthz", true), ("/livez", false)] {
@@ -48,7 +48,7 @@ fn health_and_metrics_are_served_after_the_first_sync(backend: Backend) {
     // Changes are synced and counted: an endpoint change and a Service change.
     c.add_pod("web-b", "app: web", NODE);
     c.write("other.yaml", &service_manifest("other", 72, ""));
-    let synced_both = eventually(SETTLE, || {
+    let synced_both = eventually(settle(), || {
         let (_, metrics) = get(&c, "127.0.0.1:10249", "/metrics");
         ["service", "endpoint"].iter().all(|kind| {
             let name = format!("kubeproxy_sync_proxy_rules_{kind}_changes_total");
@@ -172,7 +172,7 @@ fn health_check_node_port_reports_local_endpoints_and_follows_them(backend: Back
     let settles = |c: &Cluster, count: u64, code: u16, when: &str| {
         for family in FAMILIES {
             let mut last = None;
-            let settled = eventually(SETTLE, || {
+            let settled = eventually(settle(), || {
                 last = query(c, family);
                 expect(count, code)(&last)
             });
@@ -192,6 +192,6 @@ fn health_check_node_port_reports_local_endpoints_and_follows_them(backend: Back
 
     // The Service goes away: so does its health-check server.
     c.remove("web.yaml");
-    let closed = eventually(SETTLE, || query(&c, Family::V4).is_none());
+    let closed = eventually(settle(), || query(&c, Family::V4).is_none());
     assert!(closed, "health-check port still answers; proxy log:\n{}", c.proxy_log());
 }

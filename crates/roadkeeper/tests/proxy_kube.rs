@@ -19,8 +19,11 @@ per_backend!(kubectl_objects_become_rules_and_go_away_with_only_the_deployed_rba
 const WEB: u8 = 50;
 /// A second Service, for changes made while the proxy cannot see them.
 const OTHER: u8 = 51;
-/// How long a change in the API server may take to reach the kernel (controller included).
-const API_SETTLE: std::time::Duration = std::time::Duration::from_secs(20);
+/// How long a change in the API server may take to reach the kernel (controller included),
+/// times [`slowdown`] under emulation.
+fn api_settle() -> std::time::Duration {
+    std::time::Duration::from_secs(20) * slowdown()
+}
 
 /// Whether ClusterIP traffic to Service `n` from the client, in every family and protocol,
 /// reaches exactly the pods `expected`.
@@ -32,7 +35,7 @@ fn serves(c: &Cluster, n: u8, expected: &[&str]) -> bool {
 
 /// Waits until Service `n` serves exactly `expected`, else panics with the proxy's log.
 fn wait_serving(c: &Cluster, n: u8, expected: &[&str]) {
-    let ok = eventually(API_SETTLE, || {
+    let ok = eventually(api_settle(), || {
         FAMILIES.iter().all(|f| matches!(probe(&c.client.ns, Proto::Tcp, at(f.cluster_ip(n))), ProbeResult::Reply(_)))
             && serves(c, n, expected)
     });
@@ -81,7 +84,10 @@ fn kubectl_objects_become_rules_and_go_away_with_only_the_deployed_rbac(backend:
     wait_serving(&c, WEB, &["web-a"]);
     let slices = c.api().kubectl(&["get", "endpointslices", "-l", "kubernetes.io/service-name=web", "-o", "yaml"]);
     assert!(slices.contains("endpointslice-controller.k8s.io"), "{slices}");
-    assert!(c.kernel_rules().contains("default/web"));
+    // (IPVS names no Service: its virtual server is the ClusterIP.)
+    let web =
+        if backend == Backend::Ipvs { format!("{}:80", Family::V4.cluster_ip(WEB)) } else { "default/web".into() };
+    assert!(c.kernel_rules().contains(&web), "{}", c.kernel_rules());
 
     c.add_pod("web-b", "app: web", NODE);
     wait_serving(&c, WEB, &["web-a", "web-b"]);
@@ -91,7 +97,7 @@ fn kubectl_objects_become_rules_and_go_away_with_only_the_deployed_rbac(backend:
     assert!(sample(&metrics, "kubeproxy_sync_proxy_rules_endpoint_changes_total") >= 1.0, "{metrics}");
 
     c.remove("web.yaml");
-    let gone = eventually(API_SETTLE, || !c.kernel_rules().contains("default/web"));
+    let gone = eventually(api_settle(), || !c.kernel_rules().contains(&web));
     assert!(gone, "rules of a deleted Service stay; proxy log:\n{}", c.proxy_log());
     for family in FAMILIES {
         let result = probe(&c.client.ns, Proto::Tcp, at(family.cluster_ip(WEB)));
@@ -115,7 +121,7 @@ fn a_service_labelled_headless_in_the_api_server_is_proxied_only_without_the_lab
     c.write("web.yaml", &service_manifest("web", WEB, ""));
     c.start_fast_proxy();
     wait_serving(&c, WEB, &["web-a"]);
-    let sliced = eventually(API_SETTLE, || {
+    let sliced = eventually(api_settle(), || {
         c.api()
             .kubectl(&["get", "endpointslices", "-l", "kubernetes.io/service-name=other", "-o", "name"])
             .contains('/')
@@ -155,7 +161,7 @@ fn a_relist_after_410_gone_converges_to_what_a_fresh_start_programs() {
     c.api().compact_etcd();
     signal("-CONT");
     wait_serving(&c, WEB, &["web-a"]);
-    let gone = eventually(API_SETTLE, || !c.kernel_rules().contains("default/other"));
+    let gone = eventually(api_settle(), || !c.kernel_rules().contains("default/other"));
     assert!(gone, "a Service deleted during the outage stays; proxy log:\n{}", c.proxy_log());
     assert!(c.proxy_log().contains("relisted"), "no relist; proxy log:\n{}", c.proxy_log());
     let relisted = c.ruleset();

@@ -42,7 +42,7 @@ fn serves(c: &Cluster, expected: &[&str]) -> bool {
 /// Waits until `web` serves exactly `expected`, failing with the proxy's log otherwise.
 fn settles_on(c: &Cluster, expected: &[&str]) {
     assert!(
-        eventually(SETTLE, || serves(c, expected)),
+        eventually(settle(), || serves(c, expected)),
         "web never served only {expected:?}; proxy log:\n{}",
         c.proxy_log()
     );
@@ -82,7 +82,7 @@ fn a_deleted_service_stops_answering(backend: Backend) {
     c.remove("web.yaml");
     let targets: Vec<_> = FAMILIES.iter().map(|f| at(f.cluster_ip(WEB))).collect();
     let gone =
-        eventually(SETTLE, || targets.iter().all(|&t| probe(&c.client.ns, Proto::Tcp, t) == ProbeResult::Timeout));
+        eventually(settle(), || targets.iter().all(|&t| probe(&c.client.ns, Proto::Tcp, t) == ProbeResult::Timeout));
     assert!(gone, "ClusterIPs still open; proxy log:\n{}", c.proxy_log());
     // Unallocated addresses inside a ServiceCIDR are dropped.
     assert_outcome(&c.client.ns, &cases(&targets), &ProbeResult::Timeout);
@@ -92,7 +92,7 @@ fn a_table_deleted_by_someone_else_is_restored(backend: Backend) {
     let c = watched_web("rk-wrepair", backend);
     c.wipe_rules();
     let target = at(Family::V4.cluster_ip(WEB));
-    let back = eventually(SETTLE, || matches!(probe(&c.client.ns, Proto::Tcp, target), ProbeResult::Reply(_)));
+    let back = eventually(settle(), || matches!(probe(&c.client.ns, Proto::Tcp, target), ProbeResult::Reply(_)));
     assert!(back, "table not restored; proxy log:\n{}", c.proxy_log());
     assert!(serves(&c, &["web-a", "web-b"]));
 }

@@ -157,7 +157,7 @@ fn idle_connections_to_healthz_hold_no_descriptors_and_the_proxy_keeps_syncing()
     c.add_pod("later-a", "app: later", NODE);
     c.write("later.yaml", &service_manifest("later", 42, ""));
     let later = at(Family::V4.cluster_ip(42));
-    let synced = eventually(SETTLE, || {
+    let synced = eventually(settle(), || {
         matches!(probe(&c.client.ns, Proto::Tcp, later), roadkeeper_netlab::ProbeResult::Reply(_))
     });
     assert!(synced, "the proxy stopped syncing under the flood:\n{}", c.proxy_log());

@@ -19,7 +19,10 @@ use serde_json::{Value, json};
 use tempfile::TempDir;
 
 /// How long each start-up step (kube-apiserver ready, default ServiceAccount made) may take.
-const START_TIMEOUT: Duration = Duration::from_secs(90);
+/// How long a component may take to start (times [`super::slowdown`] under emulation).
+fn start_timeout() -> Duration {
+    Duration::from_secs(90) * super::slowdown()
+}
 /// How often [`ControlPlane::start`] retries when another process took one of its ports.
 const START_ATTEMPTS: usize = 3;
 /// The bind error that makes a start worth retrying with fresh ports.
@@ -309,14 +312,14 @@ impl ControlPlane {
     /// Polls `ready` until it holds; fails early (with the logs) if a process exits.
     fn wait_until(&mut self, what: &str, ready: impl Fn(&Self) -> bool) -> Result<(), String> {
         let mut exited = None;
-        let done = eventually(START_TIMEOUT, || {
+        let done = eventually(start_timeout(), || {
             exited = self.exited();
             exited.is_some() || ready(self)
         });
         match exited {
             Some(daemon) => Err(format!("{daemon} while waiting for {what}\n{}", self.logs())),
             None if done => Ok(()),
-            None => Err(format!("no {what} after {START_TIMEOUT:?}\n{}", self.logs())),
+            None => Err(format!("no {what} after {:?}\n{}", start_timeout(), self.logs())),
         }
     }
 

@@ -33,8 +33,11 @@ pub const SERVICE_PORT: u16 = 80;
 /// The lab's pod CIDRs, the `--cluster-cidr` of every proxy run unless a test clears
 /// [`Cluster::cluster_cidr`].
 pub const LAB_CLUSTER_CIDR: &str = "10.244.0.0/16,fd00:244::/48";
-/// How long a watching proxy may take to apply a manifest change.
-pub const SETTLE: Duration = Duration::from_secs(5);
+/// How long a watching proxy may take to apply a manifest change: 5 s, times [`slowdown`]
+/// under emulation.
+pub fn settle() -> Duration {
+    Duration::from_secs(5) * slowdown()
+}
 
 /// A pod running an echo server on its IPv4 and IPv6 address.
 pub struct EchoPod {

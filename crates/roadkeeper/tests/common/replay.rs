@@ -5,7 +5,7 @@
 //! rules with the tracer; after every probe that goes through [`super::probe`], [`check`] traces
 //! the same packet and asserts the real outcome is one the tracer predicts: a reply from an
 //! endpoint a path DNATs to, masqueraded exactly when that path is; refused when every path is
-//! rejected; a timeout when every path is dropped. Both backends, both families, TCP and UDP.
+//! rejected; a timeout when every path is dropped. Every backend, both families, TCP and UDP.
 //!
 //! What is not replayed, and why (counted and printed per cluster, never silently):
 //! - a cluster whose state lives in an API server (EndpointSlices come from its controller);
@@ -213,7 +213,7 @@ fn snapshot(cluster: &Cluster, args: &[String]) -> Result<Snapshot, &'static str
                 format!("# {tool} --noflush\n{input}")
             })
             .collect(),
-        ProxyMode::Ipvs => return Err("the tracer does not model IPVS mode yet"),
+        ProxyMode::Ipvs => roadkeeper_rules::ipvs::show::rules_listing(&plan.ipvs()),
     };
     let mut rules_args: Vec<&str> =
         args.iter().map(String::as_str).filter(|a| !matches!(*a, "--once" | "-v")).collect();

@@ -30,6 +30,19 @@ pub fn ipvsadm_list(table: &IpvsTable) -> String {
     out
 }
 
+/// What `roadkeeper rules --proxy-mode ipvs` prints for `plan`: the virtual servers as
+/// [`ipvsadm_list`], the addresses of `kube-ipvs0`, and the helper tables of both families as an
+/// `nft -f` script.
+pub fn rules_listing(plan: &super::IpvsPlan) -> String {
+    let mut out = ipvsadm_list(&plan.table);
+    let addresses: Vec<String> = plan.table.addresses.iter().map(ToString::to_string).collect();
+    let _ = write!(out, "\n# {}: {}\n\n", super::plan::DUMMY_INTERFACE, addresses.join(" "));
+    for family in [crate::table::IpFamily::V4, crate::table::IpFamily::V6] {
+        out.push_str(&plan.helpers.script(family));
+    }
+    out
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
