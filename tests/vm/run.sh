@@ -8,8 +8,9 @@
 #
 #   --kernel PATH   a kernel: a linux-image .deb (unpacked into the cache), or a vmlinuz whose
 #                   modules are in --modules DIR, else in ../lib/modules/<release> next to it
-#                   (the layout `dpkg-deb -x` makes). Default: Debian 12's linux-image-amd64
-#                   (6.1.x), fetched once with `apt-get download` into the cache.
+#                   (the layout `dpkg-deb -x` makes), or a name of tests/vm/kernels (a .deb
+#                   fetched once by URL and checked: `debian-11` is Linux 5.10). Default: Debian
+#                   12's linux-image-amd64 (6.1.x), fetched once with `apt-get download`.
 #   --modules DIR   the kernel's /lib/modules/<release> folder (for a vmlinuz elsewhere).
 #   --backend B     which per_backend! cases run: `B::*` of every proxy_*.rs binary (the tests of
 #                   no backend module run with nftables). `ipvs` runs the IPVS smoke check
@@ -74,7 +75,7 @@ case $accel in
     "" | kvm | tcg) ;;
     *) die "--accel must be kvm or tcg, not $accel" ;;
 esac
-for tool in qemu-system-x86_64 depmod modprobe dpkg-deb apt-get cargo jq; do
+for tool in qemu-system-x86_64 depmod modprobe dpkg-deb apt-get cargo jq curl sha256sum; do
     command -v "$tool" >/dev/null || die "$tool is missing: install tests/vm/packages"
 done
 
@@ -105,7 +106,25 @@ download() {
     echo "$deb"
 }
 
+# Downloads the kernel named in tests/vm/kernels into the cache (once, checked) and prints the .deb.
+fetch_named() {
+    local name=$1 url sum deb
+    read -r url sum < <(awk -v n="$name" '$1 == n { print $2, $3 }' "$repo/tests/vm/kernels")
+    [ -n "$url" ] || die "no kernel named $name in tests/vm/kernels"
+    mkdir -p "$cache/debs"
+    deb="$cache/debs/$(basename "$url")"
+    if [ ! -e "$deb" ]; then
+        curl -fsS --retry 3 -o "$deb.part" "$url" || die "cannot download $url"
+        mv "$deb.part" "$deb"
+    fi
+    echo "$sum  $deb" | sha256sum -c --quiet >&2 || { rm -f "$deb"; die "$deb does not match its SHA-256"; }
+    echo "$deb"
+}
+
 # The kernel: vmlinuz and its modules folder (lib/modules/<release>).
+if [ -n "$kernel" ] && [ ! -e "$kernel" ] && [[ $kernel != */* ]]; then
+    kernel=$(fetch_named "$kernel")
+fi
 if [ -z "$kernel" ]; then
     image=$(apt-cache depends linux-image-amd64 | sed -n 's/^ *Depends: \(linux-image-[^ ]*\)$/\1/p' | head -n1)
     [ -n "$image" ] || die "cannot resolve linux-image-amd64 (apt-get update?)"

@@ -26,8 +26,6 @@ pub mod web;
 
 /// The node's name in the manifests.
 pub const NODE: &str = "node-a";
-/// Probe timeout: a DROP shows up as a timeout of this length.
-pub const TIMEOUT: Duration = Duration::from_millis(700);
 /// Port of every test Service made by [`service_manifest`], for TCP (`http`) and UDP (`dns`).
 pub const SERVICE_PORT: u16 = 80;
 /// The lab's pod CIDRs, the `--cluster-cidr` of every proxy run unless a test clears
@@ -37,6 +35,12 @@ pub const LAB_CLUSTER_CIDR: &str = "10.244.0.0/16,fd00:244::/48";
 /// under emulation.
 pub fn settle() -> Duration {
     Duration::from_secs(5) * slowdown()
+}
+
+/// Probe timeout: a DROP shows up as a timeout of this length (700 ms, times [`slowdown`] under
+/// emulation, where the path to a pod that just joined, ARP included, can take longer).
+pub fn probe_timeout() -> Duration {
+    Duration::from_millis(700) * slowdown()
 }
 
 /// A pod running an echo server on its IPv4 and IPv6 address.
@@ -592,8 +596,8 @@ pub fn at(ip: IpAddr) -> SocketAddr {
 /// Sends one probe from `ns`; the tracer replays it (see [`replay`]).
 pub fn probe(ns: &Netns, proto: Proto, target: SocketAddr) -> ProbeResult {
     let result = ns.run(|| match proto {
-        Proto::Tcp => probe::tcp(target, TIMEOUT),
-        Proto::Udp => probe::udp(target, TIMEOUT),
+        Proto::Tcp => probe::tcp(target, probe_timeout()),
+        Proto::Udp => probe::udp(target, probe_timeout()),
     });
     replay::check(ns, proto, target, &result);
     result
