@@ -1,5 +1,6 @@
 //! IPVS mode's kernel side, the thin part: [`proxier`] (the backend the sync loop drives) and
-//! [`runner`] (modules, IPVS, `kube-ipvs0`, the helper tables, cleanup) over the layers below.
+//! [`runner`] (modules, IPVS, `kube-ipvs0`, the helper tables, cleanup) over the layers below;
+//! [`elements`] encodes the helper tables' elements for nf_tables netlink.
 //!
 //! [`message`] encodes the generic-netlink messages of the kernel's `IPVS` family for the
 //! operations `roadkeeper_rules::ipvs` plans. Our own encoding, on the framing helpers the
@@ -14,6 +15,7 @@
 //! tests are ignored on kernels without IPVS and run in the VM (`tests/vm/run.sh --backend ipvs`).
 
 pub mod dummy;
+pub mod elements;
 pub mod exchange;
 pub mod kernel;
 pub mod message;

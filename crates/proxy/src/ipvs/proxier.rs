@@ -45,8 +45,11 @@ pub trait IpvsRunner: Send {
     fn apply(&mut self, ops: &[IpvsOp]) -> Result<(), Error>;
     /// The connections of each real server of one virtual server.
     fn connections(&mut self, key: &VirtualKey) -> Result<Vec<Connections>, Error>;
-    /// Applies an `nft -f` script to the helper tables.
+    /// Applies an `nft -f` script to the helper tables (a full sync's whole tables).
     fn helpers(&mut self, script: &str) -> Result<(), Error>;
+    /// Deletes `removed` from the helper tables' sets, then adds `added`, atomically (a partial
+    /// sync's elements).
+    fn elements(&mut self, added: &[HelperElement], removed: &[HelperElement]) -> Result<(), Error>;
     /// True while the helper tables and `kube-ipvs0` with `addresses` addresses are in place.
     fn in_place(&mut self, addresses: usize) -> Result<bool, Error>;
 }
@@ -188,12 +191,12 @@ impl<R: IpvsRunner> Backend for IpvsProxier<R> {
         let (touched, services) = self.plan(changed, store);
         let ops = self.planned.diff(&self.applied, &touched);
         self.apply(&ops)?;
-        let script = element_script(&touched.added, &touched.removed);
-        if !script.is_empty() {
-            self.state.kernel.time(|| self.runner.helpers(&script))?;
+        let changes = !(touched.added.is_empty() && touched.removed.is_empty());
+        if changes {
+            self.state.kernel.time(|| self.runner.elements(&touched.added, &touched.removed))?;
         }
         let reaped = self.reap_drained(Instant::now())?;
-        let helper_ops = usize::from(!script.is_empty());
+        let helper_ops = usize::from(changes);
         Ok(SyncReport {
             full: false,
             services_changed: services,
@@ -221,7 +224,8 @@ pub struct Recorder {
     pub table: IpvsTable,
     /// Every batch of operations applied.
     pub batches: Vec<Vec<IpvsOp>>,
-    /// Every helper script applied.
+    /// Every helper change applied, as `nft -f` text: a full sync's script, a partial sync's
+    /// element changes as [`element_script`] writes them.
     pub scripts: Vec<String>,
     /// The connections each real server holds (absent: none).
     pub connections: BTreeMap<(VirtualKey, RealServer), (u32, u32)>,
@@ -254,6 +258,11 @@ impl IpvsRunner for Recorder {
 
     fn helpers(&mut self, script: &str) -> Result<(), Error> {
         self.scripts.push(script.to_string());
+        Ok(())
+    }
+
+    fn elements(&mut self, added: &[HelperElement], removed: &[HelperElement]) -> Result<(), Error> {
+        self.scripts.push(element_script(added, removed));
         Ok(())
     }
 

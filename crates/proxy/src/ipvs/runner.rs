@@ -1,7 +1,8 @@
 //! The kernel under IPVS mode: [`KernelRunner`] loads the modules, opens IPVS and `kube-ipvs0`,
 //! and serves the [`IpvsRunner`] calls of the proxier: IPVS over generic netlink
 //! ([`IpvsKernel`]), addresses over rtnetlink ([`DummyInterface`]), the helper tables with
-//! `nft -f`.
+//! `nft -f` (whole, in a full sync) and their elements over nf_tables netlink (a partial sync:
+//! [`super::elements`]).
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::net::IpAddr;
@@ -11,14 +12,16 @@ use roadkeeper_cluster::NodePortRange;
 use roadkeeper_rules::config::IpvsConfig;
 use roadkeeper_rules::ipvs::helpers::TABLE;
 use roadkeeper_rules::ipvs::plan::{DUMMY_INTERFACE, cleanup_virtual_servers};
-use roadkeeper_rules::ipvs::{IpvsOp, IpvsTable, Scheduler, VirtualKey, VirtualServer};
+use roadkeeper_rules::ipvs::{HelperElement, IpvsOp, IpvsTable, Scheduler, VirtualKey, VirtualServer};
 use roadkeeper_rules::nft::objects::family_keyword;
 use roadkeeper_rules::table::IpFamily;
 
 use super::dummy::DummyInterface;
+use super::elements;
 use super::kernel::IpvsKernel;
 use super::proxier::{Connections, IpvsRunner};
 use crate::Error;
+use crate::nft::netlink::Session;
 use crate::tool::{self, ToolError};
 
 /// The modules IPVS mode needs, as upstream checks them: IPVS, the schedulers it names, and
@@ -30,6 +33,8 @@ const MODULES: [&str; 5] = ["ip_vs", "ip_vs_rr", "ip_vs_wrr", "ip_vs_sh", "nf_co
 pub struct KernelRunner {
     ipvs: IpvsKernel,
     dummy: DummyInterface,
+    /// The nf_tables socket of the helper tables' element changes.
+    helpers: Session,
 }
 
 impl KernelRunner {
@@ -41,7 +46,7 @@ impl KernelRunner {
         let mut ipvs = IpvsKernel::open()?;
         let dummy = DummyInterface::ensure(DUMMY_INTERFACE)?;
         ipvs.set_timeouts(cfg.tcp_timeout, cfg.tcp_fin_timeout, cfg.udp_timeout)?;
-        Ok(KernelRunner { ipvs, dummy })
+        Ok(KernelRunner { ipvs, dummy, helpers: Session::default() })
     }
 }
 
@@ -123,6 +128,10 @@ impl IpvsRunner for KernelRunner {
 
     fn helpers(&mut self, script: &str) -> Result<(), Error> {
         tool::run("nft", &["-f", "-"], Some(script)).map(drop).map_err(|err| Error::Nft(describe(&err)))
+    }
+
+    fn elements(&mut self, added: &[HelperElement], removed: &[HelperElement]) -> Result<(), Error> {
+        Ok(self.helpers.apply_elements(&elements::changes(added, removed))?)
     }
 
     fn in_place(&mut self, addresses: usize) -> Result<bool, Error> {

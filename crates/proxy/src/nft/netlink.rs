@@ -6,7 +6,8 @@
 //! of the ruleset into its cache, so one changed Service costs O(all Services) (~100 ms per call
 //! at 2,000 Services), and a full script of 10,000 Services takes it over a gigabyte. Here the
 //! cost is O(the ops). The names of our chains and sets (stale-object cleanup) and the health
-//! check come from netlink dumps too.
+//! check come from netlink dumps too. [`Session::apply_elements`] carries element changes of
+//! other tables' sets (IPVS mode's helper tables) the same way.
 //!
 //! The messages are hand-encoded (nlmsghdr + nfgenmsg + nested TLV attributes) because no
 //! maintained crate covers what we need: the Rust nftables crates either drive `nft` (JSON), which
@@ -118,6 +119,7 @@ const NFTA_SET_ELEM_DATA: u16 = 2;
 const NFTA_SET_ELEM_FLAGS: u16 = 3;
 const NFT_SET_ELEM_INTERVAL_END: u32 = 1;
 const NFTA_SET_ELEM_USERDATA: u16 = 6;
+const NFTA_SET_ELEM_KEY_END: u16 = 10;
 // enum nft_data_attributes, nft_verdict_attributes, verdicts
 const NFTA_DATA_VALUE: u16 = 1;
 const NFTA_DATA_VERDICT: u16 = 2;
@@ -411,8 +413,13 @@ impl BatchWriter {
     }
 
     fn push(&mut self, op: &Op) {
+        self.push_with(|b, seq, set_id| encode_op(b, op, seq, set_id));
+    }
+
+    /// Appends one message, which `encode` writes given its sequence number and the set id.
+    fn push_with(&mut self, encode: impl FnOnce(&mut Buf, u32, &mut u32)) {
         self.ops += 1;
-        encode_op(&mut self.b, op, self.seq_start.wrapping_add(self.ops), &mut self.set_id);
+        encode(&mut self.b, self.seq_start.wrapping_add(self.ops), &mut self.set_id);
         if self.b.data.len() > CHUNK - MESSAGE_ROOM {
             let full = std::mem::replace(&mut self.b.data, Vec::with_capacity(CHUNK));
             self.chunks.push(full);
@@ -786,7 +793,8 @@ fn typeof_concat(parts: &[Vec<u8>]) -> Vec<u8> {
     out
 }
 
-fn addr_bytes(addr: IpAddr) -> Vec<u8> {
+/// An address in network byte order (4 or 16 bytes).
+pub(crate) fn addr_bytes(addr: IpAddr) -> Vec<u8> {
     match addr {
         IpAddr::V4(a) => a.octets().to_vec(),
         IpAddr::V6(a) => a.octets().to_vec(),
@@ -802,7 +810,7 @@ fn proto_number(p: Protocol) -> u8 {
 }
 
 /// The key bytes: concatenation components each padded to a multiple of 4 bytes.
-fn key_bytes(key: &ElementKey) -> Vec<u8> {
+pub(crate) fn key_bytes(key: &ElementKey) -> Vec<u8> {
     let proto_port = |out: &mut Vec<u8>, p: Protocol, port: u16| {
         out.extend_from_slice(&[proto_number(p), 0, 0, 0]);
         out.extend_from_slice(&port.to_be_bytes());
@@ -842,10 +850,24 @@ fn next_addr(addr: IpAddr) -> Option<IpAddr> {
     }
 }
 
+/// The data of an `address . port` map element (`Value::Endpoint`): the port padded to 4 bytes.
+pub(crate) fn endpoint_bytes(ip: IpAddr, port: u16) -> Vec<u8> {
+    let mut data = addr_bytes(ip);
+    data.extend_from_slice(&port.to_be_bytes());
+    data.extend_from_slice(&[0, 0]);
+    data
+}
+
+/// The attributes of a NEWSETELEM/DELSETELEM message: table, set, and the elements `elements`
+/// writes.
+fn element_list(b: &mut Buf, table: &str, set: &str, elements: impl FnOnce(&mut Buf)) {
+    b.str(NFTA_SET_ELEM_LIST_TABLE, table);
+    b.str(NFTA_SET_ELEM_LIST_SET, set);
+    b.nest(NFTA_SET_ELEM_LIST_ELEMENTS, elements);
+}
+
 fn encode_elements(b: &mut Buf, container: Container, key: &ElementKey, value: Option<&Value>, comment: Option<&str>) {
-    b.str(NFTA_SET_ELEM_LIST_TABLE, TABLE);
-    b.str(NFTA_SET_ELEM_LIST_SET, &container.name());
-    b.nest(NFTA_SET_ELEM_LIST_ELEMENTS, |b| {
+    element_list(b, TABLE, &container.name(), |b| {
         if let ElementKey::Range(_, last) = key {
             // An interval is two elements: its start, and the address after it flagged as the
             // end (none when the interval reaches the end of the address space), as nft sends.
@@ -869,12 +891,7 @@ fn encode_elements(b: &mut Buf, container: Container, key: &ElementKey, value: O
                     };
                     b.verdict(NFTA_SET_ELEM_DATA, code, chain);
                 }
-                Some(Value::Endpoint(ip, port)) => {
-                    let mut data = addr_bytes(*ip);
-                    data.extend_from_slice(&port.to_be_bytes());
-                    data.extend_from_slice(&[0, 0]);
-                    b.value(NFTA_SET_ELEM_DATA, &data);
-                }
+                Some(Value::Endpoint(ip, port)) => b.value(NFTA_SET_ELEM_DATA, &endpoint_bytes(*ip, *port)),
                 None => {}
             }
             if let Some(comment) = comment.filter(|c| !c.is_empty()) {
@@ -882,6 +899,53 @@ fn encode_elements(b: &mut Buf, container: Container, key: &ElementKey, value: O
             }
         })
     });
+}
+
+/// One element of a set or map of any nf_tables table (not only ours), as bytes: what
+/// [`Session::apply_elements`] adds or deletes.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SetElement<'a> {
+    /// The family of its table.
+    pub family: IpFamily,
+    /// Its table.
+    pub table: &'a str,
+    /// Its set or map.
+    pub set: &'a str,
+    /// The key: concatenation components each padded to 4 bytes.
+    pub key: Vec<u8>,
+    /// The last key of an interval over a concatenation (`NFTA_SET_ELEM_KEY_END`, as nft sends
+    /// concatenated ranges); `None` for a single key.
+    pub key_end: Option<Vec<u8>>,
+    /// A map element's data value (added only; a delete names the key).
+    pub data: Option<Vec<u8>>,
+    /// The element as nft writes it, to name it in an error.
+    pub text: String,
+}
+
+/// A NEWSETELEM (`add`) or DELSETELEM message of one element.
+fn encode_set_element(b: &mut Buf, add: bool, e: &SetElement, seq: u32) {
+    let (msg, flags) =
+        if add { (NFT_MSG_NEWSETELEM, NLM_F_REQUEST | NLM_F_CREATE) } else { (NFT_MSG_DELSETELEM, NLM_F_REQUEST) };
+    let m = b.begin_msg(nft_type(msg), flags, seq, nfproto(e.family), 0);
+    element_list(b, e.table, e.set, |b| {
+        b.nest(NFTA_LIST_ELEM, |b| {
+            b.value(NFTA_SET_ELEM_KEY, &e.key);
+            if let Some(end) = &e.key_end {
+                b.value(NFTA_SET_ELEM_KEY_END, end);
+            }
+            if let Some(data) = e.data.as_ref().filter(|_| add) {
+                b.value(NFTA_SET_ELEM_DATA, data);
+            }
+        })
+    });
+    b.end_msg(m);
+}
+
+/// An element change as `nft` syntax.
+fn describe_element(add: bool, e: &SetElement) -> String {
+    let verb = if add { "add" } else { "delete" };
+    let ip = roadkeeper_rules::nft::objects::family_keyword(e.family);
+    format!("{verb} element {ip} {} {} {{ {} }}", e.table, e.set, e.text)
 }
 
 /// `payload load <len>b @ <base> + <offset> => reg <dreg>`.
@@ -1282,8 +1346,33 @@ impl Session {
         self.stream(&|sink| ops.iter().for_each(&mut *sink), commit)
     }
 
+    /// Applies element changes (`true`: add, `false`: delete), in order, as one atomic batch of
+    /// NEWSETELEM/DELSETELEM messages; a refused one is named as `nft` syntax.
+    pub fn apply_elements(&mut self, changes: &[(bool, SetElement)]) -> Result<(), NetlinkError> {
+        let mut w = BatchWriter::new(batch_start());
+        for (add, element) in changes {
+            w.push_with(|b, seq, _| encode_set_element(b, *add, element, seq));
+        }
+        w.end();
+        let (seq_start, count) = (w.seq_start, w.ops as usize);
+        self.send(&w.finish(), seq_start, count, &|index| {
+            changes.get(index).map(|(add, e)| describe_element(*add, e)).unwrap_or_default()
+        })
+    }
+
     fn stream(&mut self, ops: OpStream, commit: bool) -> Result<(), NetlinkError> {
         let (batch, seq_start, count) = batch(ops, commit);
+        self.send(&batch, seq_start, count, &|index| nth_op(ops, index))
+    }
+
+    /// Sends a batch of `count` messages on the kept socket (or a new one) and reads its answers.
+    fn send(
+        &mut self,
+        batch: &[Vec<u8>],
+        seq_start: u32,
+        count: usize,
+        describe: &dyn Fn(usize) -> String,
+    ) -> Result<(), NetlinkError> {
         if count == 0 {
             return Ok(());
         }
@@ -1295,7 +1384,7 @@ impl Session {
             }
             None => open_socket(len)?,
         };
-        let outcome = exchange(&sock, &batch, seq_start, count, &|index| nth_op(ops, index));
+        let outcome = exchange(&sock, batch, seq_start, count, describe);
         // Kept unless the exchange itself failed: a refused batch leaves the socket drained.
         if !matches!(outcome, Err(NetlinkError::Socket { .. } | NetlinkError::AnswersLost { .. })) {
             self.sock = Some(sock);
@@ -1321,16 +1410,19 @@ fn transact(ops: &[Op], commit: bool) -> Result<(), NetlinkError> {
 /// The batch of `ops` (ended unless it is a check) in chunks, its first sequence number and how
 /// many ops it holds.
 fn batch(ops: OpStream, commit: bool) -> (Vec<Vec<u8>>, u32, usize) {
-    // Any start works on a private socket; a varying one keeps traces of runs apart.
-    let seq_start =
-        std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_secs() as u32).unwrap_or(1);
-    let mut w = BatchWriter::new(seq_start);
+    let mut w = BatchWriter::new(batch_start());
     ops(&mut |op| w.push(op));
     if commit {
         w.end();
     }
-    let count = w.ops as usize;
+    let (seq_start, count) = (w.seq_start, w.ops as usize);
     (w.finish(), seq_start, count)
+}
+
+/// The first sequence number of a batch. Any start works on a private socket; a varying one
+/// keeps traces of runs apart.
+fn batch_start() -> u32 {
+    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_secs() as u32).unwrap_or(1)
 }
 
 /// Op `index` of `ops`, as `nft` syntax.

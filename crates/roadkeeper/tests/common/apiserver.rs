@@ -19,9 +19,16 @@ use serde_json::{Value, json};
 use tempfile::TempDir;
 
 /// How long each start-up step (kube-apiserver ready, default ServiceAccount made) may take.
-/// How long a component may take to start (times [`super::slowdown`] under emulation).
+/// How long a component may take to start (times [`slowdown`] under emulation).
 fn start_timeout() -> Duration {
-    Duration::from_secs(90) * super::slowdown()
+    Duration::from_secs(90) * slowdown()
+}
+
+/// How many times slower than real hardware the tests run here: `ROADKEEPER_TEST_SLOWDOWN` (set
+/// by tests/vm under emulation), else 1. The waits on the proxy and on the control plane are
+/// multiplied by it.
+pub fn slowdown() -> u32 {
+    std::env::var("ROADKEEPER_TEST_SLOWDOWN").ok().and_then(|v| v.parse().ok()).filter(|v| *v >= 1).unwrap_or(1)
 }
 /// How often [`ControlPlane::start`] retries when another process took one of its ports.
 const START_ATTEMPTS: usize = 3;

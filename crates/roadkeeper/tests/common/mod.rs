@@ -19,7 +19,7 @@ use roadkeeper_netlab::{EchoServer, Lab, Netns, Pod, ProbeResult, Process, echo,
 pub mod apiserver;
 pub mod gateway;
 #[allow(unused_imports)] // as dead_code above: not every test binary polls
-pub use apiserver::eventually;
+pub use apiserver::{eventually, slowdown};
 pub mod http;
 pub mod replay;
 pub mod web;
@@ -130,12 +130,6 @@ pub enum Proto {
     Tcp,
     /// UDP.
     Udp,
-}
-
-/// How many times slower than real hardware the tests run here: `ROADKEEPER_TEST_SLOWDOWN` (set
-/// by tests/vm under emulation), else 1. The wait for a proxy's first sync is multiplied by it.
-pub fn slowdown() -> u32 {
-    std::env::var("ROADKEEPER_TEST_SLOWDOWN").ok().and_then(|v| v.parse().ok()).filter(|v| *v >= 1).unwrap_or(1)
 }
 
 /// The proxy backend a test runs against. Every behaviour case runs once per backend (see
