@@ -187,12 +187,16 @@ impl Lab {
         }
     }
 
-    /// The rules a full sync of `mode` programs.
-    pub fn ruleset(&self, mode: ProxyMode) -> Ruleset {
+    /// What a full sync of `mode` plans.
+    pub fn plan(&self, mode: ProxyMode) -> NodePlan {
         let store = Store::from_objects(self.objects.iter().cloned());
         let cfg = ProxyConfig { mode, ..self.cfg.clone() };
-        let plan = NodePlan::new(&store, &cfg, &self.node(), &service_cidrs(&store));
-        Ruleset::of(&plan).expect("the rules of a full sync")
+        NodePlan::new(&store, &cfg, &self.node(), &service_cidrs(&store))
+    }
+
+    /// The rules a full sync of `mode` programs.
+    pub fn ruleset(&self, mode: ProxyMode) -> Ruleset {
+        Ruleset::of(&self.plan(mode)).expect("the rules of a full sync")
     }
 
     /// The packet `protocol` from `from` to `to`.

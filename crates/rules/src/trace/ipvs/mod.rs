@@ -87,6 +87,42 @@ fn scheduler_note(scheduler: Scheduler) -> Option<&'static str> {
     })
 }
 
+/// What the fuzz target (`crates/rules/fuzz`, target `ipvs_script`) checks for any input: no
+/// panic; applied as a helper script over an empty IPVS table, or over one planned Service's
+/// helper tables, it is taken whole or refused with an error, and what it leaves traces a few
+/// packets to paths whose probabilities add up to 1, or to a bounded error.
+pub fn check(input: &[u8]) {
+    let Ok(text) = std::str::from_utf8(input) else { return };
+    let env = Environment { local_addresses: vec!["192.168.77.2".parse().expect("address")], ..Environment::default() };
+    let mut tables =
+        Tables { helpers: script::Tables::default(), ipvs: Default::default(), stage: [script::Rule::VirtualServer] };
+    if tables.apply_helpers(text).is_err() {
+        return;
+    }
+    for (entry, source, destination) in [
+        (super::Entry::Received, "10.244.0.10", "10.96.0.10:80"),
+        (super::Entry::Received, "192.168.77.1", "192.168.77.2:30080"),
+        (super::Entry::Host, "192.168.77.2", "10.96.0.10:80"),
+    ] {
+        for protocol in [Protocol::Tcp, Protocol::Udp] {
+            let packet = Packet {
+                entry,
+                source: source.parse().expect("address"),
+                destination: destination.parse().expect("address"),
+                protocol,
+            };
+            match tables.trace(&packet, &env) {
+                Ok(trace) => {
+                    let total: f64 = trace.paths.iter().map(|p| p.probability).sum();
+                    assert!((total - 1.0).abs() < 1e-6, "{packet:?}: probabilities add up to {total}");
+                }
+                Err(Error::TooDeep { .. } | Error::TooLong) => {}
+                Err(error) => panic!("{packet:?}: {error}"),
+            }
+        }
+    }
+}
+
 impl Tables {
     /// What a full sync of `plan` leaves: the helper script of each family applied to empty
     /// tables, and the IPVS table.

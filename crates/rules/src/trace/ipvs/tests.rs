@@ -277,3 +277,29 @@ fn the_step_says_what_the_tracer_cannot_know_of_a_scheduler() {
         }
     }
 }
+
+/// The fuzz target's check (`crates/rules/fuzz`, target `ipvs_script`) over a corpus: the
+/// proxy's own scripts (whole, cut at every line, with a byte changed) and junk.
+#[test]
+fn the_fuzz_check_takes_real_scripts_cut_and_changed_without_panicking() {
+    let mut lab = web(
+        &["web-a", "web-b"],
+        "type: LoadBalancer, externalTrafficPolicy: Local, loadBalancerSourceRanges: [198.51.100.0/24]",
+    );
+    lab.service("empty", 81, "");
+    let plan = lab.plan(MODE).ipvs();
+    let mut corpus: Vec<String> = [IpFamily::V4, IpFamily::V6].map(|f| plan.helpers.script(f)).to_vec();
+    let elements: Vec<_> = plan.helpers.elements().into_iter().collect();
+    corpus.push(crate::ipvs::element_script(&elements, &[]));
+    for script in corpus.clone() {
+        let lines: Vec<&str> = script.lines().collect();
+        corpus.extend((0..lines.len()).map(|n| lines[..n].join("\n")));
+        corpus.extend(script.char_indices().step_by(97).map(|(i, _)| format!("{}}}{}", &script[..i], &script[i..])));
+    }
+    corpus.extend(
+        ["", "table", "table ip roadkeeper-ipvs {", "}}}}", "add element ip roadkeeper-ipvs x { 1 }"].map(String::from),
+    );
+    for input in &corpus {
+        super::check(input.as_bytes());
+    }
+}
