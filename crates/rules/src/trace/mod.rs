@@ -469,6 +469,37 @@ impl Ruleset {
     }
 }
 
+/// What the fuzz checks assert of the tables an input left: each of `probes` (entry, source,
+/// destination), TCP and UDP, traces to paths whose probabilities add up to 1, each with steps,
+/// or to the bounded-loop error; any other error is a panic.
+pub(crate) fn check_probes(
+    probes: &[(Entry, &str, &str)],
+    trace: impl Fn(&Packet, &Environment) -> Result<Trace, Error>,
+) {
+    let env = Environment { local_addresses: vec!["192.168.77.2".parse().expect("address")], ..Environment::default() };
+    for &(entry, source, destination) in probes {
+        for protocol in [Protocol::Tcp, Protocol::Udp] {
+            let packet = Packet {
+                entry,
+                source: source.parse().expect("address"),
+                destination: destination.parse().expect("address"),
+                protocol,
+            };
+            match trace(&packet, &env) {
+                Ok(trace) => {
+                    let total: f64 = trace.paths.iter().map(|p| p.probability).sum();
+                    assert!((total - 1.0).abs() < 1e-6, "{packet:?}: probabilities add up to {total}");
+                    for index in 0..trace.paths.len() {
+                        assert!(!trace.steps(index).is_empty(), "{packet:?}: path {index} has no steps");
+                    }
+                }
+                Err(Error::TooDeep { .. } | Error::TooLong) => {}
+                Err(error) => panic!("{packet:?}: {error}"),
+            }
+        }
+    }
+}
+
 #[cfg(test)]
 mod flow_tests;
 #[cfg(test)]

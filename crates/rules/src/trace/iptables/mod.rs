@@ -286,31 +286,13 @@ pub fn check(input: &[u8]) {
     if tables.restore(IpFamily::V4, text).is_err() {
         return;
     }
-    let env = Environment { local_addresses: vec!["192.168.77.2".parse().expect("address")], ..Environment::default() };
-    for (entry, source, destination) in [
-        (super::Entry::Received, "10.244.0.10", "10.96.0.10:80"),
-        (super::Entry::Received, "192.168.77.1", "192.168.77.2:30080"),
-        (super::Entry::Host, "192.168.77.2", "10.96.0.10:80"),
-        (super::Entry::Host, "127.0.0.1", "127.0.0.1:30080"),
-    ] {
-        for protocol in [Protocol::Tcp, Protocol::Udp] {
-            let packet = Packet {
-                entry,
-                source: source.parse().expect("address"),
-                destination: destination.parse().expect("address"),
-                protocol,
-            };
-            match tables.trace(&packet, &env) {
-                Ok(trace) => {
-                    let total: f64 = trace.paths.iter().map(|p| p.probability).sum();
-                    assert!((total - 1.0).abs() < 1e-6, "{packet:?}: probabilities add up to {total}");
-                    for index in 0..trace.paths.len() {
-                        assert!(!trace.steps(index).is_empty(), "{packet:?}: path {index} has no steps");
-                    }
-                }
-                Err(Error::TooDeep { .. } | Error::TooLong) => {}
-                Err(error) => panic!("{packet:?}: {error}"),
-            }
-        }
-    }
+    super::check_probes(
+        &[
+            (super::Entry::Received, "10.244.0.10", "10.96.0.10:80"),
+            (super::Entry::Received, "192.168.77.1", "192.168.77.2:30080"),
+            (super::Entry::Host, "192.168.77.2", "10.96.0.10:80"),
+            (super::Entry::Host, "127.0.0.1", "127.0.0.1:30080"),
+        ],
+        |packet, env| tables.trace(packet, env),
+    );
 }

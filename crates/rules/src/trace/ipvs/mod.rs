@@ -93,34 +93,19 @@ fn scheduler_note(scheduler: Scheduler) -> Option<&'static str> {
 /// packets to paths whose probabilities add up to 1, or to a bounded error.
 pub fn check(input: &[u8]) {
     let Ok(text) = std::str::from_utf8(input) else { return };
-    let env = Environment { local_addresses: vec!["192.168.77.2".parse().expect("address")], ..Environment::default() };
     let mut tables =
         Tables { helpers: script::Tables::default(), ipvs: Default::default(), stage: [script::Rule::VirtualServer] };
     if tables.apply_helpers(text).is_err() {
         return;
     }
-    for (entry, source, destination) in [
-        (super::Entry::Received, "10.244.0.10", "10.96.0.10:80"),
-        (super::Entry::Received, "192.168.77.1", "192.168.77.2:30080"),
-        (super::Entry::Host, "192.168.77.2", "10.96.0.10:80"),
-    ] {
-        for protocol in [Protocol::Tcp, Protocol::Udp] {
-            let packet = Packet {
-                entry,
-                source: source.parse().expect("address"),
-                destination: destination.parse().expect("address"),
-                protocol,
-            };
-            match tables.trace(&packet, &env) {
-                Ok(trace) => {
-                    let total: f64 = trace.paths.iter().map(|p| p.probability).sum();
-                    assert!((total - 1.0).abs() < 1e-6, "{packet:?}: probabilities add up to {total}");
-                }
-                Err(Error::TooDeep { .. } | Error::TooLong) => {}
-                Err(error) => panic!("{packet:?}: {error}"),
-            }
-        }
-    }
+    super::check_probes(
+        &[
+            (super::Entry::Received, "10.244.0.10", "10.96.0.10:80"),
+            (super::Entry::Received, "192.168.77.1", "192.168.77.2:30080"),
+            (super::Entry::Host, "192.168.77.2", "10.96.0.10:80"),
+        ],
+        |packet, env| tables.trace(packet, env),
+    );
 }
 
 impl Tables {
