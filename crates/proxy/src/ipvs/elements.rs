@@ -6,35 +6,30 @@
 use std::net::IpAddr;
 
 use roadkeeper_rules::ipvs::helpers::TABLE;
-use roadkeeper_rules::ipvs::{HelperElement, VirtualKey};
+use roadkeeper_rules::ipvs::{ElementShape, HelperElement, VirtualKey};
 use roadkeeper_rules::nft::rule::ElementKey;
 
 use crate::nft::netlink::{SetElement, addr_bytes, endpoint_bytes, key_bytes};
 
 /// `element` of its family's helper table, as bytes.
 pub fn set_element(element: &HelperElement) -> SetElement<'static> {
-    use HelperElement as E;
     let with_addr = |key: &VirtualKey, addr: IpAddr| {
         let mut out = frontend(key);
         out.extend(addr_bytes(addr));
         out
     };
-    let (key, key_end, data) = match element {
-        E::ClusterIp(k)
-        | E::MasqueradeExternal(k)
-        | E::NoEndpoints(k)
-        | E::NoLocalEndpoints(k)
-        | E::Firewall(k)
-        | E::ShortCircuitFrontend(k)
-        | E::VirtualServer(k) => (frontend(k), None, None),
+    let (key, key_end, data) = match element.shape() {
+        ElementShape::Frontend(k) => (frontend(k), None, None),
         // An interval of a concatenation: its first and last keys, as nft sends it.
-        E::FirewallAllow(k, range) => (with_addr(k, range.network()), Some(with_addr(k, range.broadcast())), None),
-        E::ShortCircuit(k, ip, port) => (frontend(k), None, Some(endpoint_bytes(*ip, *port))),
-        E::Hairpin(real, protocol) => {
-            let endpoint = VirtualKey { address: real.address, protocol: *protocol, port: real.port };
+        ElementShape::FrontendSource(k, range) => {
+            (with_addr(k, range.network()), Some(with_addr(k, range.broadcast())), None)
+        }
+        ElementShape::FrontendTo(k, ip, port) => (frontend(k), None, Some(endpoint_bytes(ip, port))),
+        ElementShape::Hairpin(real, protocol) => {
+            let endpoint = VirtualKey { address: real.address, protocol, port: real.port };
             (with_addr(&endpoint, real.address), None, None)
         }
-        E::IpvsAddress(address) => (addr_bytes(*address), None, None),
+        ElementShape::Address(address) => (addr_bytes(address), None, None),
     };
     SetElement { family: element.family(), table: TABLE, set: element.set(), key, key_end, data, text: element.text() }
 }

@@ -288,8 +288,9 @@ impl HelperElement {
         }
     }
 
-    /// The element as nft writes it: `10.96.0.10 . tcp . 80`.
-    pub fn text(&self) -> String {
+    /// What its key (and data) hold: the one place that sorts the variants by shape, for the
+    /// text here and the bytes of the netlink path.
+    pub fn shape(&self) -> ElementShape<'_> {
         use HelperElement as E;
         match self {
             E::ClusterIp(k)
@@ -298,13 +299,39 @@ impl HelperElement {
             | E::NoLocalEndpoints(k)
             | E::Firewall(k)
             | E::ShortCircuitFrontend(k)
-            | E::VirtualServer(k) => frontend(k),
-            E::FirewallAllow(k, range) => format!("{} . {range}", frontend(k)),
-            E::ShortCircuit(k, ip, port) => format!("{} : {ip} . {port}", frontend(k)),
-            E::Hairpin(r, p) => format!("{} . {} . {} . {}", r.address, p.as_str(), r.port, r.address),
-            E::IpvsAddress(address) => address.to_string(),
+            | E::VirtualServer(k) => ElementShape::Frontend(k),
+            E::FirewallAllow(k, range) => ElementShape::FrontendSource(k, range),
+            E::ShortCircuit(k, ip, port) => ElementShape::FrontendTo(k, *ip, *port),
+            E::Hairpin(real, protocol) => ElementShape::Hairpin(real, *protocol),
+            E::IpvsAddress(address) => ElementShape::Address(*address),
         }
     }
+
+    /// The element as nft writes it: `10.96.0.10 . tcp . 80`.
+    pub fn text(&self) -> String {
+        match self.shape() {
+            ElementShape::Frontend(k) => frontend(k),
+            ElementShape::FrontendSource(k, range) => format!("{} . {range}", frontend(k)),
+            ElementShape::FrontendTo(k, ip, port) => format!("{} : {ip} . {port}", frontend(k)),
+            ElementShape::Hairpin(r, p) => format!("{} . {} . {} . {}", r.address, p.as_str(), r.port, r.address),
+            ElementShape::Address(address) => address.to_string(),
+        }
+    }
+}
+
+/// What a [`HelperElement`]'s key and data hold.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ElementShape<'a> {
+    /// `address . protocol . port`.
+    Frontend(&'a VirtualKey),
+    /// `address . protocol . port . source range` (an interval).
+    FrontendSource(&'a VirtualKey, &'a IpNet),
+    /// `address . protocol . port : address . port` (a map element).
+    FrontendTo(&'a VirtualKey, IpAddr, u16),
+    /// `endpoint . protocol . port . endpoint`.
+    Hairpin(&'a RealServer, Protocol),
+    /// An address.
+    Address(IpAddr),
 }
 
 /// The `nft -f` script of a partial sync: `removed` elements deleted from their sets, then

@@ -37,6 +37,6 @@ pub mod show;
 pub mod state;
 
 pub use diff::IpvsOp;
-pub use helpers::{HelperElement, HelperRules, element_script};
+pub use helpers::{ElementShape, HelperElement, HelperRules, element_script};
 pub use plan::{FrontendKind, IpvsPlan, IpvsTable, RealServer, Scheduler, VirtualKey, VirtualServer};
 pub use state::{IpvsState, Touched};
