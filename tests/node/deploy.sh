@@ -5,18 +5,20 @@
 # deploy/ingress.yaml; waits until all of them are ready. With `coredns` last, the cluster DNS is
 # CoreDNS as kubeadm installs it (tests/node/coredns.yaml) instead of deploy/dns.yaml.
 #
-#   tests/node/deploy.sh KUBECONFIG nftables|iptables [roadkeeper|coredns]
+#   tests/node/deploy.sh KUBECONFIG nftables|iptables|ipvs [roadkeeper|coredns]
 #
 # The manifest gets the edits it documents: clusterCIDR (the cluster's pod range, as kubeadm
-# sets kube-proxy's) and, for iptables mode, `mode: iptables` and NET_RAW in the DaemonSet's
-# capabilities; and a `conntrack:` section for a node that is a network namespace (below).
+# sets kube-proxy's); for iptables mode, `mode: iptables` and NET_RAW in the DaemonSet's
+# capabilities; for ipvs mode, `mode: ipvs` and the node's /lib/modules in the init container
+# (which loads IPVS's modules); and a `conntrack:` section for a node that is a network
+# namespace (below).
 set -euo pipefail
 here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 repo=$(cd "$here/../.." && pwd)
 # shellcheck source=tests/node/lib.sh
 source "$here/lib.sh"
-admin=${1:?usage: deploy.sh KUBECONFIG nftables|iptables}
-mode=${2:?usage: deploy.sh KUBECONFIG nftables|iptables}
+admin=${1:?usage: deploy.sh KUBECONFIG nftables|iptables|ipvs}
+mode=${2:?usage: deploy.sh KUBECONFIG nftables|iptables|ipvs}
 dns=${3:-roadkeeper}
 kubectl() { "$(dirname "$admin")/kubectl" --kubeconfig "$admin" "$@"; }
 
@@ -34,6 +36,15 @@ if [[ $mode == iptables ]]; then
     # Both edits or none: a manifest that changed shape must fail here, not deploy nftables.
     (($(diff <(echo "$manifest") <(echo "$edited") | grep -c '^>') == 2)) ||
         node_fail "deploy/roadkeeper.yaml: cannot find 'mode: nftables' and 'add: [\"NET_ADMIN\"]' to switch to iptables"
+    manifest=$edited
+elif [[ $mode == ipvs ]]; then
+    modules='            - {name: lib-modules, mountPath: /lib/modules, readOnly: true}'
+    volume='        - {name: lib-modules, hostPath: {path: /lib/modules}}'
+    edited=$(sed -e 's/^    mode: nftables$/    mode: ipvs/' \
+        -e "/^            #   - {name: lib-modules, mountPath: \/lib\/modules, readOnly: true}\$/a\\$modules" \
+        -e "/^      volumes:\$/a\\$volume" <<<"$manifest")
+    (($(diff <(echo "$manifest") <(echo "$edited") | grep -c '^>') == 3)) ||
+        node_fail "deploy/roadkeeper.yaml: cannot find 'mode: nftables', the lib-modules comment and 'volumes:' to switch to ipvs"
     manifest=$edited
 fi
 # The node is a network namespace of this machine, where nf_conntrack_max (node-wide) cannot be
@@ -55,6 +66,6 @@ case $dns in
     *) node_fail "DNS $dns: not roadkeeper or coredns" ;;
 esac
 kubectl apply -f "$repo/deploy/ingress.yaml" >/dev/null
-kubectl -n kube-system rollout status daemonset/roadkeeper --timeout=180s >&2
-kubectl -n kube-system rollout status "deployment/$dns_deployment" --timeout=180s >&2
-kubectl -n kube-system rollout status deployment/roadkeeper-ingress --timeout=180s >&2
+kubectl -n kube-system rollout status daemonset/roadkeeper --timeout=$((180 * NODE_SLOWDOWN))s >&2
+kubectl -n kube-system rollout status "deployment/$dns_deployment" --timeout=$((180 * NODE_SLOWDOWN))s >&2
+kubectl -n kube-system rollout status deployment/roadkeeper-ingress --timeout=$((180 * NODE_SLOWDOWN))s >&2

@@ -4,7 +4,7 @@
 # node down afterwards. The JUnit report and the suite's log go to the report folder, and the
 # last lines printed are the pass / fail / skip counts.
 #
-#   tests/node/e2e.sh [--proxy-mode nftables|iptables] [--nodes N] [--report-dir DIR]
+#   tests/node/e2e.sh [--proxy-mode nftables|iptables|ipvs] [--nodes N] [--report-dir DIR]
 #                     [--focus RE] [--skip RE] [--procs N] [--list]
 #
 # --nodes: how many nodes up.sh brings up (default 3, one zone each: some tests need two or
@@ -52,7 +52,7 @@ if ((list)); then
 fi
 mkdir -p "$report"
 report=$(cd "$report" && pwd)
-archives=$("$here/images.sh" e2e)
+archives=$(node_images e2e)
 admin=$("$here/up.sh" --proxy-mode "$proxy_mode" --nodes "$nodes" | tail -1)
 trap '"$here/down.sh"' EXIT
 node_log "importing the test images"

@@ -32,6 +32,10 @@ APISERVER_PORT=6443
 GATEWAY_POOL=192.168.235.0/24
 DAEMON_MARK=ROADKEEPER_NODE_DAEMON
 
+# How many times slower than this machine the node's machine is (an emulated VM: tests/vm sets
+# ROADKEEPER_TEST_SLOWDOWN): the scripts' waits for daemons and rollouts grow by this factor.
+NODE_SLOWDOWN=${ROADKEEPER_TEST_SLOWDOWN:-1}
+
 node_log() { echo "node: $*" >&2; }
 node_fail() { echo "node: error: $*" >&2; exit 1; }
 
@@ -65,6 +69,18 @@ cgroup_hierarchies() {
 
 # Built images, as docker archives (tests/node/images.sh), imported into containerd by up.sh.
 IMAGES_CACHE=${ROADKEEPER_NODE_IMAGES:-$HOME/.cache/roadkeeper/node-images}
+
+# node_images [SET]: the archives of `images.sh SET` (building what is missing), one a line; or,
+# where ROADKEEPER_NODE_PREBUILT names a folder, its file SET (default `node`), which lists what
+# images.sh printed beforehand on a machine that could build (tests/vm/node-e2e.sh: its VM has
+# neither Go nor a package mirror).
+node_images() {
+    if [[ -n ${ROADKEEPER_NODE_PREBUILT:-} ]]; then
+        cat "$ROADKEEPER_NODE_PREBUILT/${1:-node}"
+    else
+        "$(dirname "${BASH_SOURCE[0]}")/images.sh" "$@"
+    fi
+}
 
 # node_ctr I ARGS...: ctr against node I's containerd, in the namespace the kubelet uses.
 node_ctr() {

@@ -4,7 +4,7 @@
 #
 #   tests/vm/run.sh [--kernel PATH] [--backend nftables|iptables|ipvs|all] [--timeout SECONDS]
 #                   [--subset FILE] [--modules DIR] [--exec CMD] [--accel kvm|tcg] [--cpus N]
-#                   [--memory SIZE] [-- FILTER...]
+#                   [--memory SIZE] [--out DIR] [-- FILTER...]
 #
 #   --kernel PATH   a kernel: a linux-image .deb (unpacked into the cache), or a vmlinuz whose
 #                   modules are in --modules DIR, else in ../lib/modules/<release> next to it
@@ -23,6 +23,8 @@
 #   --timeout S     bound on the VM's whole run (default 3600); --accel forces kvm or tcg.
 #   --exec CMD      run `sh -c CMD` in the VM instead of the suites (nothing is built; for
 #                   trying a command on that kernel, e.g. --exec 'modprobe ip_vs && ipvsadm -Ln').
+#   --out DIR       a folder of this host that the VM can write, at the same path (everything
+#                   else of the host is read-only there): for reports that must outlive the VM.
 #
 # Environment: ROADKEEPER_VM_CACHE (default ~/.cache/roadkeeper/vm), RUST_TEST_THREADS (passed
 # to the tests in the VM; default: the VM's CPUs).
@@ -43,7 +45,7 @@ set -euo pipefail
 
 repo=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
 cache=${ROADKEEPER_VM_CACHE:-$HOME/.cache/roadkeeper/vm}
-kernel="" modules="" exec="" backend=all timeout=3600 accel="" cpus=2 memory=3G
+kernel="" modules="" exec="" out="" backend=all timeout=3600 accel="" cpus=2 memory=3G
 filters=()
 
 die() { echo "vm: $*" >&2; exit 1; }
@@ -61,6 +63,7 @@ while [ $# -gt 0 ]; do
         --accel) accel=${2:?--accel needs kvm or tcg}; shift 2 ;;
         --cpus) cpus=${2:?--cpus needs a number}; shift 2 ;;
         --memory) memory=${2:?--memory needs a size}; shift 2 ;;
+        --out) out=${2:?--out needs a folder}; shift 2 ;;
         -h | --help) usage; exit 0 ;;
         --) shift; filters+=("$@"); break ;;
         *) die "unknown argument $1 (see --help)" ;;
@@ -71,6 +74,11 @@ case $backend in
     all) backends=(nftables iptables ipvs) ;;
     *) die "--backend must be nftables, iptables, ipvs or all, not $backend" ;;
 esac
+out_args=()
+if [ -n "$out" ]; then
+    mkdir -p "$out" && out=$(realpath "$out") || die "cannot make --out $out"
+    out_args=(-virtfs "local,path=$out,mount_tag=vmout,security_model=none")
+fi
 case $accel in
     "" | kvm | tcg) ;;
     *) die "--accel must be kvm or tcg, not $accel" ;;
@@ -222,13 +230,15 @@ selected() {
 # The script the VM runs as PID 1 in the host's userland (after switch_root).
 {
     echo '#!/bin/sh'
-    printf 'modules=%q repo=%q threads=%q\n' "$modules" "$repo" "${RUST_TEST_THREADS:-}"
+    printf 'modules=%q repo=%q threads=%q out=%q\n' "$modules" "$repo" "${RUST_TEST_THREADS:-}" "$out"
     # Emulation is several times slower than hardware: the tests' wait for a first sync follows.
     printf 'export ROADKEEPER_TEST_SLOWDOWN=%q\n' "$([ "$accel" = tcg ] && echo 3 || echo 1)"
     cat <<'EOF'
 export PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin HOME=/root RUST_BACKTRACE=1
 mount -t proc proc /proc && mount -t sysfs sysfs /sys
 mkdir -p /dev/pts /dev/shm && mount -t devpts devpts /dev/pts && mount -t tmpfs tmpfs /dev/shm
+# What udev or systemd would make: bash's process substitution opens /dev/fd/N.
+[ -e /dev/fd ] || ln -s /proc/self/fd /dev/fd
 mount -t cgroup2 cgroup2 /sys/fs/cgroup 2>/dev/null
 # /tmp stays the overlay's (writable, in memory): the repository or the cache may live under it.
 mount -t tmpfs tmpfs /run
@@ -236,6 +246,7 @@ mkdir -p /run/netns /lib/modules && mount --bind "$(dirname "$modules")" /lib/mo
 ip link set lo up
 mkdir -p /run/snap && mount -t 9p -o trans=virtio,version=9p2000.L,msize=524288,ro,cache=loose vmsnap /run/snap
 (cd /run/snap && find . -type f) | while read -r file; do mount --bind "/run/snap/${file#./}" "/${file#./}"; done
+[ -z "$out" ] || mount -t 9p -o trans=virtio,version=9p2000.L,msize=524288,cache=none vmout "$out"
 echo "vm: userland up at $(cut -d' ' -f1 /proc/uptime) s, kernel $(uname -r)"
 # What a Kubernetes node loads before its proxy starts (kubeadm's prerequisites: br_netfilter, so
 # that replies bridged between pods pass the node's conntrack); the kernel loads the rest itself.
@@ -362,7 +373,8 @@ timeout -k 5 "$timeout" qemu-system-x86_64 -nodefaults -no-reboot -display none 
     -device virtio-rng-pci \
     -virtfs local,path=/,mount_tag=hostroot,security_model=none,readonly=on,multidevs=remap \
     -virtfs "local,path=$run/share,mount_tag=vmshare,security_model=none" \
-    -virtfs "local,path=$run/snap,mount_tag=vmsnap,security_model=none,readonly=on" &
+    -virtfs "local,path=$run/snap,mount_tag=vmsnap,security_model=none,readonly=on" \
+    "${out_args[@]}" &
 qemu_pid=$!
 # The stage-2 script writes its output to the console; stream it here as it comes.
 tail -n +1 -f --pid="$qemu_pid" "$run/console.log" 2>/dev/null &

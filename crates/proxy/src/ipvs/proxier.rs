@@ -63,7 +63,8 @@ pub struct IpvsProxier<R: IpvsRunner> {
     planned: IpvsState,
     /// What the kernel holds (drained real servers included).
     applied: IpvsTable,
-    /// When each drained real server was drained.
+    /// Every drained real server of `applied`, and when it was drained: kept from the operations
+    /// applied (rebuilt only by a full sync), so that reaping costs O(drained), not O(table).
     drained_since: BTreeMap<(VirtualKey, RealServer), Instant>,
     /// The settings of the helper rules (their elements are `planned`'s).
     helper_settings: HelperRules,
@@ -117,18 +118,33 @@ impl<R: IpvsRunner> IpvsProxier<R> {
         }
         self.state.kernel.time(|| self.runner.apply(ops))?;
         self.applied.apply(ops);
+        let now = Instant::now();
+        for op in ops {
+            match op {
+                IpvsOp::AddDest(key, real, 0) | IpvsOp::EditDest(key, real, 0) => {
+                    self.drained_since.entry((*key, *real)).or_insert(now);
+                }
+                IpvsOp::AddDest(key, real, _) | IpvsOp::EditDest(key, real, _) | IpvsOp::DelDest(key, real) => {
+                    self.drained_since.remove(&(*key, *real));
+                }
+                IpvsOp::DelService(key) => self.drained_since.retain(|(drained, _), _| drained != key),
+                IpvsOp::BindAddress(_)
+                | IpvsOp::UnbindAddress(_)
+                | IpvsOp::AddService(..)
+                | IpvsOp::EditService(..) => {}
+            }
+        }
         Ok(())
     }
 
     /// Deletes the drained real servers whose connections are gone or whose bound has passed;
     /// how many it deleted.
     fn reap_drained(&mut self, now: Instant) -> Result<usize, Error> {
-        let drained: BTreeSet<(VirtualKey, RealServer)> = self.applied.drained().map(|(k, r)| (*k, *r)).collect();
-        self.drained_since.retain(|entry, _| drained.contains(entry));
         let mut ops = Vec::new();
         let mut counted: BTreeMap<VirtualKey, Vec<Connections>> = BTreeMap::new();
-        for (key, real) in drained {
-            let since = *self.drained_since.entry((key, real)).or_insert(now);
+        let drained: Vec<((VirtualKey, RealServer), Instant)> =
+            self.drained_since.iter().map(|(k, t)| (*k, *t)).collect();
+        for ((key, real), since) in drained {
             let connections = match counted.entry(key) {
                 std::collections::btree_map::Entry::Occupied(entry) => entry.into_mut(),
                 std::collections::btree_map::Entry::Vacant(entry) => {
@@ -177,6 +193,16 @@ impl<R: IpvsRunner> Backend for IpvsProxier<R> {
         let (_, services) = self.plan(&keys, store);
         let found = self.state.kernel.time(|| self.runner.read(&self.cfg.ipvs.exclude_cidrs))?;
         let ops = found.diff(&self.planned.table());
+        // What the kernel holds drained now (a restarted proxy's, or ours): drained from now on.
+        let now = Instant::now();
+        let drained: BTreeMap<_, _> = found
+            .drained()
+            .map(|(key, real)| {
+                let since = self.drained_since.get(&(*key, *real)).copied().unwrap_or(now);
+                ((*key, *real), since)
+            })
+            .collect();
+        self.drained_since = drained;
         self.applied = found;
         self.apply(&ops)?;
         let script = self.helper_tables();
@@ -212,7 +238,7 @@ impl<R: IpvsRunner> Backend for IpvsProxier<R> {
 
     /// Drained real servers wait for a later sync to be deleted.
     fn has_pending_work(&self) -> bool {
-        self.applied.drained().next().is_some()
+        !self.drained_since.is_empty()
     }
 }
 
@@ -365,6 +391,30 @@ mod tests {
         let start = p.drained_since[&(svc1(), real(3))];
         assert_eq!(p.reap_drained(start + DRAIN_BOUND - Duration::from_secs(1)).unwrap(), 0);
         assert_eq!(p.reap_drained(start + DRAIN_BOUND).unwrap(), 1);
+    }
+
+    #[test]
+    fn the_drained_set_follows_the_operations_applied() {
+        let mut p = proxier(Recorder::default());
+        p.sync(&store(3), &BTreeSet::new()).unwrap();
+        p.runner.connections.insert((svc1(), real(3)), (1, 0));
+        p.sync(&store(2), &changed("svc-1")).unwrap();
+        assert_eq!(p.drained_since.keys().collect::<Vec<_>>(), [&(svc1(), real(3))]);
+        p.sync(&store(3), &changed("svc-1")).unwrap();
+        assert!(p.drained_since.is_empty(), "its endpoint came back: weight 1 again");
+        assert!(!p.wants_retry());
+        p.sync(&store(2), &changed("svc-1")).unwrap();
+        let gone = Store::from_objects((2..=3).flat_map(|n| service(&format!("svc-{n}"), n, 3, 0)));
+        p.sync(&gone, &changed("svc-1")).unwrap();
+        assert!(p.drained_since.is_empty(), "its virtual server went");
+        // A restarted proxy finds the kernel's drained real servers, to reap them later.
+        p.sync(&store(3), &changed("svc-1")).unwrap();
+        p.sync(&store(2), &changed("svc-1")).unwrap();
+        let kernel = std::mem::take(p.runner());
+        let mut restarted = proxier(kernel);
+        restarted.sync(&store(2), &BTreeSet::new()).unwrap();
+        assert_eq!(restarted.drained_since.keys().collect::<Vec<_>>(), [&(svc1(), real(3))]);
+        assert_eq!(&restarted.runner.table, restarted.applied());
     }
 
     #[test]

@@ -25,6 +25,9 @@ pub struct HelperRules {
     pub masquerade_all: bool,
     /// Pod CIDRs: connections to a ClusterIP from outside them are masqueraded.
     pub cluster_cidrs: Vec<IpNet>,
+    /// Forwarded packets conntrack calls INVALID are dropped (`KUBE-FORWARD`'s first rule), unless
+    /// the node's TCP tracking is liberal, as kube-proxy's iptables and IPVS modes.
+    pub drop_invalid: bool,
     /// ClusterIP frontends (`KUBE-CLUSTER-IP`).
     pub cluster_ips: BTreeSet<VirtualKey>,
     /// External frontends (NodePort, externalIP, LB IP) of `externalTrafficPolicy: Cluster`
@@ -59,6 +62,7 @@ impl HelperRules {
             masquerade_mark: cfg.masquerade_mark(),
             masquerade_all: cfg.masquerade_all,
             cluster_cidrs: cfg.cluster_cidrs.clone(),
+            drop_invalid: !cfg.conntrack.tcp_be_liberal,
             ..HelperRules::default()
         }
     }
@@ -177,6 +181,15 @@ impl HelperRules {
         let no_local = format!("\t\tct state new {key} @no-local-endpoints drop\n");
         out.push_str(&filter("filter-input", "input", "filter", &no_local));
         out.push_str(&filter("filter-output", "output", "-150", ""));
+        if self.drop_invalid {
+            // A packet conntrack cannot place (say, a retransmission outside the window) would
+            // otherwise reach the pod un-NATed, and its reset kill the connection (upstream's
+            // issue 74839).
+            out.push_str(
+                "\tchain filter-forward {\n\t\ttype filter hook forward priority filter; policy accept;\n\
+                 \t\tct state invalid drop\n\t}\n",
+            );
+        }
         // Pods' and the node's traffic to a Local policy's external frontend goes to its
         // ClusterIP, that is to every endpoint (the node's masqueraded, as upstream's); the
         // mark-for-masquerade jump comes first, as the DNAT ends the chain.
@@ -377,6 +390,20 @@ mod tests {
         let hairpin: Vec<String> = plan.helpers.hairpin.iter().map(|(r, p)| format!("{r}/{}", p.as_str())).collect();
         assert_eq!(hairpin, ["10.244.0.11:8080/tcp", "10.244.0.12:8080/tcp"]);
         assert_eq!(plan.helpers.virtual_servers.len(), 5);
+    }
+
+    #[test]
+    fn forwarded_invalid_packets_are_dropped_unless_tcp_tracking_is_liberal() {
+        let p = port("a", "10.96.0.10", vec![ep("10.244.0.11", 8080, false)]);
+        let mut cfg = ipvs_cfg();
+        let script = IpvsPlan::new(&cfg, &node(), [&p]).helpers.script(IpFamily::V4);
+        let forward = script.split("chain filter-forward {").nth(1).expect(&script);
+        assert!(forward.starts_with(
+            "\n\t\ttype filter hook forward priority filter; policy accept;\n\t\tct state invalid drop\n\t}"
+        ));
+        cfg.conntrack.tcp_be_liberal = true;
+        let script = IpvsPlan::new(&cfg, &node(), [&p]).helpers.script(IpFamily::V4);
+        assert!(!script.contains("invalid"), "{script}");
     }
 
     #[test]
