@@ -311,6 +311,10 @@ KUBELET
     local cidr
     cidr=$(pod_cidr "$name")
     echo "$cidr" >"$dir/pod-cidr"
+    # The CNI bridge, made here with its MAC set: one the bridge plugin makes takes the lowest
+    # MAC of its ports, so a new pod could change the gateway's MAC under the others (their
+    # frames to the old one are then bridged past IPVS mode, which rewrites on local input).
+    in_netns "$netns" ip link add cni0 address "0a:58:00:00:00:$(printf %02x "$i")" type bridge
     # The bridge masquerades nothing: traffic between pods keeps its source, on one node or
     # across nodes; what leaves the cluster's pod range is masqueraded below.
     cat >"$dir/cni/10-bridge.conflist" <<CNI

@@ -12,6 +12,17 @@ use crate::netns::Netns;
 
 /// The node's pod bridge.
 pub const BRIDGE: &str = "cbr0";
+/// The pod bridge's MAC address (`0a:58` and the gateway's IPv4 address, as the CNI bridge
+/// plugin once derived it). Set, not inherited: a bridge whose address was never set takes the
+/// lowest MAC of its ports, so a pod joining with a lower one would change the gateway's MAC
+/// under every other pod until their neighbour entries expire (kubenet pins cbr0's address for
+/// the same reason). With br_netfilter, their frames to the old MAC are bridged, not delivered
+/// to the node: IPVS mode, which rewrites packets on local input, never sees them.
+fn bridge_mac() -> String {
+    let [a, b, c, d] = POD_GATEWAY_V4.octets();
+    format!("0a:58:{a:02x}:{b:02x}:{c:02x}:{d:02x}")
+}
+
 /// The node's uplink towards the external host (also the external host's interface name).
 pub const UPLINK: &str = "eth0";
 /// Node-side pod veths are named `<POD_VETH_PREFIX><n>`.
@@ -137,7 +148,7 @@ impl Lab {
                 format!("addr add {NODE_IPV4}/{} dev {UPLINK}", UPLINK_CIDR_V4.prefix_len()),
                 format!("addr add {NODE_IPV6}/{} dev {UPLINK} nodad", UPLINK_CIDR_V6.prefix_len()),
                 format!("link set {UPLINK} up"),
-                format!("link add {BRIDGE} type bridge"),
+                format!("link add {BRIDGE} address {} type bridge", bridge_mac()),
                 format!("addr add {POD_GATEWAY_V4}/{} dev {BRIDGE}", POD_CIDR_V4.prefix_len()),
                 format!("addr add {POD_GATEWAY_V6}/{} dev {BRIDGE} nodad", POD_CIDR_V6.prefix_len()),
                 format!("link set {BRIDGE} up"),

@@ -6,6 +6,7 @@ use std::path::Path;
 use std::time::Duration;
 
 use roadkeeper_netlab::addressing::*;
+use roadkeeper_netlab::topology::{BRIDGE, POD_VETH_PREFIX};
 use roadkeeper_netlab::{EchoServer, Lab, Netns, Pod, ProbeResult, echo, probe};
 
 const TIMEOUT: Duration = Duration::from_secs(2);
@@ -152,4 +153,26 @@ fn a_panicking_test_still_cleans_up() {
     assert_eq!(names.len(), 3);
     let list = netns_list();
     assert!(names.iter().all(|name| !list.contains(name.as_str())), "{list}");
+}
+
+/// The node's pod bridge in the node namespace: its MAC address.
+fn bridge_mac(lab: &Lab) -> String {
+    let out = lab.node().ip(["-br", "link", "show", BRIDGE]).unwrap();
+    let line = String::from_utf8(out.stdout).unwrap();
+    line.split_whitespace().nth(2).expect("ip -br link: name state address").to_owned()
+}
+
+/// A Linux bridge whose address was never set takes the lowest MAC of its ports, so a pod
+/// joining with a lower one would change the gateway's MAC under every other pod: their frames
+/// to the old one are then bridged instead of routed, which IPVS mode (DNAT in LOCAL_IN, not
+/// PREROUTING) cannot catch. The lab's bridge keeps one address, as kubenet's cbr0 does.
+#[test]
+fn a_pod_joining_with_the_lowest_mac_leaves_the_gateway_mac_alone() {
+    let lab = Lab::new("t-brmac").unwrap();
+    let _a = lab.add_pod("a").unwrap();
+    let before = bridge_mac(&lab);
+    let _b = lab.add_pod("b").unwrap();
+    // The node's side of b's veth (the second pod's) gets the lowest unicast MAC there is.
+    lab.node().ip(["link", "set", &format!("{POD_VETH_PREFIX}1"), "address", "00:00:00:00:00:01"]).unwrap();
+    assert_eq!(bridge_mac(&lab), before, "the bridge's MAC changed when pod b joined");
 }
