@@ -14,6 +14,7 @@
 pub mod claims;
 pub mod config;
 pub mod conntrack;
+pub mod ebpf;
 pub mod hash;
 pub mod iptables;
 pub mod ipvs;
