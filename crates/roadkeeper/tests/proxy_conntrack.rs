@@ -27,7 +27,7 @@ const CLIENT_PORT: u16 = 20053;
 fn answer(c: &Cluster, family: Family) -> Option<String> {
     let source = SocketAddr::new(c.client_ip(family), CLIENT_PORT);
     let target = at(family.cluster_ip(DNS));
-    match c.client.ns.run(|| probe::udp_from_port(source, target, Duration::from_millis(500))) {
+    match c.client.ns.run(|| probe::udp_from_port(source, target, probe_timeout())) {
         ProbeResult::Reply(reply) => Some(reply.name),
         _ => None,
     }
