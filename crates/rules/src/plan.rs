@@ -93,7 +93,8 @@ pub fn plan_ports<'a>(
 /// every Service of the store planned from no claims.
 #[derive(Debug, Clone)]
 pub struct NodePlan {
-    /// The proxy's configuration (`mode` picks the backend of [`NodePlan::ruleset`]).
+    /// The proxy's configuration (`mode` says which of [`NodePlan::nftables`],
+    /// [`NodePlan::iptables`] and [`NodePlan::ipvs`] the proxy programs).
     pub cfg: ProxyConfig,
     /// This node.
     pub node: NodeInfo,

@@ -6,11 +6,13 @@
 //! [`plan`] is what each frontend should do ([`EbpfPlan`], from the same service table and
 //! endpoint selection as the other modes), [`maps`] how the maps lay it out and the ordered map
 //! updates from one layout to the next ([`Layout`]: one Service's change costs O(that
-//! Service)), [`maglev`] the consistent-hash tables of external traffic.
+//! Service)), [`maglev`] the consistent-hash tables of external traffic, [`show`] the maps as
+//! `cilium bpf lb list` prints its own.
 
 pub mod maglev;
 pub mod maps;
 pub mod plan;
+pub mod show;
 
 pub use maps::{BackendId, FrontendId, Layout, MapLimits, MapOp, Maps, Master, Refusal, SlotKey, SlotValue};
 pub use plan::{BackendAddress, EbpfPlan, Empty, Frontend, FrontendKey, Scope, Selection};

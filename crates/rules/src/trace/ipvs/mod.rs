@@ -1,6 +1,6 @@
 //! IPVS mode as the kernel holds it after a full sync, and how a packet goes through it: the
 //! helper tables (`ip/ip6 roadkeeper-ipvs`, applied from the very `nft -f` scripts the proxy
-//! sends, see [`script`]) evaluated as nf_tables does, and the IPVS stage where the kernel hooks
+//! sends, see `script`) evaluated as nf_tables does, and the IPVS stage where the kernel hooks
 //! it: `LOCAL_IN` at priority 99 for packets to a local address (after the filter chains and the
 //! nat prerouting ones; a scheduled packet is then sent on through `LOCAL_OUT` and
 //! `POSTROUTING`), `LOCAL_OUT` at priority -98 for the host's own packets (after the nat output
