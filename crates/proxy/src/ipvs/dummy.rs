@@ -194,7 +194,7 @@ fn addr_dump(seq: u32) -> Vec<u8> {
 
 /// The index and link kind (empty when it has none: a physical device) of a `RTM_NEWLINK`
 /// answer (ifinfomsg and attributes).
-fn parse_link(payload: &[u8]) -> Result<(u32, String), Malformed> {
+pub(crate) fn parse_link(payload: &[u8]) -> Result<(u32, String), Malformed> {
     let index = payload.get(4..8).ok_or_else(|| Malformed(format!("link message of {} bytes", payload.len())))?;
     let index = u32::from_ne_bytes(index.try_into().expect("4 bytes"));
     let mut kind = String::new();
@@ -214,7 +214,7 @@ fn parse_link(payload: &[u8]) -> Result<(u32, String), Malformed> {
 
 /// The link index and address of a `RTM_NEWADDR` answer (ifaddrmsg and attributes); `None`
 /// for another family or an answer without an address.
-fn parse_addr(payload: &[u8]) -> Result<Option<(u32, IpAddr)>, Malformed> {
+pub(crate) fn parse_addr(payload: &[u8]) -> Result<Option<(u32, IpAddr)>, Malformed> {
     let header =
         payload.get(..IFADDRMSG_LEN).ok_or_else(|| Malformed(format!("address message of {} bytes", payload.len())))?;
     let (family, index) = (header[0], u32::from_ne_bytes(header[4..8].try_into().expect("4 bytes")));

@@ -180,7 +180,7 @@ fn settle(op: &IpvsOp, errno: i32) -> Result<Option<IpvsOp>, i32> {
 }
 
 /// The family id of a `CTRL_CMD_NEWFAMILY` answer (genlmsghdr and attributes), if it has one.
-fn parse_family_id(payload: &[u8]) -> Result<Option<u16>, Malformed> {
+pub(crate) fn parse_family_id(payload: &[u8]) -> Result<Option<u16>, Malformed> {
     for attr in nl::attributes(genl_attrs(payload)?) {
         let (ty, value) = attr?;
         if ty == message::CTRL_ATTR_FAMILY_ID {

@@ -13,6 +13,8 @@
 //! kernel holds; [`dummy`] keeps `kube-ipvs0` and its addresses over rtnetlink; [`exchange`] is
 //! their request/answer layer (bounded, pure parsing) and [`exchange::IpvsError`]. Their kernel
 //! tests are ignored on kernels without IPVS and run in the VM (`tests/vm/run.sh --backend ipvs`).
+//! `untrusted` (feature `fuzzing`) runs every parser of their answers on any bytes, for the fuzz
+//! target `crates/proxy/fuzz`.
 
 pub mod dummy;
 pub mod elements;
@@ -21,6 +23,8 @@ pub mod kernel;
 pub mod message;
 pub mod proxier;
 pub mod runner;
+#[cfg(any(test, feature = "fuzzing"))]
+pub mod untrusted;
 
 #[cfg(test)]
 mod kernel_tests;
