@@ -194,6 +194,12 @@ impl Maps {
         self.services.range(master..).take_while(move |(key, _)| key.frontend == *frontend)
     }
 
+    /// The source ranges of frontend `id` (a range query: O(its ranges), not O(every range)).
+    fn ranges_of(&self, id: FrontendId) -> impl Iterator<Item = (FrontendId, IpNet)> + '_ {
+        let lowest = IpNet::V4(ipnet::Ipv4Net::default());
+        self.source_ranges.range((id, lowest)..).take_while(move |(of, _)| *of == id).copied()
+    }
+
     /// What the maps hold for `frontends`: their entries and everything those reference.
     fn restricted<'a>(&self, frontends: impl IntoIterator<Item = &'a FrontendKey>) -> Maps {
         let mut sub = Maps::default();
@@ -205,7 +211,7 @@ impl Maps {
             let Some(master) = self.master(frontend) else { continue };
             sub.rev_nat.extend(self.rev_nat.get(&master.id).map(|address| (master.id, *address)));
             sub.maglev.extend(self.maglev.get(&master.id).map(|table| (master.id, table.clone())));
-            sub.source_ranges.extend(self.source_ranges.iter().filter(|(id, _)| *id == master.id));
+            sub.source_ranges.extend(self.ranges_of(master.id));
         }
         sub
     }
@@ -219,23 +225,9 @@ impl Maps {
     /// slots past it are deleted: every slot below the count names a live backend throughout.
     pub fn diff(&self, next: &Maps) -> Vec<MapOp> {
         let mut ops = Vec::new();
-        let changed = |old: Option<&BackendAddress>, new: &BackendAddress| old != Some(new);
-        ops.extend(
-            next.backends
-                .iter()
-                .filter(|(id, b)| changed(self.backends.get(id), b))
-                .map(|(id, b)| MapOp::SetBackend(*id, *b)),
-        );
-        for (id, address) in &next.rev_nat {
-            if self.rev_nat.get(id) != Some(address) {
-                ops.push(MapOp::SetRevNat(*id, *address));
-            }
-        }
-        for (id, table) in &next.maglev {
-            if self.maglev.get(id) != Some(table) {
-                ops.push(MapOp::SetMaglev(*id, table.clone()));
-            }
-        }
+        ops.extend(upserts(&self.backends, &next.backends).map(|(id, b)| MapOp::SetBackend(*id, *b)));
+        ops.extend(upserts(&self.rev_nat, &next.rev_nat).map(|(id, a)| MapOp::SetRevNat(*id, *a)));
+        ops.extend(upserts(&self.maglev, &next.maglev).map(|(id, t)| MapOp::SetMaglev(*id, t.clone())));
         ops.extend(
             next.source_ranges.difference(&self.source_ranges).map(|(id, net)| MapOp::AddSourceRange(*id, *net)),
         );
@@ -261,13 +253,24 @@ impl Maps {
         ops.extend(
             self.source_ranges.difference(&next.source_ranges).map(|(id, net)| MapOp::DeleteSourceRange(*id, *net)),
         );
-        ops.extend(self.maglev.keys().filter(|id| !next.maglev.contains_key(id)).map(|id| MapOp::DeleteMaglev(*id)));
-        ops.extend(self.rev_nat.keys().filter(|id| !next.rev_nat.contains_key(id)).map(|id| MapOp::DeleteRevNat(*id)));
-        ops.extend(
-            self.backends.keys().filter(|id| !next.backends.contains_key(id)).map(|id| MapOp::DeleteBackend(*id)),
-        );
+        ops.extend(removals(&self.maglev, &next.maglev).map(MapOp::DeleteMaglev));
+        ops.extend(removals(&self.rev_nat, &next.rev_nat).map(MapOp::DeleteRevNat));
+        ops.extend(removals(&self.backends, &next.backends).map(MapOp::DeleteBackend));
         ops
     }
+}
+
+/// The entries of `new` that `old` lacks or holds with another value.
+fn upserts<'a, K: Ord, V: PartialEq>(
+    old: &'a BTreeMap<K, V>,
+    new: &'a BTreeMap<K, V>,
+) -> impl Iterator<Item = (&'a K, &'a V)> {
+    new.iter().filter(move |(key, value)| old.get(key) != Some(value))
+}
+
+/// The keys of `old` that `new` lacks.
+fn removals<'a, K: Ord + Copy, V>(old: &'a BTreeMap<K, V>, new: &'a BTreeMap<K, V>) -> impl Iterator<Item = K> + 'a {
+    old.keys().filter(move |key| !new.contains_key(key)).copied()
 }
 
 /// The maps and the indexes that lay a Service out in them in O(that Service): identifiers by
@@ -841,6 +844,18 @@ mod tests {
             kernel.services.keys().all(|k| k.frontend.address.to_string() == "10.96.0.11"),
             "big gone, more refused"
         );
+    }
+
+    #[test]
+    fn a_frontends_ranges_are_found_by_range_whatever_their_family() {
+        let net = |s: &str| s.parse::<IpNet>().unwrap();
+        let mut maps = Maps::default();
+        for (id, range) in [(1, "0.0.0.0/0"), (2, "10.0.0.0/8"), (2, "fd00::/8"), (2, "0.0.0.0/0"), (3, "::/0")] {
+            maps.source_ranges.insert((id, net(range)));
+        }
+        let of = |id| maps.ranges_of(id).map(|(_, r)| r.to_string()).collect::<Vec<_>>();
+        assert_eq!(of(2), ["0.0.0.0/0", "10.0.0.0/8", "fd00::/8"]);
+        assert_eq!((of(1), of(3), of(4)), (vec!["0.0.0.0/0".to_string()], vec!["::/0".to_string()], vec![]));
     }
 
     #[test]
