@@ -90,13 +90,27 @@ fn udp_probe(source: Option<SocketAddr>, target: SocketAddr, timeout: Duration) 
     })
 }
 
+/// How long a bind to a fixed source port is retried while the port is still held.
+const BIND_PATIENCE: Duration = Duration::from_secs(2);
+
 /// A socket for talking to `target`, bound to `source` if given.
+///
+/// A fixed source port is retried for up to [`BIND_PATIENCE`] while it is in use: the previous
+/// probe's socket, closed by this process, can live on for a moment in a child that another
+/// thread is spawning (fork copies every descriptor; close-on-exec only drops it at exec), and
+/// under load that moment made a repeated probe fail with `EADDRINUSE`.
 fn socket(source: Option<SocketAddr>, target: SocketAddr, ty: Type) -> io::Result<Socket> {
     let socket = Socket::new(Domain::for_address(target), ty, None)?;
-    if let Some(source) = source {
-        socket.bind(&source.into())?;
+    let Some(source) = source else { return Ok(socket) };
+    let deadline = Instant::now() + BIND_PATIENCE;
+    loop {
+        match socket.bind(&source.into()) {
+            Err(err) if err.kind() == io::ErrorKind::AddrInUse && source.port() != 0 && Instant::now() < deadline => {
+                std::thread::sleep(Duration::from_millis(5));
+            }
+            result => return result.map(|()| socket),
+        }
     }
-    Ok(socket)
 }
 
 /// Runs an exchange and maps its outcome (reply line or socket error) to a result.
@@ -113,5 +127,29 @@ fn classify(exchange: impl FnOnce() -> io::Result<String>) -> ProbeResult {
             io::ErrorKind::TimedOut | io::ErrorKind::WouldBlock => ProbeResult::Timeout,
             _ => ProbeResult::Error(err.to_string()),
         },
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::echo;
+
+    /// A probe from a fixed port that a closing socket still holds for a moment (as a child
+    /// being spawned by another thread holds its copy) waits for the port instead of failing.
+    #[test]
+    fn a_fixed_source_port_held_for_a_moment_is_waited_for() {
+        let server = echo::serve(&["127.0.0.1:0".parse().unwrap()], "echo").expect("echo server");
+        let target = server.local_addrs()[0];
+        let holder = std::net::UdpSocket::bind("127.0.0.1:0").expect("bind");
+        let source = holder.local_addr().expect("address");
+        let release = std::thread::spawn(move || {
+            std::thread::sleep(Duration::from_millis(200));
+            drop(holder);
+        });
+        let result = udp_from_port(source, target, Duration::from_secs(2));
+        release.join().unwrap();
+        let reply = result.into_reply().expect("the probe waits for the port");
+        assert_eq!((reply.name.as_str(), reply.peer), ("echo", source));
     }
 }
