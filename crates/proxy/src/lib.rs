@@ -1,13 +1,14 @@
 //! roadkeeper's node proxy, the thin part: what `roadkeeper_rules` plans, applied to the kernel.
 //!
 //! [`nft`] sends the nftables ops as netlink batches and reads the kernel's answers; [`iptables`]
-//! runs `iptables-restore`; [`ipvs`] programs IPVS over generic netlink and `kube-ipvs0` over
+//! runs `iptables-restore`; [`ebpf`] loads eBPF mode's programs and writes their maps; [`ipvs`] programs IPVS over generic netlink and `kube-ipvs0` over
 //! rtnetlink; [`conntrack`] dumps and deletes stale flows over ctnetlink;
 //! [`proxier`] is the trait the sync loop drives, with the state every backend keeps; [`node`]
 //! finds this node's identity; [`health`] is what `/healthz` reports; [`sysctls`] writes
 //! kube-proxy's conntrack settings and IPVS mode's.
 
 pub mod conntrack;
+pub mod ebpf;
 pub mod health;
 pub mod iptables;
 pub mod ipvs;
@@ -36,6 +37,19 @@ pub enum Error {
     /// xtables lock, a missing binary); the text is its own error output.
     #[error("iptables: {0}")]
     Iptables(String),
+    /// eBPF mode's kernel side failed: `what` names the program, map or file.
+    #[error("eBPF: {what}")]
+    Ebpf {
+        /// What failed.
+        what: String,
+        /// Why.
+        #[source]
+        source: Box<dyn std::error::Error + Send + Sync>,
+    },
+    /// eBPF mode cannot run here (a refused program, a missing filesystem); the text says what
+    /// and which modes would work.
+    #[error("eBPF: {0}")]
+    EbpfSetup(String),
     /// Listing or deleting conntrack entries over netlink failed.
     #[error("conntrack: {0}")]
     Conntrack(String),

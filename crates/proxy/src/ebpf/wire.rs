@@ -1,0 +1,141 @@
+//! The planner's map entries ([`roadkeeper_rules::ebpf`]) as the bytes the BPF programs read
+//! ([`roadkeeper_ebpf_common`]), and back: what the loader writes, and what it reads back to
+//! adopt after a restart. Pure: unit-tested without a kernel.
+
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
+
+use roadkeeper_ebpf_common::{
+    self as wire, Address, FLAG_EMPTY_DROP, FLAG_MAGLEV, FLAG_MASQUERADE, FLAG_SOURCE_RANGES, SCOPE_EXTERNAL,
+    SCOPE_INTERNAL, ServiceKey, ServiceValue,
+};
+use roadkeeper_rules::conntrack::proto_number;
+use roadkeeper_rules::ebpf::{Empty, FrontendKey, Master, Scope, Selection, SlotKey, SlotValue};
+use roadkeeper_rules::table::Protocol;
+
+/// An address and port as the maps hold it.
+pub fn address(ip: IpAddr, port: u16) -> Address {
+    let ip = match ip {
+        IpAddr::V4(v4) => wire::v4_mapped(v4.octets()),
+        IpAddr::V6(v6) => v6.octets(),
+    };
+    Address { ip, port: port.to_be(), pad: 0 }
+}
+
+/// The address and port a map entry holds.
+pub fn socket_addr(address: &Address) -> SocketAddr {
+    let ip = if wire::is_v4_mapped(&address.ip) {
+        let [.., a, b, c, d] = address.ip;
+        IpAddr::V4(Ipv4Addr::new(a, b, c, d))
+    } else {
+        IpAddr::V6(Ipv6Addr::from(address.ip))
+    };
+    SocketAddr::new(ip, u16::from_be(address.port))
+}
+
+/// The `services` key of a slot.
+pub fn service_key(key: &SlotKey) -> ServiceKey {
+    let frontend = &key.frontend;
+    let Address { ip, port, .. } = address(frontend.address, frontend.port);
+    let scope = match frontend.scope {
+        Scope::Internal => SCOPE_INTERNAL,
+        Scope::External => SCOPE_EXTERNAL,
+    };
+    ServiceKey { ip, port, protocol: proto_number(frontend.protocol), scope, slot: key.slot, pad: 0 }
+}
+
+/// The `services` value of a slot.
+pub fn service_value(value: &SlotValue) -> ServiceValue {
+    match value {
+        SlotValue::Backend(id) => ServiceValue { backend_id: *id, ..ServiceValue::default() },
+        SlotValue::Master(master) => {
+            let flag = |on: bool, bit: u8| if on { bit } else { 0 };
+            ServiceValue {
+                backend_id: 0,
+                affinity_timeout: master.affinity,
+                count: master.count,
+                frontend_id: master.id,
+                flags: flag(master.selection == Selection::Maglev, FLAG_MAGLEV)
+                    | flag(master.empty == Empty::Drop, FLAG_EMPTY_DROP)
+                    | flag(master.source_ranges, FLAG_SOURCE_RANGES)
+                    | flag(master.masquerade, FLAG_MASQUERADE),
+                pad: [0; 3],
+            }
+        }
+    }
+}
+
+/// A `services` entry read back from the kernel, or `None` for one that is not ours to
+/// understand (an unknown protocol or scope: left for the sweep to delete).
+pub fn slot(key: &ServiceKey, value: &ServiceValue) -> Option<(SlotKey, SlotValue)> {
+    let protocol =
+        [Protocol::Tcp, Protocol::Udp, Protocol::Sctp].into_iter().find(|p| proto_number(*p) == key.protocol)?;
+    let scope = match key.scope {
+        SCOPE_INTERNAL => Scope::Internal,
+        SCOPE_EXTERNAL => Scope::External,
+        _ => return None,
+    };
+    let at = socket_addr(&Address { ip: key.ip, port: key.port, pad: 0 });
+    let frontend = FrontendKey { address: at.ip(), port: at.port(), protocol, scope };
+    let slot_value = if key.slot == 0 {
+        let has = |bit: u8| value.flags & bit != 0;
+        SlotValue::Master(Master {
+            id: value.frontend_id,
+            count: value.count,
+            selection: if has(FLAG_MAGLEV) { Selection::Maglev } else { Selection::Random },
+            empty: if has(FLAG_EMPTY_DROP) { Empty::Drop } else { Empty::Reject },
+            affinity: value.affinity_timeout,
+            source_ranges: has(FLAG_SOURCE_RANGES),
+            masquerade: has(FLAG_MASQUERADE),
+        })
+    } else {
+        SlotValue::Backend(value.backend_id)
+    };
+    Some((SlotKey { frontend, slot: key.slot }, slot_value))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn frontend(address: &str, scope: Scope) -> FrontendKey {
+        FrontendKey { address: address.parse().unwrap(), port: 53, protocol: Protocol::Udp, scope }
+    }
+
+    #[test]
+    fn addresses_are_mapped_and_ports_in_network_order() {
+        let a = address("10.96.0.10".parse().unwrap(), 80);
+        assert_eq!(&a.ip[10..], &[0xff, 0xff, 10, 96, 0, 10]);
+        assert_eq!(a.port.to_ne_bytes(), [0, 80]);
+        for at in ["10.96.0.10:80", "[fd00:96::10]:443"] {
+            let at: SocketAddr = at.parse().unwrap();
+            assert_eq!(socket_addr(&address(at.ip(), at.port())), at);
+        }
+    }
+
+    #[test]
+    fn slots_read_back_as_they_were_written() {
+        let master = Master {
+            id: 7,
+            count: 3,
+            selection: Selection::Maglev,
+            empty: Empty::Drop,
+            affinity: 10800,
+            source_ranges: true,
+            masquerade: false,
+        };
+        for (key, value) in [
+            (SlotKey { frontend: frontend("10.96.0.53", Scope::Internal), slot: 0 }, SlotValue::Master(master)),
+            (SlotKey { frontend: frontend("fd00:96::53", Scope::External), slot: 2 }, SlotValue::Backend(41)),
+        ] {
+            let (k, v) = (service_key(&key), service_value(&value));
+            assert_eq!(slot(&k, &v), Some((key, value)));
+        }
+    }
+
+    #[test]
+    fn entries_that_are_not_ours_are_not_understood() {
+        let key = service_key(&SlotKey { frontend: frontend("10.96.0.53", Scope::Internal), slot: 1 });
+        assert_eq!(slot(&ServiceKey { protocol: 1, ..key }, &ServiceValue::default()), None);
+        assert_eq!(slot(&ServiceKey { scope: 9, ..key }, &ServiceValue::default()), None);
+    }
+}
