@@ -47,12 +47,22 @@ const EHOSTUNREACH: i32 = 113;
 const NANOS: u64 = 1_000_000_000;
 
 /// The destination an application gave, read from the context.
-fn destination(ctx: &SockAddrContext, v6: bool) -> ([u8; 16], u16) {
+fn destination<const V6: bool>(ctx: &SockAddrContext) -> ([u8; 16], u16) {
     // SAFETY: the kernel hands a valid context; each field is read as the 4-byte word the
     // verifier allows.
-    let sa: &bpf_sock_addr = unsafe { &*ctx.sock_addr };
-    let ip = if v6 {
-        let w = [sa.user_ip6[0], sa.user_ip6[1], sa.user_ip6[2], sa.user_ip6[3]];
+    // Volatile, one field at a time, and V6 a constant: the verifier allows only loads at a
+    // constant offset from the context pointer itself.
+    let sa: *const bpf_sock_addr = ctx.sock_addr;
+    let ip = if V6 {
+        // SAFETY: as above.
+        let w = unsafe {
+            [
+                core::ptr::read_volatile(&(*sa).user_ip6[0]),
+                core::ptr::read_volatile(&(*sa).user_ip6[1]),
+                core::ptr::read_volatile(&(*sa).user_ip6[2]),
+                core::ptr::read_volatile(&(*sa).user_ip6[3]),
+            ]
+        };
         let mut ip = [0u8; 16];
         let mut i = 0;
         while i < 4 {
@@ -65,31 +75,37 @@ fn destination(ctx: &SockAddrContext, v6: bool) -> ([u8; 16], u16) {
         }
         ip
     } else {
-        v4_mapped(sa.user_ip4.to_ne_bytes())
+        // SAFETY: as above.
+        v4_mapped(unsafe { core::ptr::read_volatile(&(*sa).user_ip4) }.to_ne_bytes())
     };
-    (ip, sa.user_port as u16)
+    // SAFETY: as above.
+    (ip, unsafe { core::ptr::read_volatile(&(*sa).user_port) } as u16)
 }
 
 /// Writes a destination back into the context (as the application will see it used).
-fn set_destination(ctx: &SockAddrContext, v6: bool, to: &Address) {
+fn set_destination<const V6: bool>(ctx: &SockAddrContext, to: &Address) {
     // SAFETY: as in `destination`; the fields written are the writable 4-byte words.
-    let sa: &mut bpf_sock_addr = unsafe { &mut *ctx.sock_addr };
+    let sa: *mut bpf_sock_addr = ctx.sock_addr;
     let ip = &to.ip;
-    if v6 {
-        sa.user_ip6[0] = u32::from_ne_bytes([ip[0], ip[1], ip[2], ip[3]]);
-        sa.user_ip6[1] = u32::from_ne_bytes([ip[4], ip[5], ip[6], ip[7]]);
-        sa.user_ip6[2] = u32::from_ne_bytes([ip[8], ip[9], ip[10], ip[11]]);
-        sa.user_ip6[3] = u32::from_ne_bytes([ip[12], ip[13], ip[14], ip[15]]);
-    } else {
-        sa.user_ip4 = u32::from_ne_bytes([ip[12], ip[13], ip[14], ip[15]]);
+    let word = |i: usize| u32::from_ne_bytes([ip[i], ip[i + 1], ip[i + 2], ip[i + 3]]);
+    // SAFETY: as above.
+    unsafe {
+        if V6 {
+            core::ptr::write_volatile(&mut (*sa).user_ip6[0], word(0));
+            core::ptr::write_volatile(&mut (*sa).user_ip6[1], word(4));
+            core::ptr::write_volatile(&mut (*sa).user_ip6[2], word(8));
+            core::ptr::write_volatile(&mut (*sa).user_ip6[3], word(12));
+        } else {
+            core::ptr::write_volatile(&mut (*sa).user_ip4, word(12));
+        }
+        core::ptr::write_volatile(&mut (*sa).user_port, u32::from(to.port));
     }
-    sa.user_port = u32::from(to.port);
 }
 
 /// The socket's protocol (`IPPROTO_*`).
 fn protocol(ctx: &SockAddrContext) -> u8 {
     // SAFETY: as in `destination`.
-    unsafe { (*ctx.sock_addr).protocol as u8 }
+    unsafe { core::ptr::read_volatile(&(*ctx.sock_addr).protocol) as u8 }
 }
 
 /// Fails the call with `errno`.
@@ -101,13 +117,13 @@ fn reject(errno: i32) -> i32 {
 
 /// Translates a frontend to a backend (`connect()` / `sendmsg()`): the forward half of socket
 /// load balancing. Anything that is not an internal-scope frontend is left alone.
-fn translate(ctx: &SockAddrContext, v6: bool) -> i32 {
-    let (ip, port) = destination(ctx, v6);
+fn translate<const V6: bool>(ctx: &SockAddrContext) -> i32 {
+    let (ip, port) = destination::<V6>(ctx);
     // An IPv6 socket may reach an IPv4 frontend by its mapped address; an IPv4 one never has
     // an IPv6 destination.
     let mut key = ServiceKey { ip, port, protocol: protocol(ctx), scope: SCOPE_INTERNAL, slot: 0, pad: 0 };
     // SAFETY: map values are only read here, by copy.
-    let Some(master) = (unsafe { SERVICES.get(&key) }).copied() else { return ALLOW };
+    let Some(master) = (unsafe { SERVICES.get(key) }).copied() else { return ALLOW };
     if master.count == 0 {
         return reject(if master.flags & FLAG_EMPTY_DROP != 0 { EHOSTUNREACH } else { ECONNREFUSED });
     }
@@ -117,11 +133,11 @@ fn translate(ctx: &SockAddrContext, v6: bool) -> i32 {
     let mut chosen: Option<(u32, u16)> = None;
     if master.affinity_timeout > 0 {
         // SAFETY: read by copy.
-        if let Some(held) = unsafe { AFFINITY.get(&affinity_key) }.copied() {
+        if let Some(held) = unsafe { AFFINITY.get(affinity_key) }.copied() {
             let fresh = now.saturating_sub(held.last_used_ns) <= u64::from(master.affinity_timeout) * NANOS;
             key.slot = held.slot;
             // SAFETY: read by copy.
-            let still_there = unsafe { SERVICES.get(&key) }.is_some_and(|v| v.backend_id == held.backend_id);
+            let still_there = unsafe { SERVICES.get(key) }.is_some_and(|v| v.backend_id == held.backend_id);
             if fresh && still_there && held.slot >= 1 && held.slot <= master.count {
                 chosen = Some((held.backend_id, held.slot));
             }
@@ -134,7 +150,7 @@ fn translate(ctx: &SockAddrContext, v6: bool) -> i32 {
             let random = unsafe { bpf_get_prandom_u32() };
             key.slot = 1 + (random % u32::from(master.count)) as u16;
             // SAFETY: read by copy.
-            match unsafe { SERVICES.get(&key) } {
+            match unsafe { SERVICES.get(key) } {
                 Some(value) => (value.backend_id, key.slot),
                 // A slot the loader has not written yet cannot happen (slots before the master
                 // entry that counts them); should it, the frontend is treated as empty.
@@ -143,74 +159,74 @@ fn translate(ctx: &SockAddrContext, v6: bool) -> i32 {
         }
     };
     // SAFETY: read by copy.
-    let Some(backend) = (unsafe { BACKENDS.get(&backend_id) }).copied() else { return reject(ECONNREFUSED) };
-    if !v6 && !roadkeeper_ebpf_common::is_v4_mapped(&backend.ip) {
+    let Some(backend) = (unsafe { BACKENDS.get(backend_id) }).copied() else { return reject(ECONNREFUSED) };
+    if !V6 && !roadkeeper_ebpf_common::is_v4_mapped(&backend.ip) {
         return reject(EHOSTUNREACH);
     }
     if master.affinity_timeout > 0 {
         let value = AffinityValue { backend_id, slot, pad: 0, last_used_ns: now };
-        let _ = AFFINITY.insert(&affinity_key, &value, 0);
+        let _ = AFFINITY.insert(affinity_key, value, 0);
     }
     // SAFETY: a helper of sock_addr programs.
     let cookie = unsafe { bpf_get_socket_cookie(ctx.sock_addr.cast()) };
     let frontend = Address { ip, port, pad: 0 };
-    let _ = SOCKET_REV.insert(&SocketRevKey { cookie, backend, pad: 0 }, &frontend, 0);
-    set_destination(ctx, v6, &backend);
+    let _ = SOCKET_REV.insert(SocketRevKey { cookie, backend, pad: 0 }, frontend, 0);
+    set_destination::<V6>(ctx, &backend);
     ALLOW
 }
 
 /// Puts a translated socket's frontend back (`recvmsg()` source, `getpeername()` peer): the
 /// reverse half.
-fn untranslate(ctx: &SockAddrContext, v6: bool) -> i32 {
-    let (ip, port) = destination(ctx, v6);
+fn untranslate<const V6: bool>(ctx: &SockAddrContext) -> i32 {
+    let (ip, port) = destination::<V6>(ctx);
     // SAFETY: a helper of sock_addr programs.
     let cookie = unsafe { bpf_get_socket_cookie(ctx.sock_addr.cast()) };
     let key = SocketRevKey { cookie, backend: Address { ip, port, pad: 0 }, pad: 0 };
     // SAFETY: read by copy.
-    if let Some(frontend) = unsafe { SOCKET_REV.get(&key) }.copied() {
-        set_destination(ctx, v6, &frontend);
+    if let Some(frontend) = unsafe { SOCKET_REV.get(key) }.copied() {
+        set_destination::<V6>(ctx, &frontend);
     }
     ALLOW
 }
 
 #[cgroup_sock_addr(connect4)]
 pub fn rk_connect4(ctx: SockAddrContext) -> i32 {
-    translate(&ctx, false)
+    translate::<false>(&ctx)
 }
 
 #[cgroup_sock_addr(connect6)]
 pub fn rk_connect6(ctx: SockAddrContext) -> i32 {
-    translate(&ctx, true)
+    translate::<true>(&ctx)
 }
 
 #[cgroup_sock_addr(sendmsg4)]
 pub fn rk_sendmsg4(ctx: SockAddrContext) -> i32 {
-    translate(&ctx, false)
+    translate::<false>(&ctx)
 }
 
 #[cgroup_sock_addr(sendmsg6)]
 pub fn rk_sendmsg6(ctx: SockAddrContext) -> i32 {
-    translate(&ctx, true)
+    translate::<true>(&ctx)
 }
 
 #[cgroup_sock_addr(recvmsg4)]
 pub fn rk_recvmsg4(ctx: SockAddrContext) -> i32 {
-    untranslate(&ctx, false)
+    untranslate::<false>(&ctx)
 }
 
 #[cgroup_sock_addr(recvmsg6)]
 pub fn rk_recvmsg6(ctx: SockAddrContext) -> i32 {
-    untranslate(&ctx, true)
+    untranslate::<true>(&ctx)
 }
 
 #[cgroup_sock_addr(getpeername4)]
 pub fn rk_getpeername4(ctx: SockAddrContext) -> i32 {
-    untranslate(&ctx, false)
+    untranslate::<false>(&ctx)
 }
 
 #[cgroup_sock_addr(getpeername6)]
 pub fn rk_getpeername6(ctx: SockAddrContext) -> i32 {
-    untranslate(&ctx, true)
+    untranslate::<true>(&ctx)
 }
 
 #[cfg(not(test))]

@@ -190,6 +190,7 @@ impl EbpfKernel {
 
 /// Loads program `name`, attaches it to `cgroup` beside what is there, pins the new link, then
 /// unpins (and so detaches) the link a previous run pinned: the cgroup is never without one.
+/// (bpffs refuses names with a dot.)
 fn attach(ebpf: &mut Ebpf, name: &str, cgroup: &File, links_dir: &Path) -> Result<(), Error> {
     let program: &mut CgroupSockAddr = ebpf
         .program_mut(name)
@@ -203,12 +204,14 @@ fn attach(ebpf: &mut Ebpf, name: &str, cgroup: &File, links_dir: &Path) -> Resul
         )),
         other => ebpf_error(format!("loading program {name}"), other),
     })?;
+    // A cgroup link takes no flags (the kernel refuses any) and sits beside the cgroup's other
+    // links, as multi-attach would: aya's `Single` sends none.
     let link_id = program
-        .attach(cgroup, CgroupAttachMode::AllowMultiple)
+        .attach(cgroup, CgroupAttachMode::Single)
         .map_err(|err| ebpf_error(format!("attaching program {name} to the cgroup"), err))?;
     let link = program.take_link(link_id).map_err(|err| ebpf_error(format!("program {name}'s link"), err))?;
     let link = FdLink::try_from(link).map_err(|err| ebpf_error(format!("program {name}'s link"), err))?;
-    let (path, next) = (links_dir.join(name), links_dir.join(format!("{name}.next")));
+    let (path, next) = (links_dir.join(name), links_dir.join(format!("{name}_next")));
     let _ = std::fs::remove_file(&next);
     let pinned = link.pin(&next).map_err(|err| ebpf_error(format!("pinning {}", next.display()), err))?;
     if path.exists() {
