@@ -44,8 +44,7 @@ fn main() {
     assert!(
         status.success(),
         "building the BPF programs (crates/ebpf-programs) failed: they need `rustup toolchain install {toolchain}`, \
-         `rustup component add rust-src --toolchain {toolchain}` and `cargo install bpf-linker@0.10.0 --locked` \
-        "
+         `rustup component add rust-src --toolchain {toolchain}` and `cargo install bpf-linker@0.10.0 --locked`"
     );
     let object = target_dir.join("bpfel-unknown-none/release/roadkeeper-ebpf");
     std::fs::copy(&object, out.join("roadkeeper-ebpf.o"))

@@ -104,11 +104,6 @@ impl EbpfKernel {
         Ok(EbpfKernel { ebpf, placement: placement.clone() })
     }
 
-    /// Where the programs are.
-    pub fn placement(&self) -> &Placement {
-        &self.placement
-    }
-
     /// What the maps hold, as the planner lays it out (entries it cannot read are left out,
     /// for a full sync to delete).
     pub fn read(&self) -> Result<Maps, Error> {

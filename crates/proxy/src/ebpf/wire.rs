@@ -2,11 +2,11 @@
 //! ([`roadkeeper_ebpf_common`]), and back: what the loader writes, and what it reads back to
 //! adopt after a restart. Pure: unit-tested without a kernel.
 
-use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
+use std::net::{IpAddr, Ipv6Addr, SocketAddr};
 
 use roadkeeper_ebpf_common::{
-    self as wire, Address, FLAG_EMPTY_DROP, FLAG_MAGLEV, FLAG_MASQUERADE, FLAG_SOURCE_RANGES, SCOPE_EXTERNAL,
-    SCOPE_INTERNAL, ServiceKey, ServiceValue,
+    Address, FLAG_EMPTY_DROP, FLAG_MAGLEV, FLAG_MASQUERADE, FLAG_SOURCE_RANGES, SCOPE_EXTERNAL, SCOPE_INTERNAL,
+    ServiceKey, ServiceValue,
 };
 use roadkeeper_rules::conntrack::proto_number;
 use roadkeeper_rules::ebpf::{Empty, FrontendKey, Master, Scope, Selection, SlotKey, SlotValue};
@@ -15,20 +15,16 @@ use roadkeeper_rules::table::Protocol;
 /// An address and port as the maps hold it.
 pub fn address(ip: IpAddr, port: u16) -> Address {
     let ip = match ip {
-        IpAddr::V4(v4) => wire::v4_mapped(v4.octets()),
-        IpAddr::V6(v6) => v6.octets(),
+        IpAddr::V4(v4) => v4.to_ipv6_mapped(),
+        IpAddr::V6(v6) => v6,
     };
-    Address { ip, port: port.to_be(), pad: 0 }
+    Address { ip: ip.octets(), port: port.to_be(), pad: 0 }
 }
 
 /// The address and port a map entry holds.
 pub fn socket_addr(address: &Address) -> SocketAddr {
-    let ip = if wire::is_v4_mapped(&address.ip) {
-        let [.., a, b, c, d] = address.ip;
-        IpAddr::V4(Ipv4Addr::new(a, b, c, d))
-    } else {
-        IpAddr::V6(Ipv6Addr::from(address.ip))
-    };
+    let ip = Ipv6Addr::from(address.ip);
+    let ip = ip.to_ipv4_mapped().map_or(IpAddr::V6(ip), IpAddr::V4);
     SocketAddr::new(ip, u16::from_be(address.port))
 }
 
