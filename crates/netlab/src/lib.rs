@@ -1,10 +1,12 @@
 //! Network test lab for roadkeeper: throwaway network-namespace hosts wired up
 //! like a Kubernetes node ([`Lab`]) or a whole multi-node cluster network ([`cluster`]), an echo
-//! server, a small static web server ([`web`]), and TCP/UDP probes.
+//! server, a small static web server ([`web`]), TCP/UDP probes, and a node's own cgroup and
+//! bpffs for eBPF mode ([`cgroup`]).
 //!
 //! Everything here needs root (CAP_NET_ADMIN / CAP_SYS_ADMIN) and `ip` (iproute2).
 
 pub mod addressing;
+pub mod cgroup;
 pub mod cluster;
 mod cmd;
 pub mod echo;

@@ -11,6 +11,7 @@ use std::thread;
 use anyhow::{Context, Result};
 use nix::sched::{CloneFlags, setns};
 
+use crate::cgroup::NodeCgroup;
 use crate::cmd;
 
 /// Where `ip netns` keeps its namespace handles.
@@ -25,6 +26,8 @@ pub struct Netns {
     name: String,
     children: Mutex<Vec<Process>>,
     owned: bool,
+    /// The node cgroup [`run`](Netns::run)'s threads enter (eBPF mode's tests).
+    cgroup: Mutex<Option<Arc<NodeCgroup>>>,
 }
 
 /// A process started by [`Netns::spawn`]; it is killed when its namespace is dropped.
@@ -41,14 +44,14 @@ impl Netns {
     /// Creates namespace `name` (exactly) with its loopback up.
     pub fn create(name: &str) -> Result<Self> {
         cmd::output(Command::new("ip").args(["netns", "add", name]))?;
-        let netns = Netns { name: name.to_owned(), children: Mutex::default(), owned: true };
+        let netns = Netns { name: name.to_owned(), children: Mutex::default(), owned: true, cgroup: Mutex::default() };
         netns.ip(["link", "set", "lo", "up"])?;
         Ok(netns)
     }
 
     /// A handle on the existing namespace `name`, which dropping it leaves alone.
     pub fn open(name: &str) -> Self {
-        Netns { name: name.to_owned(), children: Mutex::default(), owned: false }
+        Netns { name: name.to_owned(), children: Mutex::default(), owned: false, cgroup: Mutex::default() }
     }
 
     /// Lets the namespace outlive this handle: dropping it no longer deletes it.
@@ -135,18 +138,28 @@ impl Netns {
         Ok(process)
     }
 
-    /// Runs `f` on a fresh thread that has entered this namespace, so sockets
-    /// it creates live here. Panics (on the caller's thread) if `f` panics or
+    /// Runs `f` on a fresh thread that has entered this namespace (and the node cgroup it was
+    /// [placed in](Self::place_in), if any), so sockets it creates live here. Panics (on the caller's thread) if `f` panics or
     /// the namespace cannot be entered.
     pub fn run<T: Send>(&self, f: impl FnOnce() -> T + Send) -> T {
         let path = self.path();
+        let cgroup = lock(&self.cgroup).clone();
         thread::scope(|scope| {
             let worker = scope.spawn(|| {
                 enter(&path).unwrap_or_else(|err| panic!("{err:#}"));
+                if let Some(cgroup) = &cgroup {
+                    cgroup.enter().unwrap_or_else(|err| panic!("{err:#}"));
+                }
                 f()
             });
             worker.join().unwrap_or_else(|panic| std::panic::resume_unwind(panic))
         })
+    }
+
+    /// From now on, [`run`](Self::run)'s threads also enter `cgroup`: the namespace is a pod or
+    /// host of the node that cgroup stands for (eBPF mode translates its connections).
+    pub fn place_in(&self, cgroup: Arc<NodeCgroup>) {
+        *lock(&self.cgroup) = Some(cgroup);
     }
 
     /// Sets sysctl `key` (dotted, e.g. `net.ipv4.ip_forward`) in this namespace.

@@ -54,7 +54,8 @@ pub enum Command {
     /// Print what a full sync would apply (the nft script; the iptables-restore input with
     /// `--proxy-mode iptables`; with `--proxy-mode ipvs` the virtual servers as `ipvsadm -Ln`
     /// lists them, the `kube-ipvs0` addresses and the helper table `roadkeeper-ipvs` as an nft
-    /// script), touching nothing.
+    /// script; with `--proxy-mode ebpf` the maps' frontends and backends as `cilium bpf lb list`
+    /// prints them), touching nothing.
     Rules(ProxyArgs),
     /// Remove the rules roadkeeper installed in the kernel, and nothing of the kubelet's or
     /// other programs'.
@@ -67,8 +68,9 @@ pub enum Command {
     /// older KUBE-XLB- ones), with the rules of other chains that jump to them. Left: the
     /// kubelet's chains and their jumps (KUBE-FIREWALL, which the iptables mode ensures as
     /// kube-proxy does, KUBE-KUBELET-CANARY, KUBE-IPTABLES-HINT, KUBE-MARK-DROP), every other
-    /// KUBE-* chain, kube-proxy's nftables tables and its IPVS rules.
-    Cleanup,
+    /// KUBE-* chain, kube-proxy's nftables tables and its IPVS rules. eBPF mode: every map and
+    /// program link pinned in `--bpf-root`'s `roadkeeper/` (unpinned, the programs detach).
+    Cleanup(CleanupArgs),
     /// Run the lab echo server: answers TCP and UDP with the address it was reached at and the
     /// peer address it saw.
     Echo(EchoArgs),
@@ -238,8 +240,9 @@ pub struct RuleArgs {
     /// kube-proxy).
     #[arg(long, value_name = "CIDRS", value_delimiter = ',')]
     pub nodeport_addresses: Option<Vec<String>>,
-    /// Kernel backend: `nftables` (default), `iptables` or `ipvs` (`proxy` needs a kernel with
-    /// IPVS for it; `rules` prints and `trace` follows a packet through any of the three).
+    /// Kernel backend: `nftables` (default), `iptables`, `ipvs` (`proxy` needs a kernel with
+    /// IPVS for it) or `ebpf` (BPF socket programs on a cgroup v2 hierarchy, kernel 5.18+).
+    /// `rules` prints any of them; `trace` follows a packet through the first three.
     #[arg(long, value_name = "MODE")]
     pub proxy_mode: Option<String>,
     /// iptables mode: the packet-mark bit flagging traffic for masquerading (0-31, default 14).
@@ -257,6 +260,41 @@ pub struct RuleArgs {
     /// IPVS mode's settings.
     #[command(flatten)]
     pub ipvs: IpvsArgs,
+    /// eBPF mode's settings.
+    #[command(flatten)]
+    pub ebpf: EbpfArgs,
+}
+
+/// Flags of `cleanup`.
+#[derive(Debug, Args)]
+pub struct CleanupArgs {
+    /// The bpffs mount where eBPF mode pinned its maps and links (default /sys/fs/bpf).
+    #[arg(long, value_name = "PATH", default_value = "/sys/fs/bpf")]
+    pub bpf_root: PathBuf,
+}
+
+/// eBPF mode's flags (named as Cilium's where it has one).
+#[derive(Debug, Args, Clone, Default)]
+pub struct EbpfArgs {
+    /// eBPF mode: the cgroup v2 directory whose processes' connections are translated (pods
+    /// and host processes below it). Default: the root of the node's cgroup v2 hierarchy
+    /// (`/sys/fs/cgroup`, or `/sys/fs/cgroup/unified` on a hybrid host). A host with only cgroup
+    /// v1 needs one mounted: `mkdir -p /run/roadkeeper/cgroupv2 && mount -t cgroup2 none
+    /// /run/roadkeeper/cgroupv2`, and the pods' processes placed in it.
+    #[arg(long, value_name = "PATH")]
+    pub cgroup_root: Option<PathBuf>,
+    /// eBPF mode: the bpffs mount where the maps and program links are pinned (in its
+    /// `roadkeeper/`, which `cleanup` removes; default /sys/fs/bpf).
+    #[arg(long, value_name = "PATH")]
+    pub bpf_root: Option<PathBuf>,
+    /// eBPF mode: entries of the services and backends maps (default 65536, 1024-16777216).
+    #[arg(long, value_name = "N")]
+    pub bpf_lb_map_max: Option<usize>,
+    /// eBPF mode: slots of each Maglev table (a prime: 251, 509, 1021, 2039, 4093, 8191, 16381
+    /// (default), 32749, 65521); a frontend balanced by Maglev holds at most a hundredth as many
+    /// backends.
+    #[arg(long, value_name = "N")]
+    pub bpf_lb_maglev_table_size: Option<u32>,
 }
 
 /// kube-proxy's `--ipvs-*` flags (IPVS mode; they override the file's `ipvs:` section). Durations

@@ -52,7 +52,7 @@ fn main() -> std::process::ExitCode {
     let result = match command {
         Command::Proxy(args) => proxy_cmd::run(args),
         Command::Rules(args) => proxy_cmd::print_rules(args),
-        Command::Cleanup => proxy_cmd::cleanup(),
+        Command::Cleanup(args) => proxy_cmd::cleanup(&args),
         Command::Bench(cli::Bench::Proxy(args)) => bench::run(args),
         Command::Bench(cli::Bench::Dns(args)) => bench_dns::run(args),
         Command::Bench(cli::Bench::Ingress(args)) => bench_ingress::run(args),

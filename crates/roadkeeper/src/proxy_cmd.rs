@@ -8,6 +8,7 @@ use std::time::{Duration, Instant, SystemTime};
 use anyhow::{Context, bail};
 use roadkeeper_cluster::{Changes, Feed, Interest, Kind, Store};
 use roadkeeper_proxy::conntrack;
+use roadkeeper_proxy::ebpf::proxier::{EbpfProxier, FakeMaps};
 use roadkeeper_proxy::health::ProxyHealth;
 use roadkeeper_proxy::iptables::{self, IptablesBinary, IptablesProxier};
 use roadkeeper_proxy::ipvs::proxier::IpvsProxier;
@@ -18,14 +19,15 @@ use roadkeeper_proxy::node::{host_addresses, hostname, node_eligible, node_info}
 use roadkeeper_proxy::proxier::{Proxier, RulesCheck, SyncReport};
 use roadkeeper_proxy::sysctls;
 use roadkeeper_rules::config::{
-    IgnoredField, NodePortAddresses, ProxyConfig, ProxyMode, parse_cidrs, parse_conntrack_timeout, parse_go_duration,
+    EbpfConfig, IgnoredField, NodePortAddresses, ProxyConfig, ProxyMode, parse_cidrs, parse_conntrack_timeout,
+    parse_go_duration,
 };
 use roadkeeper_rules::ipvs;
 use roadkeeper_rules::nft::transaction;
 use roadkeeper_rules::plan::{NodePlan, service_cidrs};
 use roadkeeper_rules::table::{IpFamily, NodeInfo};
 
-use crate::cli::{IpvsArgs, ProxyArgs, RuleArgs};
+use crate::cli::{CleanupArgs, EbpfArgs, IpvsArgs, ProxyArgs, RuleArgs};
 use crate::healthcheck::HealthCheckServers;
 use crate::proxy_metrics::{self, NoLocalEndpoints};
 use crate::serve::{self, SharedHealth};
@@ -140,6 +142,7 @@ fn rule_config_and_ignored(
         cfg.localhost_nodeports = on;
     }
     apply_ipvs_flags(&args.ipvs, &mut cfg)?;
+    apply_ebpf_flags(&args.ebpf, &mut cfg.ebpf)?;
     let ignored = ignored.into_iter().filter(|f| f.ignored_in(cfg.mode)).collect();
     Ok((cfg, ignored))
 }
@@ -172,6 +175,23 @@ fn apply_ipvs_flags(args: &IpvsArgs, cfg: &mut ProxyConfig) -> anyhow::Result<()
         if let Some(period) = &args.ipvs_sync_period {
             cfg.sync_period = parse_go_duration("--ipvs-sync-period", period)?;
         }
+    }
+    Ok(())
+}
+
+/// Applies the eBPF mode's flags.
+fn apply_ebpf_flags(args: &EbpfArgs, cfg: &mut EbpfConfig) -> anyhow::Result<()> {
+    if let Some(path) = &args.cgroup_root {
+        cfg.cgroup_root = Some(path.clone());
+    }
+    if let Some(path) = &args.bpf_root {
+        cfg.bpf_root = path.clone();
+    }
+    if let Some(entries) = args.bpf_lb_map_max {
+        cfg.set_map_max(entries)?;
+    }
+    if let Some(size) = args.bpf_lb_maglev_table_size {
+        cfg.set_maglev_table_size(size)?;
     }
     Ok(())
 }
@@ -259,11 +279,31 @@ pub(crate) fn kernel_proxier(cfg: &ProxyConfig, node: NodeInfo, store: &Store) -
             }
             Box::new(IpvsProxier::new(cfg.clone(), node, runner))
         }
+        ProxyMode::Ebpf => ebpf_proxier(cfg, node)?,
     };
     // Upstream's line, which operators and the tutorials look for.
     tracing::info!("Using {} Proxier", cfg.mode);
     proxier.set_service_cidrs(service_cidrs(store));
     Ok(proxier)
+}
+
+/// eBPF mode's proxier: loads and attaches the programs where `--cgroup-root` and `--bpf-root`
+/// say, adopting the maps a previous run pinned.
+#[cfg(feature = "ebpf")]
+fn ebpf_proxier(cfg: &ProxyConfig, node: NodeInfo) -> anyhow::Result<Box<dyn Proxier>> {
+    use roadkeeper_proxy::ebpf::kernel::{EbpfKernel, Placement};
+    let placement = Placement::of(&cfg.ebpf).context("--proxy-mode ebpf")?;
+    let kernel = EbpfKernel::open(&placement, &cfg.ebpf.limits).context("starting eBPF mode")?;
+    tracing::info!(cgroup = %placement.cgroup.display(), pins = %placement.pin_dir.display(), "eBPF programs attached");
+    Ok(Box::new(EbpfProxier::new(cfg.clone(), node, kernel, cfg.ebpf.limits)))
+}
+
+/// Without feature `ebpf`, eBPF mode is refused.
+#[cfg(not(feature = "ebpf"))]
+fn ebpf_proxier(_: &ProxyConfig, _: NodeInfo) -> anyhow::Result<Box<dyn Proxier>> {
+    bail!(
+        "--proxy-mode ebpf: this roadkeeper was built without eBPF mode (cargo feature `ebpf`); nftables, iptables and ipvs work"
+    )
 }
 
 /// `roadkeeper rules`: prints what a full sync would send, touching nothing.
@@ -288,20 +328,47 @@ pub fn print_rules(args: ProxyArgs) -> anyhow::Result<()> {
             let plan = NodePlan::new(store, &cfg, &node, &service_cidrs(store)).ipvs();
             print!("{}", ipvs::show::rules_listing(&plan));
         }
+        ProxyMode::Ebpf => {
+            let limits = cfg.ebpf.limits;
+            let mut proxier = EbpfProxier::new(cfg, node, FakeMaps::default(), limits);
+            proxier.set_service_cidrs(service_cidrs(store));
+            let report = proxier.sync(store, &BTreeSet::new())?;
+            print!("{}", roadkeeper_rules::ebpf::show::lb_list(proxier.maps()));
+            for (_, refusal) in &report.refused {
+                eprintln!("refused: {refusal}");
+            }
+        }
     }
     Ok(())
 }
 
 /// `roadkeeper cleanup`: deletes our nftables tables, our iptables chains (both flavours, both
-/// families) and what IPVS mode made (its virtual servers, `kube-ipvs0`, its helper tables),
-/// and nothing else.
-pub fn cleanup() -> anyhow::Result<()> {
+/// families), what IPVS mode made (its virtual servers, `kube-ipvs0`, its helper tables) and
+/// eBPF mode's pins, and nothing else.
+pub fn cleanup(args: &CleanupArgs) -> anyhow::Result<()> {
     NftBinary::default().apply(&transaction::cleanup()).context("removing nftables tables")?;
     iptables::cleanup().context("removing iptables chains")?;
     let deleted = roadkeeper_proxy::ipvs::runner::cleanup(&host_addresses()).context("removing IPVS mode's objects")?;
     if deleted > 0 {
         tracing::info!(virtual_servers = deleted, "deleted IPVS virtual servers");
     }
+    cleanup_ebpf(&args.bpf_root)
+}
+
+/// Unpins eBPF mode's maps and links under `bpf_root`.
+#[cfg(feature = "ebpf")]
+fn cleanup_ebpf(bpf_root: &std::path::Path) -> anyhow::Result<()> {
+    let cfg = EbpfConfig { bpf_root: bpf_root.to_path_buf(), ..EbpfConfig::default() };
+    let removed = roadkeeper_proxy::ebpf::kernel::cleanup(&cfg.pin_dir()).context("removing eBPF mode's pins")?;
+    if removed > 0 {
+        tracing::info!(pins = removed, "unpinned eBPF maps and links");
+    }
+    Ok(())
+}
+
+/// Without eBPF mode nothing was pinned.
+#[cfg(not(feature = "ebpf"))]
+fn cleanup_ebpf(_: &std::path::Path) -> anyhow::Result<()> {
     Ok(())
 }
 

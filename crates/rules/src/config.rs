@@ -21,6 +21,9 @@ pub enum ProxyMode {
     /// IPVS virtual servers, the `kube-ipvs0` addresses and table `roadkeeper-ipvs`
     /// ([`crate::ipvs`]).
     Ipvs,
+    /// BPF programs and maps instead of rules ([`crate::ebpf`]): cgroup socket programs
+    /// translate a Service frontend once per connection.
+    Ebpf,
 }
 
 impl std::fmt::Display for ProxyMode {
@@ -30,6 +33,7 @@ impl std::fmt::Display for ProxyMode {
             ProxyMode::Nftables => "nftables",
             ProxyMode::Iptables => "iptables",
             ProxyMode::Ipvs => "ipvs",
+            ProxyMode::Ebpf => "ebpf",
         })
     }
 }
@@ -41,8 +45,9 @@ impl std::str::FromStr for ProxyMode {
             "" | "nftables" => Ok(ProxyMode::Nftables),
             "iptables" => Ok(ProxyMode::Iptables),
             "ipvs" => Ok(ProxyMode::Ipvs),
+            "ebpf" => Ok(ProxyMode::Ebpf),
             other => Err(Error::Config(format!(
-                "mode: unsupported proxy mode {other:?} (supported: nftables, iptables, ipvs)"
+                "mode: unsupported proxy mode {other:?} (supported: nftables, iptables, ipvs, ebpf)"
             ))),
         }
     }
@@ -129,6 +134,62 @@ impl Default for ConntrackConfig {
     }
 }
 
+/// eBPF mode's settings: where its programs attach and pin, and how large its maps are
+/// (`--cgroup-root`, `--bpf-root`, `--bpf-lb-map-max`, `--bpf-lb-maglev-table-size`; flags only:
+/// KubeProxyConfiguration has no section for them).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct EbpfConfig {
+    /// The cgroup v2 directory whose processes' sockets are translated (`None`: the root of the
+    /// node's cgroup v2 hierarchy).
+    pub cgroup_root: Option<PathBuf>,
+    /// The bpffs mount; the programs' maps and links are pinned in its `roadkeeper/`.
+    pub bpf_root: PathBuf,
+    /// The maps' sizes.
+    pub limits: crate::ebpf::MapLimits,
+}
+
+impl Default for EbpfConfig {
+    fn default() -> Self {
+        EbpfConfig { cgroup_root: None, bpf_root: "/sys/fs/bpf".into(), limits: crate::ebpf::MapLimits::default() }
+    }
+}
+
+/// Bounds of `--bpf-lb-map-max`.
+pub const BPF_LB_MAP_MAX: std::ops::RangeInclusive<usize> = 1 << 10..=1 << 24;
+
+impl EbpfConfig {
+    /// The directory under [`EbpfConfig::bpf_root`] that holds eBPF mode's pins.
+    pub fn pin_dir(&self) -> PathBuf {
+        self.bpf_root.join("roadkeeper")
+    }
+
+    /// `--bpf-lb-map-max`: entries of the services and backends maps.
+    pub fn set_map_max(&mut self, entries: usize) -> Result<(), Error> {
+        if !BPF_LB_MAP_MAX.contains(&entries) {
+            return Err(Error::Config(format!(
+                "--bpf-lb-map-max: {entries} is out of range {}-{}",
+                BPF_LB_MAP_MAX.start(),
+                BPF_LB_MAP_MAX.end()
+            )));
+        }
+        (self.limits.services, self.limits.backends) = (entries, entries);
+        Ok(())
+    }
+
+    /// `--bpf-lb-maglev-table-size`: slots of each Maglev table, one of
+    /// [`crate::ebpf::maglev::TABLE_SIZES`].
+    pub fn set_maglev_table_size(&mut self, size: u32) -> Result<(), Error> {
+        if !crate::ebpf::maglev::is_table_size(size) {
+            return Err(Error::Config(format!(
+                "--bpf-lb-maglev-table-size: {size} is not one of {:?}",
+                crate::ebpf::maglev::TABLE_SIZES
+            )));
+        }
+        self.limits.maglev_table_size = size;
+        Ok(())
+    }
+}
+
 /// kube-proxy's IPVS settings (`ipvs:` of the file, the `--ipvs-*` flags; its `syncPeriod` and
 /// `minSyncPeriod` go to [`ProxyConfig`]'s in IPVS mode).
 #[derive(Debug, Clone, PartialEq, Default)]
@@ -200,6 +261,8 @@ pub struct ProxyConfig {
     pub conntrack: ConntrackConfig,
     /// kube-proxy's IPVS settings (used in IPVS mode).
     pub ipvs: IpvsConfig,
+    /// Where eBPF mode attaches and pins, and its map sizes (used in eBPF mode).
+    pub ebpf: EbpfConfig,
 }
 
 impl Default for ProxyConfig {
@@ -219,6 +282,7 @@ impl Default for ProxyConfig {
             kubeconfig: None,
             conntrack: ConntrackConfig::default(),
             ipvs: IpvsConfig::default(),
+            ebpf: EbpfConfig::default(),
         }
     }
 }
@@ -605,7 +669,7 @@ impl KubeProxyConfiguration {
         };
         let other = IgnoredBecause::OtherSection(cfg.mode);
         let (section, periods) = match read {
-            ProxyMode::Nftables => {
+            ProxyMode::Nftables | ProxyMode::Ebpf => {
                 let ipt = self.iptables.iter().flat_map(|s| ignored("iptables.", s.fields(), other));
                 ignored_fields.extend(ipt.collect::<Vec<_>>());
                 (self.nftables, None)
@@ -818,6 +882,31 @@ mod tests {
         assert_eq!("ipvs".parse::<ProxyMode>().unwrap(), ProxyMode::Ipvs);
         assert_eq!(cfg.ipvs, IpvsConfig::default());
         assert_eq!(cfg.ipvs.scheduler, Scheduler::RoundRobin);
+    }
+
+    #[test]
+    fn ebpf_mode_reads_the_top_level_periods_and_the_nftables_section() {
+        let cfg = from_yaml("mode: ebpf\nminSyncPeriod: 100ms\nnftables: {syncPeriod: 2s}\n").unwrap();
+        assert_eq!((cfg.mode, cfg.mode.to_string().as_str()), (ProxyMode::Ebpf, "ebpf"));
+        assert_eq!((cfg.min_sync_period, cfg.sync_period), (Duration::from_millis(100), Duration::from_secs(2)));
+        assert_eq!(cfg.ebpf.pin_dir(), Path::new("/sys/fs/bpf/roadkeeper"));
+        assert_eq!(cfg.ebpf.cgroup_root, None, "the hierarchy's root, found at start");
+    }
+
+    #[test]
+    fn ebpf_map_sizes_are_bounded() {
+        let mut ebpf = EbpfConfig::default();
+        ebpf.set_map_max(1 << 20).unwrap();
+        assert_eq!((ebpf.limits.services, ebpf.limits.backends), (1 << 20, 1 << 20));
+        for bad in [0, 1023, (1 << 24) + 1] {
+            let err = ebpf.set_map_max(bad).unwrap_err().to_string();
+            assert!(err.contains("--bpf-lb-map-max") && err.contains("1024-16777216"), "{err}");
+        }
+        ebpf.set_maglev_table_size(65521).unwrap();
+        assert_eq!(ebpf.limits.maglev_table_size, 65521);
+        let err = ebpf.set_maglev_table_size(65536).unwrap_err().to_string();
+        assert!(err.contains("--bpf-lb-maglev-table-size: 65536 is not one of [251,"), "{err}");
+        assert_eq!(ebpf.limits.maglev_table_size, 65521, "a refused size changes nothing");
     }
 
     #[test]

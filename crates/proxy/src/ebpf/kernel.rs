@@ -12,6 +12,7 @@ use aya::programs::links::{CgroupAttachMode, FdLink, PinnedLink};
 use aya::programs::{CgroupSockAddr, ProgramError};
 use aya::{Ebpf, EbpfLoader};
 use roadkeeper_ebpf_common::{Address, SOCKET_PROGRAMS, ServiceKey, ServiceValue, names};
+use roadkeeper_rules::config::EbpfConfig;
 use roadkeeper_rules::ebpf::{MapLimits, MapOp, Maps};
 
 use super::wire;
@@ -34,6 +35,38 @@ pub struct Placement {
     pub pin_dir: PathBuf,
 }
 
+impl Placement {
+    /// Where `cfg` places eBPF mode: its `--cgroup-root`, else the root of the node's cgroup v2
+    /// hierarchy (`/sys/fs/cgroup` on a unified host, `/sys/fs/cgroup/unified` on a hybrid one);
+    /// the pins in `--bpf-root`'s `roadkeeper/`.
+    pub fn of(cfg: &EbpfConfig) -> Result<Placement, Error> {
+        let cgroup = match &cfg.cgroup_root {
+            Some(path) => path.clone(),
+            None => DEFAULT_CGROUP_ROOTS
+                .iter()
+                .map(PathBuf::from)
+                .find(|path| is_fs(path, CGROUP2_SUPER_MAGIC))
+                .ok_or_else(|| {
+                    Error::EbpfSetup(format!(
+                        "no cgroup v2 hierarchy at {}: mount one (mkdir -p /run/roadkeeper/cgroupv2 && mount -t \
+                         cgroup2 none /run/roadkeeper/cgroupv2), place the pods' processes in it and pass \
+                         --cgroup-root",
+                        DEFAULT_CGROUP_ROOTS.join(" or ")
+                    ))
+                })?,
+        };
+        Ok(Placement { cgroup, pin_dir: cfg.pin_dir() })
+    }
+}
+
+/// Where a node's cgroup v2 hierarchy is mounted, unified first, then hybrid.
+const DEFAULT_CGROUP_ROOTS: [&str; 2] = ["/sys/fs/cgroup", "/sys/fs/cgroup/unified"];
+
+/// True when `path` is on a filesystem of `magic`.
+fn is_fs(path: &Path, magic: i64) -> bool {
+    nix::sys::statfs::statfs(path).is_ok_and(|stat| stat.filesystem_type().0 == magic)
+}
+
 /// An error of eBPF mode's kernel side, naming what failed.
 fn ebpf_error(what: impl Into<String>, source: impl std::error::Error + Send + Sync + 'static) -> Error {
     Error::Ebpf { what: what.into(), source: Box::new(source) }
@@ -43,7 +76,7 @@ fn ebpf_error(what: impl Into<String>, source: impl std::error::Error + Send + S
 fn require_fs(path: &Path, magic: i64, what: &str, how: &str) -> Result<(), Error> {
     let stat = nix::sys::statfs::statfs(path)
         .map_err(|err| ebpf_error(format!("{what} {}: cannot read it ({how})", path.display()), err))?;
-    if stat.filesystem_type().0 as i64 != magic {
+    if stat.filesystem_type().0 != magic {
         return Err(Error::EbpfSetup(format!("{what} {} is not one ({how})", path.display())));
     }
     Ok(())

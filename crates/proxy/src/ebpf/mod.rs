@@ -3,7 +3,7 @@
 //! partial syncs through an [`EbpfRunner`](proxier::EbpfRunner); [`kernel`] loads, pins and
 //! attaches the programs and writes the maps; [`wire`] converts the planner's entries to the
 //! programs' bytes and back. `kernel` builds only with feature `ebpf-kernel` (it embeds the BPF
-//! object, built by the nightly toolchain); `--proxy-mode ebpf` is not wired yet.
+//! object, built by the nightly toolchain).
 
 #[cfg(feature = "ebpf-kernel")]
 pub mod kernel;

@@ -9,11 +9,13 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
 use std::path::PathBuf;
 use std::process::Output;
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use roadkeeper_netlab::addressing::{
     EXTERNAL_HOST_IPV4, EXTERNAL_HOST_IPV6, NODE_IPV4, NODE_IPV6, POD_GATEWAY_V4, POD_GATEWAY_V6,
 };
+use roadkeeper_netlab::cgroup::NodeCgroup;
 use roadkeeper_netlab::{EchoServer, Lab, Netns, Pod, ProbeResult, Process, echo, manifests, probe};
 
 pub mod apiserver;
@@ -143,6 +145,9 @@ pub enum Backend {
     /// `--proxy-mode ipvs` (needs a kernel with IPVS: its cases are ignored elsewhere, and
     /// `tests/vm/run.sh --backend ipvs` runs them in a VM).
     Ipvs,
+    /// `--proxy-mode ebpf`: the node, its pods and the client are placed in a node cgroup of
+    /// their own ([`NodeCgroup`]), to which the socket programs attach.
+    Ebpf,
 }
 
 impl Backend {
@@ -152,6 +157,7 @@ impl Backend {
             Backend::Nftables => "nftables",
             Backend::Iptables => "iptables",
             Backend::Ipvs => "ipvs",
+            Backend::Ebpf => "ebpf",
         }
     }
 }
@@ -208,6 +214,8 @@ pub struct Cluster {
     pub scratch: tempfile::TempDir,
     /// The tracer's replay of this cluster's probes (see [`replay`]).
     replay: replay::Handle,
+    /// eBPF mode: the node's cgroup and bpffs, which the node, client and pods are placed in.
+    pub node_cgroup: Option<Arc<NodeCgroup>>,
 }
 
 impl Cluster {
@@ -230,7 +238,9 @@ impl Cluster {
             manifests,
             scratch,
             replay: replay::new(&format!("{prefix} ({})", backend.mode())),
-        };
+            node_cgroup: None,
+        }
+        .place_node();
         cluster.register_namespaces();
         cluster.write("node.yaml", &manifests::node(NODE, "zone-a"));
         cluster
@@ -258,10 +268,24 @@ impl Cluster {
             manifests: tempfile::tempdir().expect("tempdir"),
             scratch: tempfile::tempdir().expect("tempdir"),
             replay: replay::new(&format!("{prefix} ({})", backend.mode())),
-        };
+            node_cgroup: None,
+        }
+        .place_node();
         cluster.register_namespaces();
         cluster.write("node.yaml", &manifests::node(NODE, "zone-a"));
         cluster
+    }
+
+    /// eBPF mode: makes the node's cgroup and places the node and the client in it.
+    fn place_node(mut self) -> Self {
+        if self.backend == Backend::Ebpf {
+            let name = self.lab.node().name().to_owned();
+            let cgroup = Arc::new(NodeCgroup::new(&name).expect("the node's cgroup"));
+            self.lab.node().place_in(cgroup.clone());
+            self.client.ns.place_in(cgroup.clone());
+            self.node_cgroup = Some(cgroup);
+        }
+        self
     }
 
     /// Makes probes from the client, the node and the external host replayable.
@@ -282,6 +306,9 @@ impl Cluster {
     /// Pod manifest with `labels` (YAML flow map body, e.g. `app: hello`) on `node`.
     pub fn add_pod(&mut self, name: &str, labels: &str, node: &str) -> usize {
         let pod = self.lab.add_pod(name).expect("pod");
+        if let Some(cgroup) = &self.node_cgroup {
+            pod.ns.place_in(cgroup.clone());
+        }
         let listen =
             [SocketAddr::new(IpAddr::V4(pod.ipv4), ECHO_PORT), SocketAddr::new(IpAddr::V6(pod.ipv6), ECHO_PORT)];
         let server = pod.ns.run(|| echo::serve(&listen, name)).expect("echo server");
@@ -365,6 +392,10 @@ impl Cluster {
         if let Some(cidr) = self.cluster_cidr {
             args.extend(["--cluster-cidr".into(), cidr.into()]);
         }
+        if let Some(cgroup) = &self.node_cgroup {
+            args.extend(["--cgroup-root".into(), cgroup.path().display().to_string()]);
+            args.extend(["--bpf-root".into(), cgroup.bpf_root().display().to_string()]);
+        }
         args.extend(extra.iter().map(|s| s.to_string()));
         args
     }
@@ -412,17 +443,19 @@ impl Cluster {
             }
             std::thread::sleep(Duration::from_millis(50));
         }
-        panic!("roadkeeper did not program the kernel within {patience:?}");
+        panic!("roadkeeper did not program the kernel within {patience:?}:\n{}", self.proxy_log());
     }
 
     /// [`start_proxy`](Self::start_proxy) with a KubeProxyConfiguration file that makes it react
     /// fast: 100 ms minimum between syncs, table health checks every 2 s.
     pub fn start_fast_proxy(&mut self) {
-        let yaml = format!(
-            "apiVersion: kubeproxy.config.k8s.io/v1alpha1\nkind: KubeProxyConfiguration\n\
-             {}: {{syncPeriod: 2s, minSyncPeriod: 100ms}}\n",
-            self.backend.mode()
-        );
+        let mode_periods = match self.backend {
+            // KubeProxyConfiguration has no section of eBPF mode: the top-level periods.
+            Backend::Ebpf => "syncPeriod: 2s\nminSyncPeriod: 100ms\n".to_string(),
+            backend => format!("{}: {{syncPeriod: 2s, minSyncPeriod: 100ms}}\n", backend.mode()),
+        };
+        let yaml =
+            format!("apiVersion: kubeproxy.config.k8s.io/v1alpha1\nkind: KubeProxyConfiguration\n{mode_periods}");
         let config = self.scratch_file("kube-proxy.yaml", &yaml);
         self.start_proxy(&["--config", &config]);
     }
@@ -473,6 +506,17 @@ impl Cluster {
                     + &self.node_output(&["ip", "addr", "show", "kube-ipvs0"])
                     + &self.ruleset()
             }
+            // The maps' contents are `roadkeeper rules`'; here what is pinned.
+            Backend::Ebpf => {
+                let pins = self.ebpf_links().parent().expect("the pin directory").to_path_buf();
+                let mut names: Vec<String> = ["maps", "links"]
+                    .iter()
+                    .flat_map(|sub| std::fs::read_dir(pins.join(sub)).into_iter().flatten().flatten())
+                    .map(|entry| entry.path().display().to_string())
+                    .collect();
+                names.sort();
+                names.join("\n")
+            }
         }
     }
 
@@ -482,7 +526,14 @@ impl Cluster {
             Backend::Nftables => self.nft(&["list", "chain", "ip", "roadkeeper", "services"]).status.success(),
             Backend::Iptables => self.node_output(&["iptables-save", "-t", "nat"]).contains(":KUBE-SERVICES"),
             Backend::Ipvs => self.nft(&["list", "chain", "ip", "roadkeeper-ipvs", "nat-postrouting"]).status.success(),
+            Backend::Ebpf => self.ebpf_links().join("rk_connect4").exists(),
         }
+    }
+
+    /// eBPF mode: where the proxy pins its programs' links.
+    pub fn ebpf_links(&self) -> PathBuf {
+        let cgroup = self.node_cgroup.as_ref().expect("an eBPF mode cluster");
+        cgroup.bpf_root().join("roadkeeper/links")
     }
 
     /// Plays someone else wiping our rules: deletes the nftables table, or flushes the iptables
@@ -492,6 +543,13 @@ impl Cluster {
         let commands: &[&[&str]] = match self.backend {
             Backend::Nftables => &[&["nft", "delete", "table", "ip", "roadkeeper"]],
             Backend::Ipvs => &[&["nft", "delete", "table", "ip", "roadkeeper-ipvs"], &["ipvsadm", "-C"]],
+            // Unpinned, the links detach their programs.
+            Backend::Ebpf => {
+                for link in std::fs::read_dir(self.ebpf_links()).expect("the links").flatten() {
+                    std::fs::remove_file(link.path()).expect("unpin a link");
+                }
+                return;
+            }
             Backend::Iptables => &[
                 &["iptables", "-t", "nat", "-F"],
                 &["iptables", "-t", "filter", "-F"],

@@ -135,7 +135,7 @@ impl Drop for Replay {
 }
 
 /// The flags of `roadkeeper proxy` the harness passes that take a value.
-const WITH_VALUE: [&str; 9] = [
+const WITH_VALUE: [&str; 11] = [
     "--manifests",
     "--kubeconfig",
     "--hostname-override",
@@ -145,6 +145,8 @@ const WITH_VALUE: [&str; 9] = [
     "--config",
     "--healthz-bind-address",
     "--metrics-bind-address",
+    "--cgroup-root",
+    "--bpf-root",
 ];
 
 /// The proxy's configuration and manifest folder from its arguments, as `roadkeeper proxy`
@@ -173,6 +175,7 @@ fn config(args: &[String]) -> Result<(ProxyConfig, PathBuf), &'static str> {
         match flag {
             "proxy" | "rules" | "--once" | "-v" | "--config" | "--healthz-bind-address" | "--metrics-bind-address" => {}
             "--kubeconfig" => return Err("the cluster state lives in an API server"),
+            "--cgroup-root" | "--bpf-root" => return Err("eBPF mode's maps are not rules the tracer models"),
             "--manifests" => dir = Some(PathBuf::from(value())),
             "--hostname-override" => cfg.hostname = value().to_string(),
             "--proxy-mode" => cfg.mode = value().parse().expect("--proxy-mode"),
@@ -214,6 +217,7 @@ fn snapshot(cluster: &Cluster, args: &[String]) -> Result<Snapshot, &'static str
             })
             .collect(),
         ProxyMode::Ipvs => roadkeeper_rules::ipvs::show::rules_listing(&plan.ipvs()),
+        ProxyMode::Ebpf => unreachable!("config() refuses eBPF mode's flags"),
     };
     let mut rules_args: Vec<&str> =
         args.iter().map(String::as_str).filter(|a| !matches!(*a, "--once" | "-v")).collect();

@@ -82,6 +82,7 @@ fn host_to_cluster_ip_is_masqueraded() {
             ProxyMode::Ipvs => {
                 "ip saddr != { 10.244.0.0/16 } ip daddr . meta l4proto . th dport @cluster-ips meta mark set"
             }
+            ProxyMode::Ebpf => unreachable!("BACKENDS has the traced modes"),
         };
         assert!(why.iter().any(|r| r.contains(expected)), "{mode:?}: {why:?}");
     }

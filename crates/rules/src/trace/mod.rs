@@ -89,6 +89,12 @@ pub enum Error {
     /// larger than any we write.
     #[error("more than {MAX_RULES} rules evaluated (a goto loop?)")]
     TooLong,
+    /// The tracer has no model of this mode's data plane yet.
+    #[error("the tracer does not model {mode} mode yet (it follows nftables, iptables and ipvs)")]
+    Unmodelled {
+        /// The mode.
+        mode: ProxyMode,
+    },
 }
 
 /// Deepest nesting of jumps a trace follows.
@@ -444,6 +450,7 @@ impl Ruleset {
             ProxyMode::Nftables => Ruleset::Nftables(nft::Tables::of(&plan.nftables())?),
             ProxyMode::Iptables => Ruleset::Iptables(iptables::Tables::of(&plan.iptables())?),
             ProxyMode::Ipvs => Ruleset::Ipvs(ipvs::Tables::of(&plan.ipvs())?),
+            ProxyMode::Ebpf => return Err(Error::Unmodelled { mode: ProxyMode::Ebpf }),
         })
     }
 

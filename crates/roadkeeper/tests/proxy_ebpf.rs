@@ -1,0 +1,166 @@
+//! eBPF mode end to end (root; the binary's default feature `ebpf`): `roadkeeper proxy
+//! --proxy-mode ebpf` attaches its socket programs to the lab node's own cgroup (never the
+//! machine's), and the node's pods and host reach Services with real sockets, translated once per
+//! connection at `connect()` / `sendmsg()` with no NAT on the way.
+#![cfg(feature = "ebpf")]
+
+mod common;
+
+use std::collections::BTreeSet;
+use std::net::SocketAddr;
+
+use common::*;
+use roadkeeper_netlab::{Netns, ProbeResult};
+
+/// Three pods behind Service `hello` (ClusterIPs [`Family::cluster_ip`]`(10)`, port 80 over TCP
+/// and UDP).
+fn hello(c: &mut Cluster) {
+    for name in ["hello-a", "hello-b", "hello-c"] {
+        c.add_pod(name, "app: hello", NODE);
+    }
+    c.write("hello.yaml", &service_manifest("hello", 10, ""));
+}
+
+/// The distinct pods that answered `n` probes of `target` from `ns`.
+fn reached(ns: &Netns, proto: Proto, target: SocketAddr, n: usize) -> BTreeSet<String> {
+    answers(ns, proto, target, n).0.into_iter().collect()
+}
+
+#[test]
+fn pods_reach_every_endpoint_of_a_cluster_ip_with_their_own_address_in_both_families() {
+    let mut c = Cluster::new("rk-bpf-cip", Backend::Ebpf);
+    hello(&mut c);
+    c.proxy_once(&[]);
+    for family in FAMILIES {
+        for proto in PROTOS {
+            let vip = at(family.cluster_ip(10));
+            let (names, peer) = answers(&c.client.ns, proto, vip, 40);
+            let distinct: BTreeSet<_> = names.iter().collect();
+            assert_eq!(distinct.len(), 3, "{proto:?} {vip}: random over every endpoint, got {names:?}");
+            assert_eq!(peer, c.client_ip(family), "{proto:?} {vip}: no NAT: the pod's own address");
+        }
+    }
+}
+
+#[test]
+fn the_node_reaches_a_cluster_ip_from_its_bridge_address_by_routing_not_masquerade() {
+    let mut c = Cluster::new("rk-bpf-host", Backend::Ebpf);
+    hello(&mut c);
+    c.proxy_once(&[]);
+    for family in FAMILIES {
+        let (_, peer) = answers(c.lab.node(), Proto::Tcp, at(family.cluster_ip(10)), 3);
+        assert_eq!(peer, family.bridge_ip(), "the socket was connected to the pod: its route's source address");
+    }
+}
+
+#[test]
+fn a_service_without_endpoints_refuses_at_connect() {
+    let c = Cluster::new("rk-bpf-empty", Backend::Ebpf);
+    c.write("empty.yaml", &service_manifest("empty", 20, ""));
+    c.proxy_once(&[]);
+    let cases: Vec<(Proto, SocketAddr)> =
+        FAMILIES.into_iter().flat_map(|family| PROTOS.map(|proto| (proto, at(family.cluster_ip(20))))).collect();
+    assert_outcome(&c.client.ns, &cases, &ProbeResult::Refused);
+}
+
+#[test]
+fn a_pod_outside_the_node_cgroup_is_not_translated() {
+    let mut c = Cluster::new("rk-bpf-outside", Backend::Ebpf);
+    hello(&mut c);
+    c.proxy_once(&[]);
+    // A pod of the lab that is not placed in the node's cgroup: its connections are its own.
+    let stranger = c.lab.add_pod("stranger").expect("pod");
+    let got = stranger.ns.run(|| roadkeeper_netlab::probe::tcp(at(Family::V4.cluster_ip(10)), probe_timeout()));
+    assert!(!matches!(got, ProbeResult::Reply(_)), "untranslated, nothing answers at the ClusterIP: {got:?}");
+    assert_eq!(reached(&c.client.ns, Proto::Tcp, at(Family::V4.cluster_ip(10)), 20).len(), 3, "the node's pods are");
+}
+
+#[test]
+fn endpoint_changes_reach_the_maps_while_the_proxy_runs() {
+    let mut c = Cluster::new("rk-bpf-watch", Backend::Ebpf);
+    hello(&mut c);
+    c.start_fast_proxy();
+    let vip = at(Family::V4.cluster_ip(10));
+    assert_eq!(reached(&c.client.ns, Proto::Tcp, vip, 30).len(), 3);
+    // hello-c leaves the Service (relabelled), then a fourth pod joins.
+    c.update_pod(2, "app: removed", NODE, PodState::Ready);
+    let left = eventually(settle(), || !reached(&c.client.ns, Proto::Tcp, vip, 20).contains("hello-c"));
+    assert!(left, "hello-c still answers:\n{}", c.proxy_log());
+    c.add_pod("hello-d", "app: hello", NODE);
+    let want: BTreeSet<String> = ["hello-a", "hello-b", "hello-d"].map(String::from).into();
+    let joined = eventually(settle(), || reached(&c.client.ns, Proto::Tcp, vip, 30) == want);
+    assert!(joined, "not {want:?}:\n{}", c.proxy_log());
+}
+
+#[test]
+fn a_restarted_proxy_adopts_the_maps_and_cleanup_removes_them() {
+    let mut c = Cluster::new("rk-bpf-restart", Backend::Ebpf);
+    hello(&mut c);
+    c.proxy_once(&[]);
+    let vip = at(Family::V6.cluster_ip(10));
+    // A connection made before the restart keeps working through it.
+    let before = c.client.ns.run(|| std::net::TcpStream::connect_timeout(&vip, probe_timeout())).expect("connected");
+    c.proxy_once(&[]);
+    assert!(c.programmed());
+    assert_eq!(reached(&c.client.ns, Proto::Udp, vip, 30).len(), 3, "the adopted maps still hold every endpoint");
+    let mut line = String::new();
+    std::io::BufRead::read_line(&mut std::io::BufReader::new(&before), &mut line).expect("the echo line");
+    assert!(line.starts_with("hello-"), "{line}");
+    assert_eq!(before.peer_addr().expect("peer"), vip, "getpeername() names the ClusterIP");
+
+    let bpf_root = c.node_cgroup.as_ref().expect("cgroup").bpf_root();
+    let out = c.roadkeeper(&["cleanup", "--bpf-root", &bpf_root.display().to_string()]);
+    assert!(out.status.success(), "cleanup: {}", String::from_utf8_lossy(&out.stderr));
+    assert!(!bpf_root.join("roadkeeper").exists(), "every pin is gone");
+    let got = probe(&c.client.ns, Proto::Tcp, at(Family::V4.cluster_ip(10)));
+    assert!(!matches!(got, ProbeResult::Reply(_)), "the programs are detached: {got:?}");
+}
+
+#[test]
+fn rules_prints_the_maps_as_a_load_balancer_list() {
+    let mut c = Cluster::new("rk-bpf-rules", Backend::Ebpf);
+    hello(&mut c);
+    let args = c.proxy_args_for("rules", &[]);
+    let out = c.roadkeeper(&args.iter().map(String::as_str).collect::<Vec<_>>());
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let listing = String::from_utf8_lossy(&out.stdout);
+    let frontend = format!("{}:80/tcp", Family::V4.cluster_ip(10));
+    assert!(listing.contains(&frontend), "no {frontend} in:\n{listing}");
+    assert!(listing.contains("3 backends"), "{listing}");
+    for i in 0..3 {
+        let backend = format!("{}:{ECHO_PORT}", c.pod_ip(i, Family::V4));
+        assert!(listing.contains(&backend), "no {backend} in:\n{listing}");
+    }
+    assert!(!c.ebpf_links().exists(), "rules touches nothing");
+}
+
+#[test]
+fn a_cgroup_root_that_is_not_a_cgroup_is_refused_with_its_name() {
+    let c = Cluster::new("rk-bpf-bad", Backend::Ebpf);
+    let not_a_cgroup = c.scratch.path().display().to_string();
+    let mut args = c.proxy_args_for("proxy", &["--once"]);
+    let at = args.iter().position(|a| a == "--cgroup-root").expect("the flag") + 1;
+    args[at] = not_a_cgroup.clone();
+    let out = c.roadkeeper(&args.iter().map(String::as_str).collect::<Vec<_>>());
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success());
+    assert!(stderr.contains(&format!("--cgroup-root {not_a_cgroup} is not one")), "{stderr}");
+    assert!(!c.ebpf_links().exists(), "nothing was attached");
+}
+
+#[test]
+fn a_pod_reaches_a_node_port_of_its_own_node_through_its_socket() {
+    let mut c = Cluster::new("rk-bpf-np", Backend::Ebpf);
+    for name in ["web-a", "web-b"] {
+        c.add_pod(name, "app: web", NODE);
+    }
+    c.write("web.yaml", &service_manifest("web", 30, "type: NodePort"));
+    c.proxy_once(&[]);
+    for family in FAMILIES {
+        let target = SocketAddr::new(family.node_ip(), node_port(30));
+        let (names, peer) = answers(&c.client.ns, Proto::Tcp, target, 30);
+        let distinct: BTreeSet<_> = names.iter().collect();
+        assert_eq!(distinct.len(), 2, "{target}: every endpoint, got {names:?}");
+        assert_eq!(peer, c.client_ip(family), "{target}: translated at the socket, not masqueraded");
+    }
+}
