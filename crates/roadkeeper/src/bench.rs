@@ -5,6 +5,7 @@ use std::collections::BTreeSet;
 use std::fmt::Write as _;
 use std::net::Ipv4Addr;
 use std::path::Path;
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use anyhow::Context;
@@ -12,7 +13,8 @@ use roadkeeper_cluster::k8s_openapi::api::core::v1::Service;
 use roadkeeper_cluster::k8s_openapi::api::discovery::v1::EndpointSlice;
 use roadkeeper_cluster::{NamespacedName, Object, Store};
 use roadkeeper_netlab::Netns;
-use roadkeeper_rules::config::{ProxyConfig, ProxyMode};
+use roadkeeper_netlab::cgroup::NodeCgroup;
+use roadkeeper_rules::config::{BPF_LB_MAP_MAX, ProxyConfig, ProxyMode};
 use roadkeeper_rules::table::NodeInfo;
 
 use crate::bench_plot::{Series, line_chart};
@@ -76,10 +78,10 @@ fn us(d: Duration) -> String {
 /// Peak RSS of a real `roadkeeper proxy --once --proxy-mode <mode>` over the cluster written as
 /// manifests in `dir`, in its own scratch namespace: the figure an operator sees (YAML parsing
 /// included).
-fn proxy_peak_rss_mib(dir: &Path, backend: Backend) -> anyhow::Result<f64> {
-    let ns = backend.scratch_namespace()?;
+fn proxy_peak_rss_mib(dir: &Path, backend: Backend, map_max: usize) -> anyhow::Result<f64> {
+    let scratch = backend.scratch(map_max)?;
     let mut child = std::process::Command::new("ip")
-        .args(["netns", "exec", ns.name()])
+        .args(["netns", "exec", scratch.ns.name()])
         .arg(std::env::current_exe()?)
         .args([
             "proxy",
@@ -91,6 +93,7 @@ fn proxy_peak_rss_mib(dir: &Path, backend: Backend) -> anyhow::Result<f64> {
             "--manifests",
         ])
         .arg(dir)
+        .args(scratch.flags())
         .stderr(std::process::Stdio::piped())
         .stdout(std::process::Stdio::null())
         .spawn()?;
@@ -125,13 +128,15 @@ fn proxy_peak_rss_mib(dir: &Path, backend: Backend) -> anyhow::Result<f64> {
 
 /// A backend as the bench runs it: iptables either with the flavour a fresh host gets (nft on
 /// Debian) or with the legacy flavour, chosen the way kube-proxy's detection sees a legacy host
-/// (a `KUBE-IPTABLES-HINT` chain made with `iptables-legacy`); IPVS where the kernel has it.
+/// (a `KUBE-IPTABLES-HINT` chain made with `iptables-legacy`); IPVS where the kernel has it;
+/// eBPF with its programs on a cgroup and bpffs of the bench's own.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Backend {
     Nftables,
     Iptables,
     IptablesLegacy,
     Ipvs,
+    Ebpf,
 }
 
 impl std::str::FromStr for Backend {
@@ -142,8 +147,11 @@ impl std::str::FromStr for Backend {
             "iptables" => Ok(Backend::Iptables),
             "iptables-legacy" => Ok(Backend::IptablesLegacy),
             "ipvs" => Ok(Backend::Ipvs),
+            "ebpf" => Ok(Backend::Ebpf),
             other => {
-                anyhow::bail!("--proxy-mode: unknown backend {other:?} (nftables, iptables, iptables-legacy, ipvs)")
+                anyhow::bail!(
+                    "--proxy-mode: unknown backend {other:?} (nftables, iptables, iptables-legacy, ipvs, ebpf)"
+                )
             }
         }
     }
@@ -156,6 +164,7 @@ impl Backend {
             Backend::Iptables => "iptables",
             Backend::IptablesLegacy => "iptables-legacy",
             Backend::Ipvs => "ipvs",
+            Backend::Ebpf => "ebpf",
         }
     }
 
@@ -164,17 +173,64 @@ impl Backend {
             Backend::Nftables => ProxyMode::Nftables,
             Backend::Iptables | Backend::IptablesLegacy => ProxyMode::Iptables,
             Backend::Ipvs => ProxyMode::Ipvs,
+            Backend::Ebpf => ProxyMode::Ebpf,
         }
     }
 
-    /// A fresh scratch namespace that looks like a host of this backend.
-    fn scratch_namespace(self) -> anyhow::Result<Netns> {
+    /// A fresh scratch host of this backend (eBPF: maps of `map_max` entries).
+    fn scratch(self, map_max: usize) -> anyhow::Result<Scratch> {
         let ns = Netns::new("rk-bench").context("creating a scratch network namespace")?;
         if self == Backend::IptablesLegacy {
             ns.exec(["iptables-legacy", "-t", "mangle", "-N", "KUBE-IPTABLES-HINT"])?;
         }
-        Ok(ns)
+        let mut ebpf = None;
+        if self == Backend::Ebpf {
+            let cgroup = Arc::new(NodeCgroup::new(ns.name()).context("the bench node's cgroup")?);
+            ns.place_in(cgroup.clone());
+            ebpf = Some((cgroup, map_max));
+        }
+        Ok(Scratch { ns, ebpf })
     }
+}
+
+/// A scratch host: a namespace and, in eBPF mode, the node cgroup and bpffs the programs attach
+/// to and pin in (the namespace's threads run in that cgroup) with the maps' size.
+struct Scratch {
+    ns: Netns,
+    ebpf: Option<(Arc<NodeCgroup>, usize)>,
+}
+
+impl Scratch {
+    /// `cfg` with eBPF mode pointed at this host.
+    fn config(&self, cfg: &ProxyConfig) -> anyhow::Result<ProxyConfig> {
+        let mut cfg = cfg.clone();
+        if let Some((cgroup, map_max)) = &self.ebpf {
+            cfg.ebpf.cgroup_root = Some(cgroup.path().to_path_buf());
+            cfg.ebpf.bpf_root = cgroup.bpf_root();
+            cfg.ebpf.set_map_max(*map_max)?;
+        }
+        Ok(cfg)
+    }
+
+    /// The same as flags of `proxy`.
+    fn flags(&self) -> Vec<String> {
+        let Some((cgroup, map_max)) = &self.ebpf else { return Vec::new() };
+        vec![
+            "--cgroup-root".into(),
+            cgroup.path().display().to_string(),
+            "--bpf-root".into(),
+            cgroup.bpf_root().display().to_string(),
+            "--bpf-lb-map-max".into(),
+            map_max.to_string(),
+        ]
+    }
+}
+
+/// eBPF mode's map size for a cluster: a master entry and a slot per endpoint for every Service
+/// (one more Service added by the bench), as a power of two within `--bpf-lb-map-max`'s bounds.
+fn map_max(services: usize, endpoints: usize) -> usize {
+    let entries = (services + 1) * (endpoints + 1);
+    entries.next_power_of_two().clamp(*BPF_LB_MAP_MAX.start(), *BPF_LB_MAP_MAX.end())
 }
 
 /// The manifests of a synthetic cluster, for the RSS measurement.
@@ -296,17 +352,19 @@ fn measure(backend: Backend, services: usize, endpoints: usize, runs: usize) -> 
     let mut full = Vec::new();
     let mut last = None;
     for _ in 0..runs {
-        let ns = backend.scratch_namespace()?;
-        let (elapsed, proxier) = ns.run(|| -> anyhow::Result<_> {
+        let scratch = backend.scratch(map_max(services, endpoints))?;
+        let cfg = scratch.config(&cfg)?;
+        let (elapsed, proxier) = scratch.ns.run(|| -> anyhow::Result<_> {
             let mut proxier = kernel_proxier(&cfg, node.clone(), &base)?;
             let start = Instant::now();
             proxier.sync(&base, &BTreeSet::new())?;
             Ok((start.elapsed(), proxier))
         })?;
         full.push(elapsed);
-        last = Some((ns, proxier));
+        last = Some((scratch, proxier));
     }
-    let (ns, mut proxier) = last.expect("runs >= 1");
+    let (scratch, mut proxier) = last.expect("runs >= 1");
+    let ns = &scratch.ns;
     let changed = BTreeSet::from([NamespacedName::new("bench", format!("svc-{}", services / 2))]);
     let (mut partial, mut own) = (Vec::new(), Vec::new());
     let mut sync_one = |store: &Store, changed: &BTreeSet<NamespacedName>| -> anyhow::Result<(Duration, Duration)> {
@@ -342,7 +400,7 @@ fn measure(backend: Backend, services: usize, endpoints: usize, runs: usize) -> 
         .iter()
         .flat_map(|e| e.addresses.iter().filter_map(|a| a.parse().ok()))
         .collect();
-    let connect = connect_through_rules(&ns, &targets)?;
+    let connect = connect_through_rules(ns, &targets)?;
     Ok(Row { full: median(full), partial, own: median(own), added, deleted, connect })
 }
 
@@ -367,7 +425,7 @@ pub fn run(args: BenchArgs) -> anyhow::Result<()> {
         write_manifests(manifests.path(), *services, args.endpoints)?;
         for backend in &backends {
             let row = measure(*backend, *services, args.endpoints, args.runs)?;
-            let rss = proxy_peak_rss_mib(manifests.path(), *backend)?;
+            let rss = proxy_peak_rss_mib(manifests.path(), *backend, map_max(*services, args.endpoints))?;
             let connect = &row.connect;
             let line = format!(
                 "| {services} | {} | {} | {} | {} | {} | {} | {} / {} / {}, {:.0}/s | {rss:.0} MiB |\n",

@@ -411,7 +411,8 @@ pub struct BenchArgs {
     pub runs: usize,
     /// Backends to measure side by side, comma-separated: nftables, iptables (the flavour this
     /// host would get), iptables-legacy (the legacy flavour, as on a host whose kubelet uses it),
-    /// ipvs (on a kernel with IPVS: `tests/vm/run.sh --exec` runs it on Debian 12's).
+    /// ipvs (on a kernel with IPVS: `tests/vm/run.sh --exec` runs it on Debian 12's), ebpf (its
+    /// programs on a cgroup and bpffs of the bench's own; the maps sized to the cluster).
     #[arg(long, value_delimiter = ',', default_value = "nftables,iptables,iptables-legacy")]
     pub proxy_mode: Vec<String>,
     /// Also write the table (`results.md`) and SVG plots of each figure against the number of
