@@ -139,8 +139,8 @@ impl Netns {
     }
 
     /// Runs `f` on a fresh thread that has entered this namespace (and the node cgroup it was
-    /// [placed in](Self::place_in), if any), so sockets it creates live here. Panics (on the caller's thread) if `f` panics or
-    /// the namespace cannot be entered.
+    /// [placed in](Self::place_in), if any), so sockets it creates live here. Panics (on the
+    /// caller's thread) if `f` panics or the namespace cannot be entered.
     pub fn run<T: Send>(&self, f: impl FnOnce() -> T + Send) -> T {
         let path = self.path();
         let cgroup = lock(&self.cgroup).clone();

@@ -164,3 +164,17 @@ fn a_pod_reaches_a_node_port_of_its_own_node_through_its_socket() {
         assert_eq!(peer, c.client_ip(family), "{target}: translated at the socket, not masqueraded");
     }
 }
+
+#[test]
+fn a_bpf_root_that_is_not_a_bpffs_is_refused_before_anything_is_made_there() {
+    let c = Cluster::new("rk-bpf-badfs", Backend::Ebpf);
+    let not_bpffs = c.scratch.path().display().to_string();
+    let mut args = c.proxy_args_for("proxy", &["--once"]);
+    let at = args.iter().position(|a| a == "--bpf-root").expect("the flag") + 1;
+    args[at] = not_bpffs.clone();
+    let out = c.roadkeeper(&args.iter().map(String::as_str).collect::<Vec<_>>());
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success());
+    assert!(stderr.contains(&format!("--bpf-root {not_bpffs} is not one")), "{stderr}");
+    assert!(!c.scratch.path().join("roadkeeper").exists(), "no pin directory was made outside a bpffs");
+}

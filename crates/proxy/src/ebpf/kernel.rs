@@ -62,9 +62,14 @@ impl Placement {
 /// Where a node's cgroup v2 hierarchy is mounted, unified first, then hybrid.
 const DEFAULT_CGROUP_ROOTS: [&str; 2] = ["/sys/fs/cgroup", "/sys/fs/cgroup/unified"];
 
+/// The `statfs` magic of the filesystem `path` is on.
+fn fs_magic(path: &Path) -> nix::Result<i64> {
+    nix::sys::statfs::statfs(path).map(|stat| stat.filesystem_type().0)
+}
+
 /// True when `path` is on a filesystem of `magic`.
 fn is_fs(path: &Path, magic: i64) -> bool {
-    nix::sys::statfs::statfs(path).is_ok_and(|stat| stat.filesystem_type().0 == magic)
+    fs_magic(path).is_ok_and(|found| found == magic)
 }
 
 /// An error of eBPF mode's kernel side, naming what failed.
@@ -74,9 +79,9 @@ fn ebpf_error(what: impl Into<String>, source: impl std::error::Error + Send + S
 
 /// Fails unless `path` is a directory on a filesystem of `magic`.
 fn require_fs(path: &Path, magic: i64, what: &str, how: &str) -> Result<(), Error> {
-    let stat = nix::sys::statfs::statfs(path)
-        .map_err(|err| ebpf_error(format!("{what} {}: cannot read it ({how})", path.display()), err))?;
-    if stat.filesystem_type().0 != magic {
+    let found =
+        fs_magic(path).map_err(|err| ebpf_error(format!("{what} {}: cannot read it ({how})", path.display()), err))?;
+    if found != magic {
         return Err(Error::EbpfSetup(format!("{what} {} is not one ({how})", path.display())));
     }
     Ok(())
@@ -113,9 +118,8 @@ impl EbpfKernel {
             "--cgroup-root",
             "a cgroup v2 directory: mount -t cgroup2 none DIR",
         )?;
+        // Checked before anything is created there.
         let bpffs = placement.pin_dir.parent().unwrap_or(&placement.pin_dir);
-        std::fs::create_dir_all(&placement.pin_dir)
-            .map_err(|err| ebpf_error(format!("creating {}", placement.pin_dir.display()), err))?;
         require_fs(bpffs, BPF_FS_MAGIC, "--bpf-root", "a bpffs mount: mount -t bpf bpf DIR")?;
         let (maps_dir, links_dir) = (placement.pin_dir.join("maps"), placement.pin_dir.join("links"));
         for dir in [&maps_dir, &links_dir] {
