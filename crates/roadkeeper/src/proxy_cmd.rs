@@ -295,7 +295,7 @@ fn ebpf_proxier(cfg: &ProxyConfig, node: NodeInfo) -> anyhow::Result<Box<dyn Pro
     let placement = Placement::of(&cfg.ebpf).context("--proxy-mode ebpf")?;
     let kernel = EbpfKernel::open(&placement, &cfg.ebpf.limits).context("starting eBPF mode")?;
     tracing::info!(cgroup = %placement.cgroup.display(), pins = %placement.pin_dir.display(), "eBPF programs attached");
-    Ok(Box::new(EbpfProxier::new(cfg.clone(), node, kernel, cfg.ebpf.limits)))
+    Ok(Box::new(EbpfProxier::new(cfg.clone(), node, kernel)))
 }
 
 /// Without feature `ebpf`, eBPF mode is refused.
@@ -329,8 +329,7 @@ pub fn print_rules(args: ProxyArgs) -> anyhow::Result<()> {
             print!("{}", ipvs::show::rules_listing(&plan));
         }
         ProxyMode::Ebpf => {
-            let limits = cfg.ebpf.limits;
-            let mut proxier = EbpfProxier::new(cfg, node, FakeMaps::default(), limits);
+            let mut proxier = EbpfProxier::new(cfg, node, FakeMaps::default());
             proxier.set_service_cidrs(service_cidrs(store));
             let report = proxier.sync(store, &BTreeSet::new())?;
             print!("{}", roadkeeper_rules::ebpf::show::lb_list(proxier.maps()));

@@ -7,7 +7,7 @@ use std::collections::{BTreeMap, BTreeSet};
 
 use roadkeeper_cluster::{NamespacedName, Store};
 use roadkeeper_rules::config::ProxyConfig;
-use roadkeeper_rules::ebpf::{EbpfPlan, Frontend, FrontendKey, Layout, MapLimits, MapOp, Maps, Refusal};
+use roadkeeper_rules::ebpf::{EbpfPlan, Frontend, FrontendKey, Layout, MapOp, Maps, Refusal};
 use roadkeeper_rules::table::ServicePortName;
 
 use crate::Error;
@@ -56,23 +56,16 @@ pub struct EbpfProxier<R: EbpfRunner> {
     cfg: ProxyConfig,
     state: SyncState,
     runner: R,
-    limits: MapLimits,
     layout: Layout,
     /// The Service ports laid out per Service, so that a port a Service no longer has is removed.
     ports_of: BTreeMap<NamespacedName, BTreeSet<ServicePortName>>,
 }
 
 impl<R: EbpfRunner> EbpfProxier<R> {
-    /// A proxier that will start with a full sync (adopting what the maps hold).
-    pub fn new(cfg: ProxyConfig, node: roadkeeper_rules::table::NodeInfo, runner: R, limits: MapLimits) -> Self {
-        EbpfProxier {
-            cfg,
-            state: SyncState::new(node),
-            runner,
-            limits,
-            layout: Layout::default(),
-            ports_of: BTreeMap::new(),
-        }
+    /// A proxier that will start with a full sync (adopting what the maps hold), its maps sized
+    /// by `cfg.ebpf.limits`.
+    pub fn new(cfg: ProxyConfig, node: roadkeeper_rules::table::NodeInfo, runner: R) -> Self {
+        EbpfProxier { cfg, state: SyncState::new(node), runner, layout: Layout::default(), ports_of: BTreeMap::new() }
     }
 
     /// The runner.
@@ -103,10 +96,10 @@ impl<R: EbpfRunner> EbpfProxier<R> {
             }
             let before = self.ports_of.remove(&key).unwrap_or_default();
             for gone in before.iter().filter(|name| !by_port.contains_key(*name)) {
-                ops.extend(self.layout.set(gone, &[], &self.limits).expect("removing a port needs no room"));
+                ops.extend(self.layout.set(gone, &[], &self.cfg.ebpf.limits).expect("removing a port needs no room"));
             }
             for (name, frontends) in &by_port {
-                match self.layout.set(name, frontends, &self.limits) {
+                match self.layout.set(name, frontends, &self.cfg.ebpf.limits) {
                     Ok(set) => ops.extend(set),
                     Err(refusal) => refusals.push(refusal),
                 }

@@ -10,7 +10,7 @@ use crate::proxier::Proxier;
 use crate::proxier::testing::cluster;
 
 fn proxier(runner: FakeMaps) -> EbpfProxier<FakeMaps> {
-    EbpfProxier::new(ProxyConfig::default(), NodeInfo::default(), runner, MapLimits::default())
+    EbpfProxier::new(ProxyConfig::default(), NodeInfo::default(), runner)
 }
 
 fn changed(name: &str) -> BTreeSet<NamespacedName> {
