@@ -20,6 +20,14 @@ pub mod names {
     pub const AFFINITY: &str = "RK_AFFINITY";
     /// Reverse translation of sockets (LRU): [`super::SocketRevKey`] -> [`super::Address`].
     pub const SOCKET_REV: &str = "RK_SOCKET_REV";
+    /// Maglev tables in chunks: [`super::MaglevKey`] -> [`super::MaglevChunk`].
+    pub const MAGLEV: &str = "RK_MAGLEV";
+    /// Source ranges (LPM trie): [`super::SourceRangeKey`] with its prefix length -> 1.
+    pub const SOURCE_RANGES: &str = "RK_SOURCE_RANGES";
+    /// Translated flows of external traffic (LRU): [`super::FlowKey`] -> [`super::FlowValue`].
+    pub const FLOWS: &str = "RK_FLOWS";
+    /// The Maglev table size the programs read (a global set at load).
+    pub const MAGLEV_SIZE: &str = "RK_MAGLEV_SIZE";
 }
 
 /// Program names (the functions of `crates/ebpf-programs`), with their cgroup attach types.
@@ -34,13 +42,33 @@ pub const SOCKET_PROGRAMS: [&str; 8] = [
     "rk_getpeername6",
 ];
 
+/// The programs on the node's interfaces (tc): external traffic's translation on the way in
+/// (`ingress`) and its reverse on the way out (`egress`).
+pub const INTERFACE_PROGRAMS: [&str; 2] = ["rk_from_outside", "rk_to_outside"];
+
 /// Default sizes of the LRU maps the programs fill themselves.
 pub mod sizes {
     /// Session affinity entries (client network namespace x frontend).
     pub const AFFINITY: u32 = 65536;
     /// Translated sockets remembered for `recvmsg` / `getpeername`.
     pub const SOCKET_REV: u32 = 262144;
+    /// Translated flows of external traffic (each flow has two entries).
+    pub const FLOWS: u32 = 262144;
+    /// Maglev table chunks (no memory is taken for chunks not written).
+    pub const MAGLEV_CHUNKS: u32 = 65536;
+    /// Source ranges.
+    pub const SOURCE_RANGES: u32 = 16384;
 }
+
+/// `skb->mark` bit the interface programs set on traffic to masquerade (a fixed netfilter rule
+/// of the node's table `roadkeeper-ebpf` does it: kube-proxy's default masquerade bit).
+pub const MARK_MASQUERADE: u32 = 1 << 14;
+/// `skb->mark` bit set on traffic to a frontend without endpoints: the same table rejects it.
+pub const MARK_REJECT: u32 = 1 << 15;
+
+/// The port of a ClusterIP's catch-all entries (one per protocol, internal scope, no backends):
+/// a connection to a port no Service port serves there is refused.
+pub const ANY_PORT: u16 = 0;
 
 /// Lookup scope: translated by the socket programs (traffic that starts on the node).
 pub const SCOPE_INTERNAL: u8 = 0;
@@ -162,19 +190,91 @@ pub struct SocketRevKey {
     pub pad: u32,
 }
 
+/// Backend identifiers in one chunk of a Maglev table.
+pub const MAGLEV_CHUNK: usize = 1024;
+
+/// A chunk of a Maglev table: slots `chunk * MAGLEV_CHUNK ..`, unused slots 0.
+pub type MaglevChunk = [u32; MAGLEV_CHUNK];
+
+/// A `maglev` key: a frontend's identifier and a chunk of its table (a table of the largest size,
+/// 65521 slots, is 64 chunks: one map value each, so that the map's values stay small).
+#[repr(C)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
+pub struct MaglevKey {
+    /// The frontend's identifier.
+    pub frontend_id: u16,
+    /// The chunk's index.
+    pub chunk: u16,
+}
+
+/// A `source_ranges` key (the LPM trie's data): a frontend's identifier and an address; its
+/// prefix length counts 32 bits of identifier and padding, then the address's (an IPv4 range
+/// is IPv4-mapped: 96 more).
+#[repr(C)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
+pub struct SourceRangeKey {
+    /// The frontend's identifier, big-endian (the trie matches bytes from the first).
+    pub frontend_id: [u8; 2],
+    /// Padding (zero).
+    pub pad: [u8; 2],
+    /// The range's address (IPv4-mapped for IPv4).
+    pub ip: [u8; 16],
+}
+
+/// [`FlowKey::direction`]: a packet from the client to the frontend.
+pub const FLOW_FORWARD: u8 = 0;
+/// [`FlowKey::direction`]: a reply from the backend to the client.
+pub const FLOW_REPLY: u8 = 1;
+
+/// A translated flow of external traffic, as a packet shows it: on the way in, client to
+/// frontend; on the way out, backend to client.
+#[repr(C)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
+pub struct FlowKey {
+    /// The packet's source.
+    pub source: Address,
+    /// The packet's destination.
+    pub destination: Address,
+    /// `IPPROTO_*`.
+    pub protocol: u8,
+    /// [`FLOW_FORWARD`] or [`FLOW_REPLY`].
+    pub direction: u8,
+    /// Padding (zero).
+    pub pad: u16,
+}
+
+/// What a flow is translated to: the backend (forward) or the frontend (reply).
+#[repr(C)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
+pub struct FlowValue {
+    /// The address and port the packet is rewritten to.
+    pub to: Address,
+    /// The backend's identifier (forward: a flow whose backend left is balanced anew).
+    pub backend_id: u32,
+    /// `skb->mark` bits the flow's forward packets carry ([`MARK_MASQUERADE`]).
+    pub mark: u32,
+}
+
 #[cfg(feature = "user")]
 mod pod {
     // SAFETY (of each impl): `#[repr(C)]`, `Copy`, only integer fields and byte arrays, with
     // every padding byte an explicit field, so any bit pattern is a valid value.
     #[allow(unsafe_code)]
     mod impls {
-        use crate::{Address, AffinityKey, AffinityValue, ServiceKey, ServiceValue, SocketRevKey};
+        use crate::{
+            Address, AffinityKey, AffinityValue, FlowKey, FlowValue, MaglevKey, ServiceKey, ServiceValue, SocketRevKey,
+            SourceRangeKey,
+        };
         unsafe impl aya::Pod for Address {}
         unsafe impl aya::Pod for ServiceKey {}
         unsafe impl aya::Pod for ServiceValue {}
         unsafe impl aya::Pod for AffinityKey {}
         unsafe impl aya::Pod for AffinityValue {}
         unsafe impl aya::Pod for SocketRevKey {}
+        unsafe impl aya::Pod for MaglevKey {}
+        unsafe impl aya::Pod for SourceRangeKey {}
+        unsafe impl aya::Pod for FlowKey {}
+        unsafe impl aya::Pod for FlowValue {}
     }
 }
 
@@ -192,6 +292,10 @@ mod tests {
         assert_eq!(size_of::<AffinityKey>(), 16);
         assert_eq!(size_of::<AffinityValue>(), 16);
         assert_eq!(size_of::<SocketRevKey>(), 32);
+        assert_eq!(size_of::<MaglevKey>(), 4);
+        assert_eq!(size_of::<SourceRangeKey>(), 20);
+        assert_eq!(size_of::<FlowKey>(), 44);
+        assert_eq!(size_of::<FlowValue>(), 28);
     }
 
     #[test]

@@ -2,9 +2,12 @@
 //! socket, at `connect()` (and at `sendmsg()` for unconnected UDP), in the cgroup the programs
 //! are attached to; `recvmsg()` and `getpeername()` put the frontend back where the application
 //! would see the backend. The maps are laid out by `roadkeeper_rules::ebpf::maps` and written by
-//! the loader; their wire types are `roadkeeper_ebpf_common`.
+//! the loader; their wire types are `roadkeeper_ebpf_common`. The programs on the node's
+//! interfaces, for external traffic, are [`interfaces`].
 #![no_std]
 #![no_main]
+
+mod interfaces;
 
 use aya_ebpf::bindings::bpf_sock_addr;
 use aya_ebpf::helpers::generated::{
@@ -14,7 +17,7 @@ use aya_ebpf::macros::{cgroup_sock_addr, map};
 use aya_ebpf::maps::{HashMap, LruHashMap};
 use aya_ebpf::programs::SockAddrContext;
 use roadkeeper_ebpf_common::{
-    Address, AffinityKey, AffinityValue, Backend, FLAG_EMPTY_DROP, SCOPE_INTERNAL, ServiceKey, ServiceValue,
+    ANY_PORT, Address, AffinityKey, AffinityValue, Backend, FLAG_EMPTY_DROP, SCOPE_INTERNAL, ServiceKey, ServiceValue,
     SocketRevKey, sizes, v4_mapped,
 };
 
@@ -123,7 +126,12 @@ fn translate<const V6: bool>(ctx: &SockAddrContext) -> i32 {
     // an IPv6 destination.
     let mut key = ServiceKey { ip, port, protocol: protocol(ctx), scope: SCOPE_INTERNAL, slot: 0, pad: 0 };
     // SAFETY: map values are only read here, by copy.
-    let Some(master) = (unsafe { SERVICES.get(key) }).copied() else { return ALLOW };
+    let Some(master) = (unsafe { SERVICES.get(key) }).copied() else {
+        // Another port of a ClusterIP: refused.
+        key.port = ANY_PORT;
+        // SAFETY: read by pointer, for its presence.
+        return if unsafe { SERVICES.get(key) }.is_some() { reject(ECONNREFUSED) } else { ALLOW };
+    };
     if master.count == 0 {
         return reject(if master.flags & FLAG_EMPTY_DROP != 0 { EHOSTUNREACH } else { ECONNREFUSED });
     }

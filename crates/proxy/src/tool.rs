@@ -19,6 +19,16 @@ pub(crate) enum ToolError {
     },
 }
 
+impl std::fmt::Display for ToolError {
+    /// `cannot run: <os error>`, or `exit Some(1): <stderr>`.
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            ToolError::Io(step, err) => write!(f, "{step}: {err}"),
+            ToolError::Failed { code, stderr } => write!(f, "exit {code:?}: {stderr}"),
+        }
+    }
+}
+
 /// Runs `program` with `args`, feeding `stdin` (none: stdin is /dev/null); its stdout.
 pub(crate) fn run(program: &str, args: &[&str], stdin: Option<&str>) -> Result<String, ToolError> {
     let mut child = Command::new(program)

@@ -69,7 +69,7 @@ fn socket_programs_translate_connections_of_their_cgroup_only() {
     let mounts = Mounts::new();
     let node = mounts.path("cgroup").join(format!("rk-ebpf-{}", std::process::id()));
     std::fs::create_dir(&node).expect("node cgroup");
-    let placement = Placement { cgroup: node.clone(), pin_dir: mounts.path("bpf").join("node-a") };
+    let placement = Placement { cgroup: node.clone(), pin_dir: mounts.path("bpf").join("node-a"), devices: Vec::new() };
     let mut kernel = EbpfKernel::open(&placement, &Default::default()).expect("programs load and attach");
 
     let listener = TcpListener::bind("127.0.0.1:0").expect("backend");
@@ -110,6 +110,6 @@ fn socket_programs_translate_connections_of_their_cgroup_only() {
     assert!(again.in_place());
     assert_eq!(again.read().expect("maps").backends.get(&1), Some(&backend), "the pinned maps are adopted");
     drop(again);
-    assert_eq!(kernel::cleanup(&placement.pin_dir).expect("cleanup"), 13, "8 links and 5 maps");
+    assert_eq!(kernel::cleanup(&placement.pin_dir).expect("cleanup"), 16, "8 links and 8 maps");
     std::fs::remove_dir(&node).expect("the node cgroup is empty again");
 }

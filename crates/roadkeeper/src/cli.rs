@@ -56,7 +56,7 @@ pub enum Command {
     /// lists them, the `kube-ipvs0` addresses and the helper table `roadkeeper-ipvs` as an nft
     /// script; with `--proxy-mode ebpf` the maps' frontends and backends as `cilium bpf lb list`
     /// prints them), touching nothing.
-    Rules(ProxyArgs),
+    Rules(RulesArgs),
     /// Remove the rules roadkeeper installed in the kernel, and nothing of the kubelet's or
     /// other programs'.
     ///
@@ -152,6 +152,18 @@ impl SourceArgs {
             None => SourceSpec::Kubernetes(self.kubeconfig.clone().or_else(|| fallback.map(Into::into))),
         }
     }
+}
+
+/// Flags of `rules`: those of `proxy`, and where to read from.
+#[derive(Debug, Args, Clone)]
+pub struct RulesArgs {
+    /// The proxy's flags: what it would program.
+    #[command(flatten)]
+    pub proxy: ProxyArgs,
+    /// eBPF mode: print what the node's pinned maps hold now (under `--bpf-root`), read from
+    /// the kernel, instead of what a full sync would write.
+    #[arg(long)]
+    pub from_kernel: bool,
 }
 
 /// Flags of `proxy` and `rules`, named as kube-proxy's.
@@ -295,6 +307,11 @@ pub struct EbpfArgs {
     /// backends.
     #[arg(long, value_name = "N")]
     pub bpf_lb_maglev_table_size: Option<u32>,
+    /// eBPF mode: comma-separated interfaces whose external traffic (NodePorts, externalIPs, LB
+    /// IPs from outside the node) the tc programs translate. Default: the interfaces that hold
+    /// the node's addresses.
+    #[arg(long, value_name = "IFACES")]
+    pub bpf_devices: Option<String>,
 }
 
 /// kube-proxy's `--ipvs-*` flags (IPVS mode; they override the file's `ipvs:` section). Durations

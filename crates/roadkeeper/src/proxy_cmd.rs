@@ -27,7 +27,7 @@ use roadkeeper_rules::nft::transaction;
 use roadkeeper_rules::plan::{NodePlan, service_cidrs};
 use roadkeeper_rules::table::{IpFamily, NodeInfo};
 
-use crate::cli::{CleanupArgs, EbpfArgs, IpvsArgs, ProxyArgs, RuleArgs};
+use crate::cli::{CleanupArgs, EbpfArgs, IpvsArgs, ProxyArgs, RuleArgs, RulesArgs};
 use crate::healthcheck::HealthCheckServers;
 use crate::proxy_metrics::{self, NoLocalEndpoints};
 use crate::serve::{self, SharedHealth};
@@ -193,6 +193,9 @@ fn apply_ebpf_flags(args: &EbpfArgs, cfg: &mut EbpfConfig) -> anyhow::Result<()>
     if let Some(size) = args.bpf_lb_maglev_table_size {
         cfg.set_maglev_table_size(size)?;
     }
+    if let Some(devices) = &args.bpf_devices {
+        cfg.set_devices(devices)?;
+    }
     Ok(())
 }
 
@@ -292,9 +295,14 @@ pub(crate) fn kernel_proxier(cfg: &ProxyConfig, node: NodeInfo, store: &Store) -
 #[cfg(feature = "ebpf")]
 fn ebpf_proxier(cfg: &ProxyConfig, node: NodeInfo) -> anyhow::Result<Box<dyn Proxier>> {
     use roadkeeper_proxy::ebpf::kernel::{EbpfKernel, Placement};
-    let placement = Placement::of(&cfg.ebpf).context("--proxy-mode ebpf")?;
+    let placement = Placement::of(&cfg.ebpf, &node.primary_ips).context("--proxy-mode ebpf")?;
     let kernel = EbpfKernel::open(&placement, &cfg.ebpf.limits).context("starting eBPF mode")?;
-    tracing::info!(cgroup = %placement.cgroup.display(), pins = %placement.pin_dir.display(), "eBPF programs attached");
+    tracing::info!(
+        cgroup = %placement.cgroup.display(),
+        pins = %placement.pin_dir.display(),
+        devices = %placement.devices.join(","),
+        "eBPF programs attached"
+    );
     Ok(Box::new(EbpfProxier::new(cfg.clone(), node, kernel)))
 }
 
@@ -307,8 +315,18 @@ fn ebpf_proxier(_: &ProxyConfig, _: NodeInfo) -> anyhow::Result<Box<dyn Proxier>
 }
 
 /// `roadkeeper rules`: prints what a full sync would send, touching nothing.
-pub fn print_rules(args: ProxyArgs) -> anyhow::Result<()> {
+pub fn print_rules(args: RulesArgs) -> anyhow::Result<()> {
+    let RulesArgs { proxy: args, from_kernel } = args;
     let cfg = build_config(&args)?;
+    if from_kernel {
+        if cfg.mode != ProxyMode::Ebpf {
+            bail!(
+                "--from-kernel reads eBPF mode's maps; the other modes' kernel state is `nft list ruleset`, `iptables-save` or `ipvsadm -Ln`"
+            );
+        }
+        print!("{}", roadkeeper_rules::ebpf::show::lb_list(&pinned_maps(&cfg)?));
+        return Ok(());
+    }
     let (feed, node) = runtime()?.block_on(open(&args, &cfg, false))?;
     let store = feed.store();
     match cfg.mode {
@@ -363,6 +381,19 @@ fn cleanup_ebpf(bpf_root: &std::path::Path) -> anyhow::Result<()> {
         tracing::info!(pins = removed, "unpinned eBPF maps and links");
     }
     Ok(())
+}
+
+/// What eBPF mode's pinned maps hold on this node.
+#[cfg(feature = "ebpf")]
+fn pinned_maps(cfg: &ProxyConfig) -> anyhow::Result<roadkeeper_rules::ebpf::Maps> {
+    roadkeeper_proxy::ebpf::kernel::read_pinned(&cfg.ebpf.pin_dir(), cfg.ebpf.limits.maglev_table_size)
+        .context("reading eBPF mode's pinned maps")
+}
+
+/// Without eBPF mode there are no maps to read.
+#[cfg(not(feature = "ebpf"))]
+fn pinned_maps(_: &ProxyConfig) -> anyhow::Result<roadkeeper_rules::ebpf::Maps> {
+    bail!("--from-kernel: this roadkeeper was built without eBPF mode (cargo feature `ebpf`)")
 }
 
 /// Without eBPF mode nothing was pinned.

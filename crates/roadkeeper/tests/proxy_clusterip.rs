@@ -80,10 +80,16 @@ fn ipv4_only_and_ipv6_only_services_live_side_by_side(backend: Backend) {
         Backend::Iptables => c.node_output(&[if family == Family::V4 { "iptables-save" } else { "ip6tables-save" }]),
         // The helper table of each family holds its own family's frontends (no Service names).
         Backend::Ipvs => table(family, "roadkeeper-ipvs"),
-        Backend::Ebpf => unreachable!("per_backend! runs no case on eBPF mode yet (see proxy_ebpf.rs)"),
+        // One listing of both families' frontends: an IPv6 one starts with `[`.
+        Backend::Ebpf => {
+            let v6 = family == Family::V6;
+            let ours = |l: &&str| if v6 { l.starts_with('[') } else { l.starts_with(|c: char| c.is_ascii_digit()) };
+            c.kernel_rules().lines().filter(ours).collect::<Vec<_>>().join("\n")
+        }
     };
     let (only_v4, only_v6) = match backend {
         Backend::Ipvs => (format!("{v4} . tcp . 80"), format!("{v6} . tcp . 80")),
+        Backend::Ebpf => (format!("{v4}:80/tcp"), format!("[{v6}]:80/tcp")),
         _ => ("default/only-v4".to_string(), "default/only-v6".to_string()),
     };
     let (ip, ip6) = (rules(Family::V4), rules(Family::V6));
@@ -113,7 +119,7 @@ fn sctp_service_ports_are_programmed(backend: Backend) {
             format!("-p sctp -m comment --comment \"default/assoc\" -m sctp -j DNAT --to-destination {pod}:8080"),
         ),
         Backend::Ipvs => ("SCTP 10.96.0.70:9999 rr".to_string(), format!("  -> {pod}:8080")),
-        Backend::Ebpf => unreachable!("per_backend! runs no case on eBPF mode yet (see proxy_ebpf.rs)"),
+        Backend::Ebpf => ("10.96.0.70:9999/sctp".to_string(), format!("{pod}:8080 (")),
     };
     let rules = c.kernel_rules();
     assert!(rules.contains(&dispatch), "no `{dispatch}` in:\n{rules}");

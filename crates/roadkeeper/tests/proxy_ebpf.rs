@@ -178,3 +178,56 @@ fn a_bpf_root_that_is_not_a_bpffs_is_refused_before_anything_is_made_there() {
     assert!(stderr.contains(&format!("--bpf-root {not_bpffs} is not one")), "{stderr}");
     assert!(!c.scratch.path().join("roadkeeper").exists(), "no pin directory was made outside a bpffs");
 }
+
+#[test]
+fn external_traffic_is_translated_at_the_uplink_and_cleanup_detaches_the_programs_there() {
+    let mut c = Cluster::new("rk-bpf-tc", Backend::Ebpf);
+    for name in ["web-a", "web-b"] {
+        c.add_pod(name, "app: web", NODE);
+    }
+    c.write("web.yaml", &service_manifest("web", 30, "type: NodePort"));
+    c.proxy_once(&[]);
+    let filters = |hook: &str| c.node_output(&["tc", "filter", "show", "dev", "eth0", hook]);
+    assert!(filters("ingress").contains("rk_from_outside"), "{}", filters("ingress"));
+    assert!(filters("egress").contains("rk_to_outside"), "{}", filters("egress"));
+    assert!(c.nft(&["list", "table", "inet", "roadkeeper-ebpf"]).status.success(), "the masquerade table");
+    let listing = c.kernel_rules();
+    let frontend = format!("{}:{}/tcp (external)", Family::V4.node_ip(), node_port(30));
+    let line = listing.lines().find(|l| l.starts_with(&frontend)).unwrap_or_else(|| panic!("{listing}"));
+    assert!(line.contains("2 backends") && line.contains("maglev") && line.contains("masquerade"), "{line}");
+    for family in FAMILIES {
+        let target = SocketAddr::new(family.node_ip(), node_port(30));
+        for proto in PROTOS {
+            let (names, peer) = answers(c.lab.external(), proto, target, 20);
+            assert_eq!(names.iter().collect::<BTreeSet<_>>().len(), 2, "{proto:?} {target}: {names:?}");
+            assert_eq!(peer, family.bridge_ip(), "{proto:?} {target}: masqueraded (Cluster policy)");
+        }
+    }
+    // Restarted with the same devices: the filters are replaced in place, not added beside.
+    c.proxy_once(&[]);
+    assert_eq!(filters("ingress").matches("handle 0x524b").count(), 1, "{}", filters("ingress"));
+
+    let bpf_root = c.node_cgroup.as_ref().expect("cgroup").bpf_root();
+    let out = c.roadkeeper(&["cleanup", "--bpf-root", &bpf_root.display().to_string()]);
+    assert!(out.status.success(), "cleanup: {}", String::from_utf8_lossy(&out.stderr));
+    assert!(!filters("ingress").contains("rk_from") && !filters("egress").contains("rk_to"), "filters left");
+    assert!(!c.nft(&["list", "table", "inet", "roadkeeper-ebpf"]).status.success(), "the table is gone");
+    let got = probe(c.lab.external(), Proto::Tcp, SocketAddr::new(Family::V4.node_ip(), node_port(30)));
+    assert!(!matches!(got, ProbeResult::Reply(_)), "nothing translates any more: {got:?}");
+}
+
+#[test]
+fn a_bad_or_missing_device_is_refused_with_its_name() {
+    let c = Cluster::new("rk-bpf-dev", Backend::Ebpf);
+    for (devices, says) in [("eth0,../x", "\"../x\" is not an interface name"), ("nosuch0", "interface nosuch0")] {
+        let out = c.roadkeeper(
+            &c.proxy_args_for("proxy", &["--once", "--bpf-devices", devices])
+                .iter()
+                .map(String::as_str)
+                .collect::<Vec<_>>(),
+        );
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(!out.status.success(), "{devices}: accepted");
+        assert!(stderr.contains("--bpf-devices") && stderr.contains(says), "{devices}: {stderr}");
+    }
+}

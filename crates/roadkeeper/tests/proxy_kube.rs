@@ -84,9 +84,13 @@ fn kubectl_objects_become_rules_and_go_away_with_only_the_deployed_rbac(backend:
     wait_serving(&c, WEB, &["web-a"]);
     let slices = c.api().kubectl(&["get", "endpointslices", "-l", "kubernetes.io/service-name=web", "-o", "yaml"]);
     assert!(slices.contains("endpointslice-controller.k8s.io"), "{slices}");
-    // (IPVS names no Service: its virtual server is the ClusterIP.)
-    let web =
-        if backend == Backend::Ipvs { format!("{}:80", Family::V4.cluster_ip(WEB)) } else { "default/web".into() };
+    // (IPVS names no Service: its virtual server is the ClusterIP; eBPF mode's maps neither:
+    // its frontend is.)
+    let web = match backend {
+        Backend::Ipvs => format!("{}:80", Family::V4.cluster_ip(WEB)),
+        Backend::Ebpf => format!("{}:80/tcp", Family::V4.cluster_ip(WEB)),
+        _ => "default/web".into(),
+    };
     assert!(c.kernel_rules().contains(&web), "{}", c.kernel_rules());
 
     c.add_pod("web-b", "app: web", NODE);

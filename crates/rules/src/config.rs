@@ -146,11 +146,19 @@ pub struct EbpfConfig {
     pub bpf_root: PathBuf,
     /// The maps' sizes.
     pub limits: crate::ebpf::MapLimits,
+    /// The interfaces whose external traffic is translated (empty: those holding the node's
+    /// addresses).
+    pub devices: Vec<String>,
 }
 
 impl Default for EbpfConfig {
     fn default() -> Self {
-        EbpfConfig { cgroup_root: None, bpf_root: "/sys/fs/bpf".into(), limits: crate::ebpf::MapLimits::default() }
+        EbpfConfig {
+            cgroup_root: None,
+            bpf_root: "/sys/fs/bpf".into(),
+            limits: crate::ebpf::MapLimits::default(),
+            devices: Vec::new(),
+        }
     }
 }
 
@@ -161,6 +169,26 @@ impl EbpfConfig {
     /// The directory under [`EbpfConfig::bpf_root`] that holds eBPF mode's pins.
     pub fn pin_dir(&self) -> PathBuf {
         self.bpf_root.join("roadkeeper")
+    }
+
+    /// `--bpf-devices`: comma-separated interface names (each 1-15 characters, none of `/`, `:`
+    /// or whitespace, as the kernel names them).
+    pub fn set_devices(&mut self, list: &str) -> Result<(), Error> {
+        let mut devices = Vec::new();
+        for name in list.split(',').map(str::trim) {
+            let valid = (1..=15).contains(&name.len())
+                && name != "."
+                && name != ".."
+                && !name.chars().any(|c| c == '/' || c == ':' || c.is_whitespace() || c.is_control());
+            if !valid {
+                return Err(Error::Config(format!("--bpf-devices: {name:?} is not an interface name")));
+            }
+            if !devices.iter().any(|d| d == name) {
+                devices.push(name.to_owned());
+            }
+        }
+        self.devices = devices;
+        Ok(())
     }
 
     /// `--bpf-lb-map-max`: entries of the services and backends maps.
@@ -907,6 +935,18 @@ mod tests {
         let err = ebpf.set_maglev_table_size(65536).unwrap_err().to_string();
         assert!(err.contains("--bpf-lb-maglev-table-size: 65536 is not one of [251,"), "{err}");
         assert_eq!(ebpf.limits.maglev_table_size, 65521, "a refused size changes nothing");
+    }
+
+    #[test]
+    fn ebpf_devices_are_interface_names() {
+        let mut ebpf = EbpfConfig::default();
+        ebpf.set_devices("eth0, bond0.100,eth0").unwrap();
+        assert_eq!(ebpf.devices, ["eth0", "bond0.100"], "trimmed, duplicates once");
+        for bad in ["", "eth0,", "../etc", "averyveryverylongname", "eth 0", "..", "a:b"] {
+            let err = ebpf.set_devices(bad).unwrap_err().to_string();
+            assert!(err.contains("--bpf-devices") && err.contains("is not an interface name"), "{bad}: {err}");
+        }
+        assert_eq!(ebpf.devices, ["eth0", "bond0.100"], "a refused list changes nothing");
     }
 
     #[test]

@@ -1,22 +1,29 @@
-//! eBPF mode in the kernel: loads the socket programs (built from `crates/ebpf-programs` into
-//! this binary), pins their maps and links under a bpffs directory, attaches them to a cgroup v2
-//! directory, and writes map updates. Pinned, they outlive the process: `proxy --once` leaves a
+//! eBPF mode in the kernel: loads the programs (built from `crates/ebpf-programs` into this
+//! binary), pins their maps and the socket programs' links under a bpffs directory, attaches
+//! the socket programs to a cgroup v2 directory and the interface programs to the node's devices
+//! (`super::interfaces`), applies the fixed netfilter table that masquerades and rejects what
+//! they mark, and writes map updates. Pinned, they outlive the process: `proxy --once` leaves a
 //! working node, and a restarted proxy adopts the maps (reads them back) and swaps in its own
 //! programs without a moment with none attached.
 
 use std::fs::File;
 use std::path::{Path, PathBuf};
 
-use aya::maps::{HashMap as BpfHashMap, MapData};
+use aya::maps::lpm_trie::{Key as LpmKey, LpmTrie};
+use aya::maps::{HashMap as BpfHashMap, Map, MapData, MapError};
 use aya::programs::links::{CgroupAttachMode, FdLink, PinnedLink};
 use aya::programs::{CgroupSockAddr, ProgramError};
 use aya::{Ebpf, EbpfLoader};
-use roadkeeper_ebpf_common::{Address, SOCKET_PROGRAMS, ServiceKey, ServiceValue, names};
+use roadkeeper_ebpf_common::{
+    Address, MAGLEV_CHUNK, MARK_MASQUERADE, MARK_REJECT, MaglevChunk, MaglevKey, SOCKET_PROGRAMS, ServiceKey,
+    ServiceValue, SourceRangeKey, names, sizes,
+};
 use roadkeeper_rules::config::EbpfConfig;
-use roadkeeper_rules::ebpf::{MapLimits, MapOp, Maps};
+use roadkeeper_rules::ebpf::{MapLimits, MapOp, Maps, netfilter};
 
-use super::wire;
+use super::{interfaces, wire};
 use crate::Error;
+use crate::tool;
 
 /// The BPF object: `crates/ebpf-programs`, built for `bpfel-unknown-none` by `build.rs`.
 static OBJECT: &[u8] = aya::include_bytes_aligned!(concat!(env!("OUT_DIR"), "/roadkeeper-ebpf.o"));
@@ -33,13 +40,16 @@ pub struct Placement {
     pub cgroup: PathBuf,
     /// The bpffs directory that holds the pinned maps (`maps/`) and links (`links/`).
     pub pin_dir: PathBuf,
+    /// The interfaces whose external traffic is translated.
+    pub devices: Vec<String>,
 }
 
 impl Placement {
     /// Where `cfg` places eBPF mode: its `--cgroup-root`, else the root of the node's cgroup v2
     /// hierarchy (`/sys/fs/cgroup` on a unified host, `/sys/fs/cgroup/unified` on a hybrid one);
-    /// the pins in `--bpf-root`'s `roadkeeper/`.
-    pub fn of(cfg: &EbpfConfig) -> Result<Placement, Error> {
+    /// the pins in `--bpf-root`'s `roadkeeper/`; the devices `--bpf-devices` lists, else those
+    /// that hold `node_addresses`.
+    pub fn of(cfg: &EbpfConfig, node_addresses: &[std::net::IpAddr]) -> Result<Placement, Error> {
         let cgroup = match &cfg.cgroup_root {
             Some(path) => path.clone(),
             None => DEFAULT_CGROUP_ROOTS
@@ -55,7 +65,12 @@ impl Placement {
                     ))
                 })?,
         };
-        Ok(Placement { cgroup, pin_dir: cfg.pin_dir() })
+        let devices = if cfg.devices.is_empty() { interfaces::holding(node_addresses) } else { cfg.devices.clone() };
+        // Checked before anything is attached.
+        if let Some(missing) = devices.iter().find(|d| nix::net::if_::if_nametoindex(d.as_str()).is_err()) {
+            return Err(Error::EbpfSetup(format!("--bpf-devices: interface {missing} does not exist")));
+        }
+        Ok(Placement { cgroup, pin_dir: cfg.pin_dir(), devices })
     }
 }
 
@@ -73,7 +88,7 @@ fn is_fs(path: &Path, magic: i64) -> bool {
 }
 
 /// An error of eBPF mode's kernel side, naming what failed.
-fn ebpf_error(what: impl Into<String>, source: impl std::error::Error + Send + Sync + 'static) -> Error {
+pub(super) fn ebpf_error(what: impl Into<String>, source: impl std::error::Error + Send + Sync + 'static) -> Error {
     Error::Ebpf { what: what.into(), source: Box::new(source) }
 }
 
@@ -99,12 +114,18 @@ impl super::proxier::EbpfRunner for EbpfKernel {
     fn in_place(&mut self) -> Result<bool, Error> {
         Ok(EbpfKernel::in_place(self))
     }
+
+    fn repair(&mut self) -> Result<(), Error> {
+        EbpfKernel::attach(self)
+    }
 }
 
 /// The loaded programs and their maps on one node.
 pub struct EbpfKernel {
     ebpf: Ebpf,
     placement: Placement,
+    /// Slots of each Maglev table.
+    maglev_size: u32,
 }
 
 impl EbpfKernel {
@@ -121,49 +142,48 @@ impl EbpfKernel {
         // Checked before anything is created there.
         let bpffs = placement.pin_dir.parent().unwrap_or(&placement.pin_dir);
         require_fs(bpffs, BPF_FS_MAGIC, "--bpf-root", "a bpffs mount: mount -t bpf bpf DIR")?;
-        let (maps_dir, links_dir) = (placement.pin_dir.join("maps"), placement.pin_dir.join("links"));
-        for dir in [&maps_dir, &links_dir] {
-            std::fs::create_dir_all(dir).map_err(|err| ebpf_error(format!("creating {}", dir.display()), err))?;
-        }
+        let maps_dir = placement.pin_dir.join("maps");
+        std::fs::create_dir_all(&maps_dir)
+            .map_err(|err| ebpf_error(format!("creating {}", maps_dir.display()), err))?;
         let size = |n: usize| u32::try_from(n).unwrap_or(u32::MAX);
-        let mut ebpf = EbpfLoader::new()
+        let chunks = limits.maglev_table_size.div_ceil(MAGLEV_CHUNK as u32);
+        let ebpf = EbpfLoader::new()
             .default_map_pin_directory(&maps_dir)
             .map_max_entries(names::SERVICES, size(limits.services))
             .map_max_entries(names::BACKENDS, size(limits.backends))
             .map_max_entries(names::REV_NAT, size(limits.frontends))
+            .map_max_entries(names::MAGLEV, size(limits.frontends).saturating_mul(chunks).max(sizes::MAGLEV_CHUNKS))
+            .override_global(names::MAGLEV_SIZE, &limits.maglev_table_size, true)
             .load(OBJECT)
             .map_err(|err| ebpf_error("loading the BPF object (its maps)", err))?;
+        let mut kernel = EbpfKernel { ebpf, placement: placement.clone(), maglev_size: limits.maglev_table_size };
+        kernel.attach()?;
+        Ok(kernel)
+    }
+
+    /// Attaches every program (in place of what is attached) and applies the netfilter table:
+    /// at start, and again when someone removed them.
+    pub fn attach(&mut self) -> Result<(), Error> {
+        let placement = &self.placement;
         let cgroup = File::open(&placement.cgroup)
             .map_err(|err| ebpf_error(format!("opening --cgroup-root {}", placement.cgroup.display()), err))?;
+        let links_dir = placement.pin_dir.join("links");
+        std::fs::create_dir_all(&links_dir)
+            .map_err(|err| ebpf_error(format!("creating {}", links_dir.display()), err))?;
         for name in SOCKET_PROGRAMS {
-            attach(&mut ebpf, name, &cgroup, &links_dir)?;
+            attach(&mut self.ebpf, name, &cgroup, &links_dir)?;
         }
-        Ok(EbpfKernel { ebpf, placement: placement.clone() })
+        // Without devices no traffic is marked: the host keeps no table.
+        if !placement.devices.is_empty() {
+            apply_table()?;
+        }
+        interfaces::attach(&mut self.ebpf, &placement.devices, &placement.pin_dir)
     }
 
     /// What the maps hold, as the planner lays it out (entries it cannot read are left out,
     /// for a full sync to delete).
     pub fn read(&self) -> Result<Maps, Error> {
-        let mut maps = Maps::default();
-        let services = self.map::<ServiceKey, ServiceValue>(names::SERVICES)?;
-        for entry in services.iter() {
-            let (key, value) = entry.map_err(|err| ebpf_error("reading the services map", err))?;
-            if let Some((slot, value)) = wire::slot(&key, &value) {
-                maps.services.insert(slot, value);
-            }
-        }
-        let backends = self.map::<u32, Address>(names::BACKENDS)?;
-        for entry in backends.iter() {
-            let (id, address) = entry.map_err(|err| ebpf_error("reading the backends map", err))?;
-            maps.backends.insert(id, wire::socket_addr(&address));
-        }
-        let rev_nat = self.map::<u16, Address>(names::REV_NAT)?;
-        for entry in rev_nat.iter() {
-            let (id, address) = entry.map_err(|err| ebpf_error("reading the reverse map", err))?;
-            let at = wire::socket_addr(&address);
-            maps.rev_nat.insert(id, (at.ip(), at.port()));
-        }
-        Ok(maps)
+        read_maps(&|name| self.ebpf.map(name), self.maglev_size)
     }
 
     /// Applies map updates in order.
@@ -193,13 +213,39 @@ impl EbpfKernel {
                 .map_mut::<ServiceKey, ServiceValue>(names::SERVICES)?
                 .remove(&wire::service_key(key))
                 .map_err(failed),
-            // Read only by the programs on the node's interfaces, which this build does not
-            // have yet: the planner keeps them, no map holds them.
-            MapOp::SetMaglev(..)
-            | MapOp::DeleteMaglev(_)
-            | MapOp::AddSourceRange(..)
-            | MapOp::DeleteSourceRange(..) => Ok(()),
+            MapOp::SetMaglev(id, table) => {
+                let mut map = self.map_mut::<MaglevKey, MaglevChunk>(names::MAGLEV)?;
+                for (chunk, ids) in table.chunks(MAGLEV_CHUNK).enumerate() {
+                    let mut value: MaglevChunk = [0; MAGLEV_CHUNK];
+                    value[..ids.len()].copy_from_slice(ids);
+                    let key = MaglevKey { frontend_id: *id, chunk: u16::try_from(chunk).unwrap_or(u16::MAX) };
+                    map.insert(key, value, 0).map_err(failed)?;
+                }
+                Ok(())
+            }
+            MapOp::DeleteMaglev(id) => {
+                let chunks = self.maglev_size.div_ceil(MAGLEV_CHUNK as u32);
+                let mut map = self.map_mut::<MaglevKey, MaglevChunk>(names::MAGLEV)?;
+                for chunk in 0..chunks {
+                    let key = MaglevKey { frontend_id: *id, chunk: u16::try_from(chunk).unwrap_or(u16::MAX) };
+                    absent_is_fine(map.remove(&key)).map_err(failed)?;
+                }
+                Ok(())
+            }
+            MapOp::AddSourceRange(id, net) => {
+                let (bits, key) = wire::source_range_key(*id, net);
+                self.source_ranges_mut()?.insert(&LpmKey::new(bits, key), 1u8, 0).map_err(failed)
+            }
+            MapOp::DeleteSourceRange(id, net) => {
+                let (bits, key) = wire::source_range_key(*id, net);
+                absent_is_fine(self.source_ranges_mut()?.remove(&LpmKey::new(bits, key))).map_err(failed)
+            }
         }
+    }
+
+    fn source_ranges_mut(&mut self) -> Result<LpmTrie<&mut MapData, SourceRangeKey, u8>, Error> {
+        let map = self.ebpf.map_mut(names::SOURCE_RANGES).ok_or_else(|| no_map(names::SOURCE_RANGES))?;
+        LpmTrie::try_from(map).map_err(|err| ebpf_error(format!("map {}", names::SOURCE_RANGES), err))
     }
 
     /// Whether every program is still attached (its pinned link is in place).
@@ -208,15 +254,137 @@ impl EbpfKernel {
         SOCKET_PROGRAMS.iter().all(|name| links.join(name).exists())
     }
 
-    fn map<K: aya::Pod, V: aya::Pod>(&self, name: &str) -> Result<BpfHashMap<&MapData, K, V>, Error> {
-        let map = self.ebpf.map(name).ok_or_else(|| Error::EbpfSetup(format!("the BPF object has no map {name}")))?;
+    fn map_mut<K: aya::Pod, V: aya::Pod>(&mut self, name: &str) -> Result<BpfHashMap<&mut MapData, K, V>, Error> {
+        let map = self.ebpf.map_mut(name).ok_or_else(|| no_map(name))?;
         BpfHashMap::try_from(map).map_err(|err| ebpf_error(format!("map {name}"), err))
     }
+}
 
-    fn map_mut<K: aya::Pod, V: aya::Pod>(&mut self, name: &str) -> Result<BpfHashMap<&mut MapData, K, V>, Error> {
-        let map =
-            self.ebpf.map_mut(name).ok_or_else(|| Error::EbpfSetup(format!("the BPF object has no map {name}")))?;
-        BpfHashMap::try_from(map).map_err(|err| ebpf_error(format!("map {name}"), err))
+/// What the maps `find` gives hold, as the planner lays it out (entries it cannot read are left
+/// out, for a full sync to delete); Maglev tables of `maglev_size` slots.
+fn read_maps<'a>(find: &dyn Fn(&str) -> Option<&'a Map>, maglev_size: u32) -> Result<Maps, Error> {
+    let mut maps = Maps::default();
+    let services = hash_map::<ServiceKey, ServiceValue>(find, names::SERVICES)?;
+    for entry in services.iter() {
+        let (key, value) = entry.map_err(|err| ebpf_error("reading the services map", err))?;
+        if let Some((slot, value)) = wire::slot(&key, &value) {
+            maps.services.insert(slot, value);
+        }
+    }
+    let backends = hash_map::<u32, Address>(find, names::BACKENDS)?;
+    for entry in backends.iter() {
+        let (id, address) = entry.map_err(|err| ebpf_error("reading the backends map", err))?;
+        maps.backends.insert(id, wire::socket_addr(&address));
+    }
+    let rev_nat = hash_map::<u16, Address>(find, names::REV_NAT)?;
+    for entry in rev_nat.iter() {
+        let (id, address) = entry.map_err(|err| ebpf_error("reading the reverse map", err))?;
+        let at = wire::socket_addr(&address);
+        maps.rev_nat.insert(id, (at.ip(), at.port()));
+    }
+    let maglev = hash_map::<MaglevKey, MaglevChunk>(find, names::MAGLEV)?;
+    for entry in maglev.iter() {
+        let (key, chunk) = entry.map_err(|err| ebpf_error("reading the Maglev map", err))?;
+        let table = maps.maglev.entry(key.frontend_id).or_insert_with(|| vec![0; maglev_size as usize]);
+        let start = usize::from(key.chunk) * MAGLEV_CHUNK;
+        for (slot, id) in table.iter_mut().skip(start).zip(chunk) {
+            *slot = id;
+        }
+    }
+    let map = find(names::SOURCE_RANGES).ok_or_else(|| no_map(names::SOURCE_RANGES))?;
+    let ranges = LpmTrie::<_, SourceRangeKey, u8>::try_from(map)
+        .map_err(|err| ebpf_error(format!("map {}", names::SOURCE_RANGES), err))?;
+    for key in ranges.keys() {
+        let key = key.map_err(|err| ebpf_error("reading the source ranges map", err))?;
+        if let Some(range) = wire::source_range(key.prefix_len(), &key.data()) {
+            maps.source_ranges.insert(range);
+        }
+    }
+    Ok(maps)
+}
+
+/// Map `name` of those `find` gives, as a hash map.
+fn hash_map<'a, K: aya::Pod, V: aya::Pod>(
+    find: &dyn Fn(&str) -> Option<&'a Map>,
+    name: &str,
+) -> Result<BpfHashMap<&'a MapData, K, V>, Error> {
+    let map = find(name).ok_or_else(|| no_map(name))?;
+    BpfHashMap::try_from(map).map_err(|err| ebpf_error(format!("map {name}"), err))
+}
+
+/// What the maps pinned under `pin_dir` hold (`roadkeeper rules --from-kernel`), without
+/// loading or attaching anything; Maglev tables of `maglev_size` slots.
+pub fn read_pinned(pin_dir: &Path, maglev_size: u32) -> Result<Maps, Error> {
+    let mut pinned = std::collections::BTreeMap::new();
+    for name in [names::SERVICES, names::BACKENDS, names::REV_NAT, names::MAGLEV, names::SOURCE_RANGES] {
+        let path = pin_dir.join("maps").join(name);
+        let data = MapData::from_pin(&path).map_err(|err| ebpf_error(format!("opening {}", path.display()), err))?;
+        let map = Map::from_map_data(data).map_err(|err| ebpf_error(format!("map {}", path.display()), err))?;
+        pinned.insert(name, map);
+    }
+    read_maps(&|name| pinned.get(name), maglev_size)
+}
+
+/// The error of a map the object lacks.
+fn no_map(name: &str) -> Error {
+    Error::EbpfSetup(format!("the BPF object has no map {name}"))
+}
+
+/// A removal of an entry that is not there succeeds (a table shorter than the size, a range
+/// someone removed).
+fn absent_is_fine(result: Result<(), MapError>) -> Result<(), MapError> {
+    match result {
+        Err(MapError::KeyNotFound | MapError::ElementNotFound) => Ok(()),
+        other => other,
+    }
+}
+
+/// Replaces the netfilter table that masquerades and rejects what the interface programs mark.
+fn apply_table() -> Result<(), Error> {
+    let script = netfilter::script(MARK_MASQUERADE, MARK_REJECT);
+    tool::run("nft", &["-f", "-"], Some(&script)).map(drop).map_err(|err| {
+        Error::EbpfSetup(format!(
+            "eBPF mode masquerades external traffic with a fixed nftables table (inet {}), and nft failed: {err}",
+            netfilter::TABLE
+        ))
+    })
+}
+
+/// Loads a program (one loaded already, by an earlier attach, is fine): a verifier refusal
+/// names the program and carries the kernel's log.
+pub(super) fn load<P: ProgramLoad>(program: &mut P, name: &str) -> Result<(), Error> {
+    match program.load_program() {
+        Ok(()) | Err(ProgramError::AlreadyLoaded) => Ok(()),
+        Err(err) => Err(load_error(name, err)),
+    }
+}
+
+/// The programs [`load`] loads.
+pub(super) trait ProgramLoad {
+    /// The program's own `load`.
+    fn load_program(&mut self) -> Result<(), ProgramError>;
+}
+
+impl ProgramLoad for CgroupSockAddr {
+    fn load_program(&mut self) -> Result<(), ProgramError> {
+        self.load()
+    }
+}
+
+impl ProgramLoad for aya::programs::SchedClassifier {
+    fn load_program(&mut self) -> Result<(), ProgramError> {
+        self.load()
+    }
+}
+
+/// A program's load failure: a verifier refusal names the program and carries the kernel's log.
+fn load_error(name: &str, err: ProgramError) -> Error {
+    match err {
+        ProgramError::LoadError { io_error, verifier_log } => Error::EbpfSetup(format!(
+            "the kernel refused program {name} ({io_error}); eBPF mode needs kernel 5.18+ with BPF and cgroup v2 \
+             (nftables and iptables modes work without); verifier log:\n{verifier_log}"
+        )),
+        other => ebpf_error(format!("loading program {name}"), other),
     }
 }
 
@@ -229,13 +397,7 @@ fn attach(ebpf: &mut Ebpf, name: &str, cgroup: &File, links_dir: &Path) -> Resul
         .ok_or_else(|| Error::EbpfSetup(format!("the BPF object has no program {name}")))?
         .try_into()
         .map_err(|err| ebpf_error(format!("program {name}"), err))?;
-    program.load().map_err(|err| match err {
-        ProgramError::LoadError { io_error, verifier_log } => Error::EbpfSetup(format!(
-            "the kernel refused program {name} ({io_error}); eBPF mode needs kernel 5.18+ with BPF and cgroup v2 \
-             (nftables and iptables modes work without); verifier log:\n{verifier_log}"
-        )),
-        other => ebpf_error(format!("loading program {name}"), other),
-    })?;
+    load(program, name)?;
     // A cgroup link takes no flags (the kernel refuses any) and sits beside the cgroup's other
     // links, as multi-attach would: aya's `Single` sends none.
     let link_id = program
@@ -257,10 +419,17 @@ fn attach(ebpf: &mut Ebpf, name: &str, cgroup: &File, links_dir: &Path) -> Resul
     Ok(())
 }
 
-/// Removes eBPF mode from a node: unpins every link (detaching the programs) and map under
-/// `pin_dir`, then the directory. Nothing there: nothing to do. The number of objects removed.
+/// Removes eBPF mode from a node: detaches the interface programs from the devices recorded
+/// there, unpins every link (detaching the socket programs) and map under `pin_dir`, removes the
+/// directory and the netfilter table. Nothing there: nothing to do. The number of objects
+/// removed.
 pub fn cleanup(pin_dir: &Path) -> Result<usize, Error> {
-    let mut removed = 0;
+    let mut removed = interfaces::detach_all(pin_dir)?;
+    if tool::run("nft", &["list", "table", "inet", netfilter::TABLE], None).is_ok() {
+        tool::run("nft", &["delete", "table", "inet", netfilter::TABLE], None)
+            .map_err(|err| Error::EbpfSetup(format!("deleting table inet {}: {err}", netfilter::TABLE)))?;
+        removed += 1;
+    }
     for sub in ["links", "maps"] {
         let dir = pin_dir.join(sub);
         let Ok(entries) = std::fs::read_dir(&dir) else { continue };

@@ -21,6 +21,8 @@ pub trait EbpfRunner: Send {
     fn apply(&mut self, ops: &[MapOp]) -> Result<(), Error>;
     /// True while the programs are attached.
     fn in_place(&mut self) -> Result<bool, Error>;
+    /// Attaches the programs again (someone removed them).
+    fn repair(&mut self) -> Result<(), Error>;
 }
 
 /// A runner that keeps the maps as a model and records every update: the kernel of the unit
@@ -48,6 +50,10 @@ impl EbpfRunner for FakeMaps {
 
     fn in_place(&mut self) -> Result<bool, Error> {
         Ok(true)
+    }
+
+    fn repair(&mut self) -> Result<(), Error> {
+        Ok(())
     }
 }
 
@@ -136,8 +142,12 @@ impl<R: EbpfRunner> Backend for EbpfProxier<R> {
         &mut self.state
     }
 
-    /// Adopts what the maps hold, lays out every Service and deletes what none claims.
+    /// Attaches the programs again if someone removed them, adopts what the maps hold, lays out
+    /// every Service and deletes what none claims.
     fn full_sync(&mut self, store: &Store) -> Result<SyncReport, Error> {
+        if !self.runner.in_place()? {
+            self.runner.repair()?;
+        }
         let found = self.state.kernel.time(|| self.runner.read())?;
         self.layout = Layout::adopt(found);
         self.ports_of.clear();

@@ -4,12 +4,13 @@
 
 use std::net::{IpAddr, Ipv6Addr, SocketAddr};
 
+use ipnet::IpNet;
 use roadkeeper_ebpf_common::{
     Address, FLAG_EMPTY_DROP, FLAG_MAGLEV, FLAG_MASQUERADE, FLAG_SOURCE_RANGES, SCOPE_EXTERNAL, SCOPE_INTERNAL,
-    ServiceKey, ServiceValue,
+    ServiceKey, ServiceValue, SourceRangeKey,
 };
 use roadkeeper_rules::conntrack::proto_number;
-use roadkeeper_rules::ebpf::{Empty, FrontendKey, Master, Scope, Selection, SlotKey, SlotValue};
+use roadkeeper_rules::ebpf::{Empty, FrontendId, FrontendKey, Master, Scope, Selection, SlotKey, SlotValue};
 use roadkeeper_rules::table::Protocol;
 
 /// An address and port as the maps hold it.
@@ -89,9 +90,41 @@ pub fn slot(key: &ServiceKey, value: &ServiceValue) -> Option<(SlotKey, SlotValu
     Some((SlotKey { frontend, slot: key.slot }, slot_value))
 }
 
+/// The LPM trie key of frontend `id`'s source range `net`: 32 bits of identifier and padding,
+/// then the range's bits (an IPv4 range IPv4-mapped: 96 more).
+pub fn source_range_key(id: FrontendId, net: &IpNet) -> (u32, SourceRangeKey) {
+    let (ip, bits) = match net {
+        IpNet::V4(v4) => (v4.network().to_ipv6_mapped().octets(), 96 + u32::from(v4.prefix_len())),
+        IpNet::V6(v6) => (v6.network().octets(), u32::from(v6.prefix_len())),
+    };
+    (32 + bits, SourceRangeKey { frontend_id: id.to_be_bytes(), pad: [0; 2], ip })
+}
+
+/// A source range read back, or `None` for a key that is not ours to understand.
+pub fn source_range(bits: u32, data: &SourceRangeKey) -> Option<(FrontendId, IpNet)> {
+    let ip = Ipv6Addr::from(data.ip);
+    let bits = u8::try_from(bits.checked_sub(32)?).ok()?;
+    let net = match ip.to_ipv4_mapped() {
+        Some(v4) if bits >= 96 => IpNet::V4(ipnet::Ipv4Net::new(v4, bits - 96).ok()?),
+        _ => IpNet::V6(ipnet::Ipv6Net::new(ip, bits).ok()?),
+    };
+    Some((u16::from_be_bytes(data.frontend_id), net))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn source_ranges_read_back_as_they_were_written() {
+        for net in ["198.51.100.0/24", "0.0.0.0/0", "2001:db8::/32", "203.0.113.7/32"] {
+            let net: IpNet = net.parse().unwrap();
+            let (bits, key) = source_range_key(9, &net);
+            assert_eq!(source_range(bits, &key), Some((9, net)));
+        }
+        assert_eq!(source_range_key(1, &"10.0.0.0/8".parse().unwrap()).0, 32 + 96 + 8);
+        assert_eq!(source_range(16, &SourceRangeKey::default()), None, "shorter than the identifier");
+    }
 
     fn frontend(address: &str, scope: Scope) -> FrontendKey {
         FrontendKey { address: address.parse().unwrap(), port: 53, protocol: Protocol::Udp, scope }

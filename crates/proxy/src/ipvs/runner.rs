@@ -68,15 +68,7 @@ pub fn load_modules(cfg: &IpvsConfig) {
     args.extend(&modules);
     match tool::run("modprobe", &args, None) {
         Ok(_) => tracing::info!(?modules, "loaded kernel modules"),
-        Err(err) => tracing::warn!(?modules, error = %describe(&err), "modprobe failed"),
-    }
-}
-
-/// A tool's failure as one line.
-fn describe(err: &ToolError) -> String {
-    match err {
-        ToolError::Io(step, err) => format!("{step}: {err}"),
-        ToolError::Failed { code, stderr } => format!("exit {code:?}: {stderr}"),
+        Err(err) => tracing::warn!(?modules, error = %err.to_string(), "modprobe failed"),
     }
 }
 
@@ -127,7 +119,7 @@ impl IpvsRunner for KernelRunner {
     }
 
     fn helpers(&mut self, script: &str) -> Result<(), Error> {
-        tool::run("nft", &["-f", "-"], Some(script)).map(drop).map_err(|err| Error::Nft(describe(&err)))
+        tool::run("nft", &["-f", "-"], Some(script)).map(drop).map_err(|err| Error::Nft(err.to_string()))
     }
 
     fn elements(&mut self, added: &[HelperElement], removed: &[HelperElement]) -> Result<(), Error> {
@@ -139,7 +131,7 @@ impl IpvsRunner for KernelRunner {
         match tool::run("nft", &["list", "chain", "ip", TABLE, "nat-postrouting"], None) {
             Ok(_) => {}
             Err(ToolError::Failed { .. }) => return Ok(false),
-            Err(err) => return Err(Error::Nft(describe(&err))),
+            Err(err) => return Err(Error::Nft(err.to_string())),
         }
         Ok(self.dummy.addresses().is_ok_and(|found| found.len() == addresses))
     }
@@ -156,7 +148,7 @@ pub fn cleanup(node_addresses: &[IpAddr]) -> Result<usize, Error> {
         let ip = family_keyword(family);
         script.push_str(&format!("add table {ip} {TABLE}\ndelete table {ip} {TABLE}\n"));
     }
-    tool::run("nft", &["-f", "-"], Some(&script)).map_err(|err| Error::Nft(describe(&err)))?;
+    tool::run("nft", &["-f", "-"], Some(&script)).map_err(|err| Error::Nft(err.to_string()))?;
     let mut deleted = 0;
     // The kernel's IPVS table of this network namespace exists once ip_vs is loaded.
     if std::path::Path::new("/proc/net/ip_vs").exists() {

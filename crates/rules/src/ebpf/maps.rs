@@ -22,7 +22,7 @@ use std::net::IpAddr;
 use ipnet::IpNet;
 
 use super::maglev;
-use super::plan::{BackendAddress, EbpfPlan, Empty, Frontend, FrontendKey, Selection};
+use super::plan::{ANY_PORT, BackendAddress, EbpfPlan, Empty, Frontend, FrontendKey, Selection};
 use crate::table::{Protocol, ServicePortName};
 
 /// A frontend's identifier (Cilium's reverse-NAT index); 0 is never used.
@@ -287,6 +287,9 @@ pub struct Layout {
     /// scopes of an address share one).
     frontend_refs: BTreeMap<FrontendId, (FrontendAddress, usize)>,
     frontends_of: BTreeMap<ServicePortName, BTreeSet<FrontendKey>>,
+    /// Each frontend's Service port (the reverse of `frontends_of`): a port that takes a
+    /// frontend over takes it out of its former owner's set, whose removal must not delete it.
+    owner_of: BTreeMap<FrontendKey, ServicePortName>,
     /// Where the search for a free identifier starts.
     next_backend: u64,
     next_frontend: u64,
@@ -307,11 +310,13 @@ impl Layout {
             match value {
                 // A slot naming no backend the map holds is rewritten when its Service is set.
                 SlotValue::Backend(id) => layout.backend_refs.get_mut(id).into_iter().for_each(|(_, refs)| *refs += 1),
-                SlotValue::Master(master) => {
+                SlotValue::Master(master) if master.id != 0 => {
                     let address = FrontendAddress::of(&key.frontend);
                     layout.frontend_ids.insert(address, master.id);
                     layout.frontend_refs.entry(master.id).or_insert((address, 0)).1 += 1;
                 }
+                // A catch-all: no identifier.
+                SlotValue::Master(_) => {}
             }
         }
         layout.maps = found;
@@ -361,7 +366,8 @@ impl Layout {
         let old = self.maps.restricted(&old_keys);
         let laid_out = self.lay_out(frontends, limits).and_then(|new| {
             let entries = self.maps.services.len() - old.services.len() + new.services.len();
-            if entries <= limits.services {
+            // A Service that shrinks is never refused: it frees room.
+            if entries <= limits.services || new.services.len() <= old.services.len() {
                 return Ok(new);
             }
             self.release(&new, &old);
@@ -371,9 +377,7 @@ impl Layout {
             Ok(new) => new,
             Err(reason) => {
                 // What it had stays, its own (a sweep must not take adopted entries).
-                if !old_keys.is_empty() {
-                    self.frontends_of.insert(service.clone(), old_keys);
-                }
+                self.own(service, old_keys);
                 return Err(refuse(reason));
             }
         };
@@ -387,12 +391,36 @@ impl Layout {
         });
         self.store(&old, &new);
         let keys: BTreeSet<FrontendKey> = frontends.iter().map(|(key, _)| **key).collect();
-        if keys.is_empty() {
-            self.frontends_of.remove(service);
-        } else {
-            self.frontends_of.insert(service.clone(), keys);
-        }
+        self.own(service, keys);
         Ok(ops)
+    }
+
+    /// Records `keys` as `service`'s frontends, taking each out of a former owner's set, and
+    /// forgets those it no longer has.
+    fn own(&mut self, service: &ServicePortName, keys: BTreeSet<FrontendKey>) {
+        for key in &keys {
+            match self.owner_of.insert(*key, service.clone()) {
+                Some(former) if former != *service => {
+                    if let Some(theirs) = self.frontends_of.get_mut(&former) {
+                        theirs.remove(key);
+                        if theirs.is_empty() {
+                            self.frontends_of.remove(&former);
+                        }
+                    }
+                }
+                _ => {}
+            }
+        }
+        let before = if keys.is_empty() {
+            self.frontends_of.remove(service)
+        } else {
+            self.frontends_of.insert(service.clone(), keys.clone())
+        };
+        for key in before.unwrap_or_default().difference(&keys) {
+            if self.owner_of.get(key) == Some(service) {
+                self.owner_of.remove(key);
+            }
+        }
     }
 
     /// Deletes every frontend no Service port was set with, and what only they used, and what
@@ -472,8 +500,11 @@ impl Layout {
         limits: &MapLimits,
         new: &mut Maps,
     ) -> Result<(), String> {
-        let id = self.frontend_id(key, limits)?;
-        new.rev_nat.insert(id, (key.address, key.port));
+        // A ClusterIP's catch-all is never translated: it needs no identifier (0).
+        let id = if key.port == ANY_PORT { 0 } else { self.frontend_id(key, limits)? };
+        if id != 0 {
+            new.rev_nat.insert(id, (key.address, key.port));
+        }
         let mut wanted = Vec::with_capacity(frontend.backends.len());
         for backend in &frontend.backends {
             let backend_id = self.backend_id(backend, limits)?;
@@ -666,7 +697,13 @@ mod tests {
                     other => panic!("{} slot {slot} of {}: {other:?}, after {after}", key.frontend, master.count),
                 }
             }
-            assert!(maps.rev_nat.contains_key(&master.id), "{}: no rev_nat {}, after {after}", key.frontend, master.id);
+            let catch_all = key.frontend.port == ANY_PORT && master.id == 0 && master.count == 0;
+            assert!(
+                catch_all || maps.rev_nat.contains_key(&master.id),
+                "{}: no rev_nat {}, after {after}",
+                key.frontend,
+                master.id
+            );
             if master.selection == Selection::Maglev && master.count > 0 {
                 let table = maps
                     .maglev
@@ -707,6 +744,29 @@ mod tests {
     }
 
     #[test]
+    fn a_frontend_taken_over_stays_with_its_new_owner_when_the_old_one_is_removed_after() {
+        let (mut layout, mut kernel) = (Layout::adopt(Maps::default()), Maps::default());
+        let mut old = port("old", "10.96.0.81", endpoints(&[11]));
+        old.external_ips = vec!["203.0.113.7".parse().unwrap()];
+        set(&mut layout, &mut kernel, &old);
+        // old is deleted: new, next by name, claims the externalIP in the same partial sync,
+        // before old's removal is laid out.
+        let mut new = port("new", "10.96.0.82", endpoints(&[12]));
+        new.external_ips = old.external_ips.clone();
+        set(&mut layout, &mut kernel, &new);
+        let removed = layout.set(&old.name, &[], &limits()).expect("removal");
+        apply_checked(&mut kernel, &removed, &layout);
+        let shared = FrontendKey {
+            address: "203.0.113.7".parse().unwrap(),
+            port: 80,
+            protocol: Protocol::Tcp,
+            scope: super::super::plan::Scope::Internal,
+        };
+        let backends: Vec<String> = kernel.slots(&shared).iter().map(|id| kernel.backends[id].to_string()).collect();
+        assert_eq!(backends, ["10.244.0.12:8080"], "new keeps it: {removed:?}");
+    }
+
+    #[test]
     fn a_new_service_is_written_backends_first_and_its_master_entry_last() {
         let mut layout = Layout::adopt(Maps::default());
         let ops = set(&mut layout, &mut Maps::default(), &port("a", "10.96.0.10", endpoints(&[11, 12])));
@@ -720,8 +780,9 @@ mod tests {
                 other => panic!("{other:?}"),
             })
             .collect();
-        assert_eq!(kinds, ["backend", "backend", "rev_nat", "slot", "slot", "master"]);
-        let key = *plan(&[&port("a", "10.96.0.10", vec![])]).frontends.keys().next().unwrap();
+        // The ClusterIP's catch-alls (every other port, three protocols) first: nothing to build.
+        assert_eq!(kinds, ["backend", "backend", "rev_nat", "master", "master", "master", "slot", "slot", "master"]);
+        let key = *plan(&[&port("a", "10.96.0.10", vec![])]).frontends.keys().find(|k| k.port != ANY_PORT).unwrap();
         assert_eq!(layout.maps().slots(&key), [1, 2]);
         assert_eq!(layout.maps().master(&key).map(|m| (m.id, m.count)), Some((1, 2)));
     }
@@ -733,7 +794,7 @@ mod tests {
         let joined = set(&mut layout, &mut kernel, &port("a", "10.96.0.10", endpoints(&[11, 12, 13, 14])));
         assert_eq!(joined.len(), 3, "backend, slot 4, count: {joined:?}");
         let left = set(&mut layout, &mut kernel, &port("a", "10.96.0.10", endpoints(&[11, 13, 14])));
-        let key = *layout.maps().services.keys().next().map(|k| &k.frontend).unwrap();
+        let key = layout.maps().services.keys().map(|k| k.frontend).find(|k| k.port != ANY_PORT).unwrap();
         assert_eq!(layout.maps().slots(&key), [1, 4, 3], "the last backend moved into the freed slot");
         assert_eq!(
             left,
@@ -833,8 +894,9 @@ mod tests {
         assert!(ops.is_empty(), "nothing changes: {ops:?}");
         assert_eq!(layout.maps(), &before);
 
-        // small's 2 entries (a master and a slot) and more's 3 do not fit in 4, once big is gone.
-        let full = MapLimits { services: 4, ..limits() };
+        // small's 5 entries (3 catch-alls, a master and a slot) and more's 6 do not fit in 10, once
+        // big is gone.
+        let full = MapLimits { services: 10, ..limits() };
         let more = port("more", "10.96.0.12", endpoints(&[31, 32]));
         let (ops, refused) = layout.sync(&plan(&[&small, &more]), &full);
         assert_eq!(refused.iter().map(|r| r.service.service.name.as_str()).collect::<Vec<_>>(), ["more"]);

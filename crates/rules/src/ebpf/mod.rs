@@ -7,10 +7,12 @@
 //! endpoint selection as the other modes), [`maps`] how the maps lay it out and the ordered map
 //! updates from one layout to the next ([`Layout`]: one Service's change costs O(that
 //! Service)), [`maglev`] the consistent-hash tables of external traffic, [`show`] the maps as
-//! `cilium bpf lb list` prints its own.
+//! `cilium bpf lb list` prints its own, [`netfilter`] the fixed table that masquerades and rejects
+//! what the interface programs mark.
 
 pub mod maglev;
 pub mod maps;
+pub mod netfilter;
 pub mod plan;
 pub mod show;
 

@@ -25,6 +25,9 @@ pub enum Scope {
     External,
 }
 
+/// The port of a ClusterIP's catch-all frontends: what no Service port serves there is refused.
+pub const ANY_PORT: u16 = 0;
+
 /// A frontend as the BPF programs look it up: destination, port, protocol and scope.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub struct FrontendKey {
@@ -39,9 +42,15 @@ pub struct FrontendKey {
 }
 
 impl fmt::Display for FrontendKey {
-    /// `10.96.0.10:80/tcp` (`[fd00::10]:80/tcp`), with ` (external)` for the external scope.
+    /// `10.96.0.10:80/tcp` (`[fd00::10]:80/tcp`; `10.96.0.10:*/tcp` for every other port),
+    /// with ` (external)` for the external scope.
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "{}/{}", SocketAddr::new(self.address, self.port), self.protocol.as_str())?;
+        if self.port == ANY_PORT {
+            let address = SocketAddr::new(self.address, 0).to_string();
+            write!(f, "{}*/{}", address.trim_end_matches('0'), self.protocol.as_str())?;
+        } else {
+            write!(f, "{}/{}", SocketAddr::new(self.address, self.port), self.protocol.as_str())?;
+        }
         if self.scope == Scope::External { f.write_str(" (external)") } else { Ok(()) }
     }
 }
@@ -86,8 +95,10 @@ pub struct Frontend {
     /// `loadBalancerSourceRanges` (external scope of LB IPs; empty: every source).
     pub source_ranges: Vec<IpNet>,
     /// Whether translated traffic is masqueraded: external traffic under the Cluster policy (the
-    /// reply must come back through this node); never for the internal scope, whose clients are
-    /// on the node and see their own address come back.
+    /// reply must come back through this node), and a ClusterIP reached from outside the node
+    /// (the interface programs fall back to its internal entry) when upstream would masquerade
+    /// it. Never the socket programs' own connections: their clients are on the node and see
+    /// their own address come back.
     pub masquerade: bool,
 }
 
@@ -105,15 +116,18 @@ impl EbpfPlan {
         let mut ports: Vec<&ServicePort> = ports.into_iter().collect();
         ports.sort_by(|a, b| (&a.name, a.family).cmp(&(&b.name, b.family)));
         let mut plan = EbpfPlan::default();
+        // Off-cluster traffic to a ClusterIP is masqueraded when a cluster CIDR tells pods apart,
+        // and always with --masquerade-all (upstream's rule).
+        let masquerade_off_cluster = cfg.masquerade_all || !cfg.cluster_cidrs.is_empty();
         for port in ports {
             let nodeport_ips = node.nodeport_ips(port.family, cfg);
-            plan.add_port(port, &nodeport_ips);
+            plan.add_port(port, &nodeport_ips, masquerade_off_cluster);
         }
         plan
     }
 
     /// Adds the frontends of one service port, both scopes.
-    fn add_port(&mut self, port: &ServicePort, nodeport_ips: &[IpAddr]) {
+    fn add_port(&mut self, port: &ServicePort, nodeport_ips: &[IpAddr], masquerade_off_cluster: bool) {
         let protocol = port.name.protocol;
         let key = |address: IpAddr, number: u16, scope: Scope| FrontendKey { address, port: number, protocol, scope };
         let (internal_lacks_local, external_lacks_local) = port.lacks_local_endpoints();
@@ -134,9 +148,16 @@ impl EbpfPlan {
         };
         let mut planned: Vec<(FrontendKey, Frontend)> = Vec::new();
         if let Some(ip) = port.cluster_ip {
+            let endpoints = port.internal_endpoints();
             let internal =
-                frontend(port.internal_endpoints(), Selection::Random, empty(internal_lacks_local), &[], false);
+                frontend(endpoints, Selection::Random, empty(internal_lacks_local), &[], masquerade_off_cluster);
             planned.push((key(ip, port.port, Scope::Internal), internal));
+            // Every other port of the ClusterIP, in every protocol: refused, as upstream rejects
+            // what no Service port of a ClusterIP serves. (No identifier: nothing is translated.)
+            for protocol in [Protocol::Tcp, Protocol::Udp, Protocol::Sctp] {
+                let other_ports = FrontendKey { address: ip, port: ANY_PORT, protocol, scope: Scope::Internal };
+                planned.push((other_ports, frontend(&[], Selection::Random, Empty::Reject, &[], false)));
+            }
         }
         let mut external: Vec<(IpAddr, u16, &[IpNet])> = Vec::new();
         if let Some(node_port) = port.node_port {
@@ -194,7 +215,8 @@ pub(crate) mod tests {
             let backends: Vec<String> = f.backends.iter().map(ToString::to_string).collect();
             format!("{:?} {:?} masq={} [{}]", f.selection, f.empty, f.masquerade, backends.join(" "))
         };
-        plan.frontends.iter().map(|(k, f)| format!("{k}: {}", show(f))).collect()
+        // Catch-alls aside: `a_cluster_ip_is_one_internal_frontend_with_its_endpoints` has them.
+        plan.frontends.iter().filter(|(k, _)| k.port != ANY_PORT).map(|(k, f)| format!("{k}: {}", show(f))).collect()
     }
 
     #[test]
@@ -202,6 +224,23 @@ pub(crate) mod tests {
         let p = port("a", "10.96.0.10", vec![ep("10.244.1.12", false), ep("10.244.0.11", true)]);
         let plan = EbpfPlan::new(&cfg(), &node(), [&p]);
         assert_eq!(show(&plan), ["10.96.0.10:80/tcp: Random Reject masq=false [10.244.0.11:8080 10.244.1.12:8080]"]);
+        let catch_alls: Vec<String> = plan
+            .frontends
+            .iter()
+            .filter(|(k, _)| k.port == ANY_PORT)
+            .map(|(k, f)| format!("{k} {:?} {:?}", f.backends, f.empty))
+            .collect();
+        assert_eq!(
+            catch_alls,
+            ["10.96.0.10:*/tcp [] Reject", "10.96.0.10:*/udp [] Reject", "10.96.0.10:*/sctp [] Reject"],
+            "every other port and protocol of the ClusterIP is refused"
+        );
+        let with_cidr = ProxyConfig { cluster_cidrs: vec!["10.244.0.0/16".parse().unwrap()], ..cfg() };
+        assert_eq!(
+            show(&EbpfPlan::new(&with_cidr, &node(), [&p])),
+            ["10.96.0.10:80/tcp: Random Reject masq=true [10.244.0.11:8080 10.244.1.12:8080]"],
+            "a cluster CIDR tells pods apart: reached from outside, the ClusterIP is masqueraded"
+        );
     }
 
     #[test]
@@ -274,13 +313,15 @@ pub(crate) mod tests {
         v6.node_port = Some(30080);
         let plan = EbpfPlan::new(&cfg(), &node(), [&v6, &v4]);
         assert_eq!(plan, EbpfPlan::new(&cfg(), &node(), [&v4, &v6]), "deterministic");
-        let v6_keys: Vec<String> = plan.of_family(IpFamily::V6).map(|(k, _)| k.to_string()).collect();
+        let v6_keys: Vec<String> =
+            plan.of_family(IpFamily::V6).filter(|(k, _)| k.port != ANY_PORT).map(|(k, _)| k.to_string()).collect();
         assert_eq!(v6_keys, ["[fd00:77::2]:30080/tcp", "[fd00:77::2]:30080/tcp (external)", "[fd00:96::10]:80/tcp"]);
 
         let mut other = port("b", "10.96.0.10", vec![ep("10.244.0.99", true)]);
         other.port = 80;
         let plan = EbpfPlan::new(&cfg(), &node(), [&other, &v4]);
-        let only = plan.frontends.values().next().unwrap();
-        assert_eq!((plan.frontends.len(), only.service.service.name.as_str()), (1, "a"));
+        let served: Vec<&Frontend> =
+            plan.frontends.iter().filter(|(k, _)| k.port != ANY_PORT).map(|(_, f)| f).collect();
+        assert_eq!((served.len(), served[0].service.service.name.as_str()), (1, "a"));
     }
 }

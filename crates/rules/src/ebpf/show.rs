@@ -6,7 +6,7 @@ use std::collections::BTreeMap;
 use std::fmt::Write as _;
 
 use super::maps::{Maps, SlotValue};
-use super::plan::{Empty, Scope, Selection};
+use super::plan::{ANY_PORT, Empty, Scope, Selection};
 
 /// `roadkeeper rules --proxy-mode ebpf`'s listing of `maps`.
 pub fn lb_list(maps: &Maps) -> String {
@@ -16,6 +16,9 @@ pub fn lb_list(maps: &Maps) -> String {
         let frontend = if last == Some(key.frontend) { String::new() } else { key.frontend.to_string() };
         last = Some(key.frontend);
         match value {
+            SlotValue::Master(_) if key.frontend.port == ANY_PORT => {
+                let _ = writeln!(out, "{frontend:<36} refused [socket, no Service port]");
+            }
             SlotValue::Master(master) => {
                 let mut notes = vec![match key.frontend.scope {
                     Scope::Internal => "socket",
@@ -37,7 +40,10 @@ pub fn lb_list(maps: &Maps) -> String {
                     notes.push("source ranges");
                 }
                 if master.masquerade {
-                    notes.push("masquerade");
+                    notes.push(match key.frontend.scope {
+                        Scope::Internal => "masquerade from outside",
+                        Scope::External => "masquerade",
+                    });
                 }
                 let _ = writeln!(
                     out,
@@ -97,6 +103,9 @@ mod tests {
         let listing = lb_list(layout.maps());
         let expected = "\
 SERVICE ADDRESS                      BACKEND ADDRESS (REVNAT_ID) (SLOT)
+10.96.0.10:*/tcp                     refused [socket, no Service port]
+10.96.0.10:*/udp                     refused [socket, no Service port]
+10.96.0.10:*/sctp                    refused [socket, no Service port]
 10.96.0.10:80/tcp                    2 backends (1) (0) [socket, random, reject when empty, affinity 600s]
                                      10.244.0.11:8080 (1) (1)
                                      10.244.1.12:8080 (1) (2)
