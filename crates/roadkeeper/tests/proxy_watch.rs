@@ -98,8 +98,6 @@ fn a_table_deleted_by_someone_else_is_restored(backend: Backend) {
     let target = at(Family::V4.cluster_ip(WEB));
     let back = eventually(settle(), || matches!(probe(&c.client.ns, Proto::Tcp, target), ProbeResult::Reply(_)));
     assert!(back, "table not restored; proxy log:\n{}", c.proxy_log());
-    // eBPF mode attaches its programs one after another: the first answer may precede the last.
-    std::thread::sleep(std::time::Duration::from_secs(1));
     assert!(serves(&c, &["web-a", "web-b"]));
 }
 

@@ -13,7 +13,7 @@ use aya::programs::{ProgramError, SchedClassifier};
 use nix::net::if_::{if_nameindex, if_nametoindex};
 use roadkeeper_ebpf_common::INTERFACE_PROGRAMS;
 
-use super::kernel::{ebpf_error, load};
+use super::kernel::{ebpf_error, loaded};
 use crate::Error;
 
 /// The filters' priority (lower runs first) and handle: fixed, so that a restart finds them.
@@ -31,12 +31,7 @@ pub fn attach(ebpf: &mut Ebpf, devices: &[String], pin_dir: &Path) -> Result<(),
     let recorded = pin_dir.join("devices");
     std::fs::create_dir_all(&recorded).map_err(|err| ebpf_error(format!("creating {}", recorded.display()), err))?;
     for name in INTERFACE_PROGRAMS {
-        let program: &mut SchedClassifier = ebpf
-            .program_mut(name)
-            .ok_or_else(|| Error::EbpfSetup(format!("the BPF object has no program {name}")))?
-            .try_into()
-            .map_err(|err| ebpf_error(format!("program {name}"), err))?;
-        load(program, name)?;
+        let program: &mut SchedClassifier = loaded(ebpf, name)?;
         for device in devices {
             attach_one(program, name, device)?;
         }

@@ -350,16 +350,25 @@ fn apply_table() -> Result<(), Error> {
     })
 }
 
-/// Loads a program (one loaded already, by an earlier attach, is fine): a verifier refusal
-/// names the program and carries the kernel's log.
-pub(super) fn load<P: ProgramLoad>(program: &mut P, name: &str) -> Result<(), Error> {
+/// Program `name` of the object, loaded (one loaded already, by an earlier attach, is fine): a
+/// verifier refusal names the program and carries the kernel's log.
+pub(super) fn loaded<'a, P>(ebpf: &'a mut Ebpf, name: &str) -> Result<&'a mut P, Error>
+where
+    P: ProgramLoad,
+    &'a mut P: TryFrom<&'a mut aya::programs::Program, Error = ProgramError>,
+{
+    let program: &mut P = ebpf
+        .program_mut(name)
+        .ok_or_else(|| Error::EbpfSetup(format!("the BPF object has no program {name}")))?
+        .try_into()
+        .map_err(|err| ebpf_error(format!("program {name}"), err))?;
     match program.load_program() {
-        Ok(()) | Err(ProgramError::AlreadyLoaded) => Ok(()),
+        Ok(()) | Err(ProgramError::AlreadyLoaded) => Ok(program),
         Err(err) => Err(load_error(name, err)),
     }
 }
 
-/// The programs [`load`] loads.
+/// The programs [`loaded`] loads.
 pub(super) trait ProgramLoad {
     /// The program's own `load`.
     fn load_program(&mut self) -> Result<(), ProgramError>;
@@ -392,12 +401,7 @@ fn load_error(name: &str, err: ProgramError) -> Error {
 /// unpins (and so detaches) the link a previous run pinned: the cgroup is never without one.
 /// (bpffs refuses names with a dot.)
 fn attach(ebpf: &mut Ebpf, name: &str, cgroup: &File, links_dir: &Path) -> Result<(), Error> {
-    let program: &mut CgroupSockAddr = ebpf
-        .program_mut(name)
-        .ok_or_else(|| Error::EbpfSetup(format!("the BPF object has no program {name}")))?
-        .try_into()
-        .map_err(|err| ebpf_error(format!("program {name}"), err))?;
-    load(program, name)?;
+    let program: &mut CgroupSockAddr = loaded(ebpf, name)?;
     // A cgroup link takes no flags (the kernel refuses any) and sits beside the cgroup's other
     // links, as multi-attach would: aya's `Single` sends none.
     let link_id = program
