@@ -288,6 +288,51 @@ fresh_kernel() {
     echo "vm: fresh-kernel check passed"
 }
 step fresh_kernel
+# A backend's first sync on a fresh kernel makes the kernel load each netfilter module the rules
+# use (nf_tables replays the batch after each one), which takes tens of seconds under emulation:
+# run once here, in a throwaway namespace, so that it is measured and not paid inside a test's
+# wait for its proxy.
+first_sync() {
+    ns=rk-vm-first-$1 dir=/tmp/first-sync-$1
+    mkdir -p "$dir" && cat > "$dir/web.yaml" <<'YAML'
+apiVersion: v1
+kind: Service
+metadata: {name: web, namespace: default}
+spec:
+  type: NodePort
+  clusterIPs: [10.96.0.9, "fd00:96::9"]
+  ipFamilies: [IPv4, IPv6]
+  ipFamilyPolicy: RequireDualStack
+  sessionAffinity: ClientIP
+  externalTrafficPolicy: Local
+  ports:
+  - {name: http, port: 80, targetPort: 8080, protocol: TCP, nodePort: 30009}
+  - {name: dns, port: 53, targetPort: 5353, protocol: UDP, nodePort: 30009}
+---
+apiVersion: discovery.k8s.io/v1
+kind: EndpointSlice
+metadata: {name: web-v4, namespace: default, labels: {kubernetes.io/service-name: web}}
+addressType: IPv4
+endpoints: [{addresses: [10.244.0.9], conditions: {ready: true}, nodeName: vm}]
+ports: [{name: http, port: 8080, protocol: TCP}, {name: dns, port: 5353, protocol: UDP}]
+---
+apiVersion: discovery.k8s.io/v1
+kind: EndpointSlice
+metadata: {name: web-v6, namespace: default, labels: {kubernetes.io/service-name: web}}
+addressType: IPv6
+endpoints: [{addresses: ["fd00:244::9"], conditions: {ready: true}, nodeName: vm}]
+ports: [{name: http, port: 8080, protocol: TCP}, {name: dns, port: 5353, protocol: UDP}]
+YAML
+    ip netns add "$ns" || return 1
+    started=$(cut -d' ' -f1 /proc/uptime) rc=0
+    { ip -n "$ns" link add eth0 type dummy && ip -n "$ns" link set eth0 up &&
+        ip -n "$ns" addr add 192.168.99.2/24 dev eth0 && ip -n "$ns" addr add fd00:99::2/64 dev eth0 nodad &&
+        ip netns exec "$ns" "$repo/target/debug/roadkeeper" proxy --once --proxy-mode "$1" --manifests "$dir" \
+            --hostname-override vm --cluster-cidr 10.244.0.0/16,fd00:244::/48 > "$dir/log" 2>&1; } || rc=$?
+    ip netns del "$ns"
+    [ "$rc" -eq 0 ] || { cat "$dir/log"; return "$rc"; }
+    echo "vm: $1: the first sync on this kernel took $(echo "$started $(cut -d' ' -f1 /proc/uptime)" | awk '{printf "%.1f", $2 - $1}') s"
+}
 EOF
     for b in "${backends[@]}"; do
         if [ "$b" = ipvs ]; then
@@ -304,6 +349,7 @@ EOF
             printf 'echo "vm: ipvs: the IPVS kernel tests of %s"\n' "$(basename "$proxy_unit")"
             printf 'step %q --color never $(threads_args) --include-ignored ipvs::\n' "$proxy_unit"
         fi
+        [ "$b" = ipvs ] || printf 'step first_sync %q\n' "$b"
         for binary in "${binaries[@]}"; do
             mapfile -t names < <(selected "$binary" "$b")
             [ ${#names[@]} -gt 0 ] || continue

@@ -56,7 +56,7 @@ pub mod sizes {
     pub const FLOWS: u32 = 262144;
     /// Maglev table chunks (no memory is taken for chunks not written).
     pub const MAGLEV_CHUNKS: u32 = 65536;
-    /// Source ranges.
+    /// Source ranges, as compiled (the loader sizes the map as the planner's limit says).
     pub const SOURCE_RANGES: u32 = 16384;
 }
 

@@ -351,8 +351,9 @@ pub fn print_rules(args: RulesArgs) -> anyhow::Result<()> {
             proxier.set_service_cidrs(service_cidrs(store));
             let report = proxier.sync(store, &BTreeSet::new())?;
             print!("{}", roadkeeper_rules::ebpf::show::lb_list(proxier.maps()));
-            for (_, refusal) in &report.refused {
-                eprintln!("refused: {refusal}");
+            if !report.refused.is_empty() {
+                let refusals: Vec<&str> = report.refused.iter().map(|(_, refusal)| refusal.as_str()).collect();
+                bail!("the maps cannot hold {} Service(s):\n{}", refusals.len(), refusals.join("\n"));
             }
         }
     }

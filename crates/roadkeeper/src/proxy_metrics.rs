@@ -1,7 +1,7 @@
 //! The proxy's Prometheus metrics, named as kube-proxy's (plus `roadkeeper_*` where they add
 //! information), and how the sync loop records them. Rendering is [`crate::serve`]'s job.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::time::{SystemTime, UNIX_EPOCH};
 
 use metrics::{Unit, counter, describe_counter, describe_gauge, describe_histogram, gauge, histogram};
@@ -27,6 +27,7 @@ const CONNTRACK_DELETED: &str = "kubeproxy_conntrack_reconciler_deleted_entries_
 const KERNEL_DURATION: &str = "roadkeeper_sync_kernel_seconds";
 const SERVICES_SYNCED: &str = "roadkeeper_sync_services_changed";
 const FRONTEND_CONFLICTS: &str = "roadkeeper_sync_proxy_rules_frontend_conflicts";
+const REFUSED: &str = "roadkeeper_sync_proxy_rules_refused_services";
 
 /// Installs the global Prometheus recorder and describes every metric, so that they are listed
 /// from the start. Histogram buckets are kube-proxy's: 1 ms doubling to about 16 s for sync
@@ -71,7 +72,12 @@ pub fn install() -> anyhow::Result<PrometheusHandle> {
         FRONTEND_CONFLICTS,
         "Frontends (IP, protocol, port) claimed by a Service but held by an older one, skipped for it"
     );
+    describe_gauge!(
+        REFUSED,
+        "Services the kernel (or eBPF mode's map sizes) refused at the last sync: they keep their last good rules"
+    );
     gauge!(FRONTEND_CONFLICTS).set(0.0);
+    gauge!(REFUSED).set(0.0);
     for name in [SERVICE_CHANGES, ENDPOINT_CHANGES, CONNTRACK_DELETED] {
         counter!(name).absolute(0);
     }
@@ -112,6 +118,10 @@ pub fn record_sync(report: &SyncReport, applied: &Changes, since: SystemTime) {
     counter!(ENDPOINT_CHANGES).increment(applied.endpoint_updates as u64);
     counter!(CONNTRACK_DELETED).increment(report.conntrack_deleted);
     gauge!(FRONTEND_CONFLICTS).set(report.frontend_conflicts as f64);
+    // A partial sync retries every Service refused before, so its report lists all of them
+    // (eBPF mode: once per refused port).
+    let refused: BTreeSet<&NamespacedName> = report.refused.iter().map(|(key, _)| key).collect();
+    gauge!(REFUSED).set(refused.len() as f64);
     record_pending(&Changes::default());
 }
 

@@ -231,3 +231,46 @@ fn a_bad_or_missing_device_is_refused_with_its_name() {
         assert!(stderr.contains("--bpf-devices") && stderr.contains(says), "{devices}: {stderr}");
     }
 }
+
+/// A Service port the maps cannot hold (here: three endpoints behind a NodePort balanced by a
+/// 251-slot Maglev table, which holds two) is refused by name, by `proxy --once`, `rules` and the
+/// watching proxy's metric alike, and every other Service is written and answers.
+#[test]
+fn a_service_the_maps_cannot_hold_is_refused_by_name_and_the_others_are_served() {
+    let mut c = Cluster::new("rk-bpf-full", Backend::Ebpf);
+    for name in ["big-a", "big-b", "big-c"] {
+        c.add_pod(name, "app: big", NODE);
+    }
+    c.add_pod("small-a", "app: small", NODE);
+    c.write("big.yaml", &service_manifest("big", 40, "type: NodePort"));
+    c.write("small.yaml", &service_manifest("small", 41, ""));
+    let tiny = ["--bpf-lb-maglev-table-size", "251"];
+
+    let out = c.try_proxy_once(&tiny);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "proxy --once succeeded:\n{stderr}");
+    assert!(stderr.contains("default/big") && stderr.contains("Maglev"), "{stderr}");
+    assert!(!stderr.contains("default/small"), "{stderr}");
+    for family in FAMILIES {
+        for proto in PROTOS {
+            let small = at(family.cluster_ip(41));
+            assert_eq!(reached(&c.client.ns, proto, small, 5), BTreeSet::from(["small-a".to_string()]), "{proto:?}");
+        }
+    }
+
+    let args = c.proxy_args_for("rules", &tiny);
+    let out = c.roadkeeper(&args.iter().map(String::as_str).collect::<Vec<_>>());
+    let (stdout, stderr) = (String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+    assert!(!out.status.success() && stderr.contains("default/big"), "rules:\n{stderr}");
+    assert!(stdout.contains(&format!("{}:80/tcp", Family::V4.cluster_ip(41))), "small is listed:\n{stdout}");
+
+    c.start_proxy(&tiny);
+    let refused = || {
+        common::http::sample(
+            &common::http::get(&c, "127.0.0.1:10249", "/metrics").1,
+            "roadkeeper_sync_proxy_rules_refused_services",
+        )
+    };
+    // Both ports of big (TCP and UDP) belong to one Service.
+    assert!(eventually(settle(), || refused() == 1.0), "refused: {}\n{}", refused(), c.proxy_log());
+}

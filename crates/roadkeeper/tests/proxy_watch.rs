@@ -7,18 +7,14 @@ use common::*;
 use roadkeeper_netlab::ProbeResult;
 
 per_backend!(
+    a_new_pod_joins_the_rotation,
     a_deleted_pod_leaves_the_rotation,
+    a_relabelled_pod_leaves_the_rotation,
+    a_pod_that_turns_not_ready_leaves_the_rotation,
     a_deleted_service_stops_answering,
-    a_node_crossing_a_thousand_endpoints_keeps_following_its_pods;
-    // Every backend runs these; eBPF mode's are ignored while an intermittent connect timeout
-    // of its watch mode is unexplained (`cargo test --test proxy_watch -- --ignored ebpf::` runs them).
-    unsettled_on_ebpf: [
-        a_new_pod_joins_the_rotation,
-        a_relabelled_pod_leaves_the_rotation,
-        a_pod_that_turns_not_ready_leaves_the_rotation,
-        a_table_deleted_by_someone_else_is_restored,
-        sigterm_stops_the_proxy_cleanly_and_leaves_the_rules_in_place,
-    ]
+    a_table_deleted_by_someone_else_is_restored,
+    sigterm_stops_the_proxy_cleanly_and_leaves_the_rules_in_place,
+    a_node_crossing_a_thousand_endpoints_keeps_following_its_pods,
 );
 
 /// Service number of `web`: ClusterIPs 10.96.0.40 / fd00:96::40.

@@ -153,6 +153,7 @@ impl EbpfKernel {
             .map_max_entries(names::BACKENDS, size(limits.backends))
             .map_max_entries(names::REV_NAT, size(limits.frontends))
             .map_max_entries(names::MAGLEV, size(limits.frontends).saturating_mul(chunks).max(sizes::MAGLEV_CHUNKS))
+            .map_max_entries(names::SOURCE_RANGES, size(limits.source_ranges))
             .override_global(names::MAGLEV_SIZE, &limits.maglev_table_size, true)
             .load(OBJECT)
             .map_err(|err| ebpf_error("loading the BPF object (its maps)", err))?;

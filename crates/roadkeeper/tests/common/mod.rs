@@ -175,32 +175,19 @@ impl Backend {
 /// machine's kernel has no IPVS): `tests/vm/run.sh --backend ipvs` runs them on a kernel that
 /// has. Cases IPVS mode cannot pass as written come after `; not_ipvs:`, each with the reason
 /// in a comment there (and in the README's IPVS gaps), so that no case is silently left out.
-/// Cases after `; unsettled_on_ebpf:` run on every backend and are ignored on eBPF mode.
 #[macro_export]
 macro_rules! per_backend {
     ($($case:ident),* $(,)?) => {
-        $crate::per_backend!($($case),* ; not_ipvs: [] ; unsettled_on_ebpf: []);
+        $crate::per_backend!($($case),* ; not_ipvs: []);
     };
     ($($case:ident),* $(,)? ; not_ipvs: [$($other:ident),* $(,)?]) => {
-        $crate::per_backend!($($case),* ; not_ipvs: [$($other),*] ; unsettled_on_ebpf: []);
-    };
-    ($($case:ident),* $(,)? ; unsettled_on_ebpf: [$($unsettled:ident),* $(,)?]) => {
-        $crate::per_backend!($($case),* ; not_ipvs: [] ; unsettled_on_ebpf: [$($unsettled),*]);
-    };
-    (
-        $($case:ident),* $(,)? ;
-        not_ipvs: [$($other:ident),* $(,)?] ;
-        unsettled_on_ebpf: [$($unsettled:ident),* $(,)?]
-    ) => {
         mod nftables {
             $( #[test] fn $case() { super::$case(super::common::Backend::Nftables) } )*
             $( #[test] fn $other() { super::$other(super::common::Backend::Nftables) } )*
-            $( #[test] fn $unsettled() { super::$unsettled(super::common::Backend::Nftables) } )*
         }
         mod iptables {
             $( #[test] fn $case() { super::$case(super::common::Backend::Iptables) } )*
             $( #[test] fn $other() { super::$other(super::common::Backend::Iptables) } )*
-            $( #[test] fn $unsettled() { super::$unsettled(super::common::Backend::Iptables) } )*
         }
         mod ipvs {
             $(
@@ -208,20 +195,10 @@ macro_rules! per_backend {
                 #[ignore = "needs a kernel with IPVS: tests/vm/run.sh --backend ipvs"]
                 fn $case() { super::$case(super::common::Backend::Ipvs) }
             )*
-            $(
-                #[test]
-                #[ignore = "needs a kernel with IPVS: tests/vm/run.sh --backend ipvs"]
-                fn $unsettled() { super::$unsettled(super::common::Backend::Ipvs) }
-            )*
         }
         mod ebpf {
             $( #[test] fn $case() { super::$case(super::common::Backend::Ebpf) } )*
             $( #[test] fn $other() { super::$other(super::common::Backend::Ebpf) } )*
-            $(
-                #[test]
-                #[ignore = "eBPF mode in watch mode: intermittent 700 ms connect timeouts, not yet explained (README, eBPF mode)"]
-                fn $unsettled() { super::$unsettled(super::common::Backend::Ebpf) }
-            )*
         }
     };
 }

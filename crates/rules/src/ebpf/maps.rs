@@ -52,12 +52,20 @@ pub struct MapLimits {
     /// Slots of each Maglev table (a prime of [`maglev::TABLE_SIZES`]); a frontend balanced by
     /// Maglev may have at most a hundredth as many backends.
     pub maglev_table_size: u32,
+    /// Entries of `source_ranges`: the `loadBalancerSourceRanges` of every frontend together.
+    pub source_ranges: usize,
 }
 
 impl Default for MapLimits {
-    /// Cilium's defaults: 64k service entries and backends, 16381 Maglev slots.
+    /// Cilium's defaults: 64k service entries and backends, 16381 Maglev slots; 16k source ranges.
     fn default() -> MapLimits {
-        MapLimits { services: 65536, backends: 65536, frontends: 65535, maglev_table_size: maglev::DEFAULT_TABLE_SIZE }
+        MapLimits {
+            services: 65536,
+            backends: 65536,
+            frontends: 65535,
+            maglev_table_size: maglev::DEFAULT_TABLE_SIZE,
+            source_ranges: 16384,
+        }
     }
 }
 
@@ -364,14 +372,12 @@ impl Layout {
         let mut old_keys = self.frontends_of.get(service).cloned().unwrap_or_default();
         old_keys.extend(frontends.iter().map(|(key, _)| **key).filter(|key| self.maps.master(key).is_some()));
         let old = self.maps.restricted(&old_keys);
-        let laid_out = self.lay_out(frontends, limits).and_then(|new| {
-            let entries = self.maps.services.len() - old.services.len() + new.services.len();
-            // A Service that shrinks is never refused: it frees room.
-            if entries <= limits.services || new.services.len() <= old.services.len() {
-                return Ok(new);
+        let laid_out = self.lay_out(frontends, limits).and_then(|new| match self.overflow(&old, &new, limits) {
+            None => Ok(new),
+            Some(reason) => {
+                self.release(&new, &old);
+                Err(reason)
             }
-            self.release(&new, &old);
-            Err(format!("the services map would need {entries} entries and holds {} (raise its size)", limits.services))
         });
         let new = match laid_out {
             Ok(new) => new,
@@ -393,6 +399,21 @@ impl Layout {
         let keys: BTreeSet<FrontendKey> = frontends.iter().map(|(key, _)| **key).collect();
         self.own(service, keys);
         Ok(ops)
+    }
+
+    /// Why the maps cannot hold `new` in place of `old`, if a map would outgrow its size. A
+    /// Service that shrinks a map is never refused for it: it frees room.
+    fn overflow(&self, old: &Maps, new: &Maps, limits: &MapLimits) -> Option<String> {
+        let outgrows = |held: usize, old: usize, new: usize, size: usize, map: &str| {
+            let entries = held - old + new;
+            (entries > size && new > old)
+                .then(|| format!("the {map} map would need {entries} entries and holds {size}"))
+        };
+        let services = (self.maps.services.len(), old.services.len(), new.services.len());
+        let ranges = (self.maps.source_ranges.len(), old.source_ranges.len(), new.source_ranges.len());
+        outgrows(services.0, services.1, services.2, limits.services, "services")
+            .map(|reason| reason + " (raise its size)")
+            .or_else(|| outgrows(ranges.0, ranges.1, ranges.2, limits.source_ranges, "source_ranges"))
     }
 
     /// Records `keys` as `service`'s frontends, taking each out of a former owner's set, and
@@ -906,6 +927,34 @@ mod tests {
             kernel.services.keys().all(|k| k.frontend.address.to_string() == "10.96.0.11"),
             "big gone, more refused"
         );
+    }
+
+    #[test]
+    fn a_service_whose_source_ranges_do_not_fit_is_refused_and_others_keep_theirs() {
+        let lb = |name: &str, ip: &str, ranges: usize| {
+            let mut p = port(name, &format!("10.96.0.{ip}"), endpoints(&[11]));
+            p.load_balancer_ips = vec![format!("203.0.113.{ip}").parse().unwrap()];
+            p.source_ranges = (0..ranges).map(|i| format!("198.51.{i}.0/24").parse().unwrap()).collect();
+            p
+        };
+        let limits = MapLimits { source_ranges: 4, ..limits() };
+        let (a, b) = (lb("a", "10", 3), lb("b", "11", 2));
+        let mut layout = Layout::adopt(Maps::default());
+        let (ops, refused) = layout.sync(&plan(&[&a, &b]), &limits);
+        assert_eq!(refused.len(), 1, "3 + 2 ranges do not fit in 4");
+        let message = refused[0].to_string();
+        assert!(message.contains("default/b") && message.contains("the source_ranges map would need 5"), "{message}");
+        let mut kernel = Maps::default();
+        apply_checked(&mut kernel, &ops, &layout);
+        assert_eq!(kernel.source_ranges.len(), 3, "a's ranges are in, b holds none");
+        assert!(kernel.services.keys().all(|k| k.frontend.address.to_string().ends_with(".10")), "b refused whole");
+
+        // a gives up two ranges: b then fits, and a shrinking Service is never refused.
+        let a = lb("a", "10", 1);
+        let (ops, refused) = layout.sync(&plan(&[&a, &b]), &limits);
+        assert!(refused.is_empty(), "{refused:?}");
+        apply_checked(&mut kernel, &ops, &layout);
+        assert_eq!(kernel.source_ranges.len(), 3);
     }
 
     #[test]
