@@ -2,6 +2,7 @@
 //! [`SyncReport`], and helpers shared by the backends.
 
 use std::collections::{BTreeMap, BTreeSet};
+use std::net::IpAddr;
 use std::time::{Duration, Instant};
 
 use ipnet::IpNet;
@@ -65,6 +66,9 @@ pub trait Proxier: Send {
     fn check_rules(&mut self) -> RulesCheck;
     /// The current service table.
     fn table(&self) -> &BTreeMap<NamespacedName, Vec<ServicePort>>;
+    /// Deletes the UDP/SCTP flows that still pin a client to an endpoint that no longer serves
+    /// its frontend (NodePorts on `node_ips`); how many. Run after each sync.
+    fn cleanup_stale_flows(&mut self, node_ips: &[IpAddr]) -> Result<u64, Error>;
 }
 
 /// What every backend keeps besides its own rules: this node, the service CIDRs, whether the
@@ -169,6 +173,11 @@ pub trait Backend: Send {
     fn has_pending_work(&self) -> bool {
         false
     }
+    /// [`Proxier::cleanup_stale_flows`]: the rules translate through conntrack, so its entries
+    /// are the flows.
+    fn cleanup_stale_flows(&mut self, node_ips: &[IpAddr]) -> Result<u64, Error> {
+        crate::conntrack::cleanup_stale_flows(&self.state().table, node_ips)
+    }
 }
 
 impl<B: Backend> Proxier for B {
@@ -233,6 +242,10 @@ impl<B: Backend> Proxier for B {
 
     fn table(&self) -> &BTreeMap<NamespacedName, Vec<ServicePort>> {
         &self.state().table
+    }
+
+    fn cleanup_stale_flows(&mut self, node_ips: &[IpAddr]) -> Result<u64, Error> {
+        Backend::cleanup_stale_flows(self, node_ips)
     }
 }
 

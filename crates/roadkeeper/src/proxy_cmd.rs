@@ -7,7 +7,6 @@ use std::time::{Duration, Instant, SystemTime};
 
 use anyhow::{Context, bail};
 use roadkeeper_cluster::{Changes, Feed, Interest, Kind, Store};
-use roadkeeper_proxy::conntrack;
 use roadkeeper_proxy::ebpf::proxier::{EbpfProxier, FakeMaps};
 use roadkeeper_proxy::health::ProxyHealth;
 use roadkeeper_proxy::iptables::{self, IptablesBinary, IptablesProxier};
@@ -422,9 +421,9 @@ fn sync_changes(
     let mut report = proxier.sync(store, &changes.services)?;
     let node_ips: Vec<IpAddr> =
         [IpFamily::V4, IpFamily::V6].into_iter().flat_map(|f| node.nodeport_ips(f, cfg)).collect();
-    match conntrack::cleanup_stale_flows(proxier.table(), &node_ips) {
+    match proxier.cleanup_stale_flows(&node_ips) {
         Ok(deleted) => report.conntrack_deleted = deleted,
-        Err(err) => tracing::warn!("cleaning up stale conntrack entries: {err}"),
+        Err(err) => tracing::warn!("cleaning up stale flows: {err}"),
     }
     log_sync(&report, changes);
     Ok(report)

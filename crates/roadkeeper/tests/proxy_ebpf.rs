@@ -274,3 +274,35 @@ fn a_service_the_maps_cannot_hold_is_refused_by_name_and_the_others_are_served()
     // Both ports of big (TCP and UDP) belong to one Service.
     assert!(eventually(settle(), || refused() == 1.0), "refused: {}\n{}", refused(), c.proxy_log());
 }
+
+/// A UDP client from outside kept on one flow (a fixed source port) to a NodePort moves to a
+/// remaining endpoint within one sync once its endpoint leaves the Service, even while another
+/// Service still uses that endpoint (its backend entry stays): the sync deletes the flow the
+/// interface programs held, as the other modes delete the conntrack entry.
+#[test]
+fn an_external_udp_flow_leaves_an_endpoint_that_left_its_service_but_serves_another() {
+    let mut c = Cluster::new("rk-bpf-flow", Backend::Ebpf);
+    let pods = [c.add_pod("web-a", "app: web, tier: web", NODE), c.add_pod("web-b", "app: web, tier: web", NODE)];
+    c.write("web.yaml", &service_manifest("web", 60, "type: NodePort"));
+    c.write("tier.yaml", &service_manifest("tier", 61, "").replace("selector: {app: tier}", "selector: {tier: web}"));
+    c.start_fast_proxy();
+    let answer = |family: Family| {
+        let source = SocketAddr::new(family.external_host_ip(), 20060);
+        let target = SocketAddr::new(family.node_ip(), node_port(60));
+        match c.lab.external().run(|| roadkeeper_netlab::probe::udp_from_port(source, target, probe_timeout())) {
+            ProbeResult::Reply(reply) => Some(reply.name),
+            _ => None,
+        }
+    };
+    let held = answer(Family::V4).expect("the NodePort answers");
+    assert!((0..5).all(|_| answer(Family::V4).as_deref() == Some(held.as_str())), "one flow, one endpoint");
+    let (moved, other) = if held == "web-a" { (pods[0], "web-b") } else { (pods[1], "web-a") };
+
+    // The held pod leaves web but stays in tier: its echo server still answers.
+    c.update_pod(moved, "app: gone, tier: web", NODE, PodState::Ready);
+    let left = eventually(settle(), || answer(Family::V4).as_deref() == Some(other));
+    assert!(left, "the flow stayed on {held}, which no longer serves web; proxy log:\n{}", c.proxy_log());
+    assert!(c.proxy_log().contains("conntrack_deleted=1"), "{}", c.proxy_log());
+    let tier = reached(&c.client.ns, Proto::Tcp, at(Family::V4.cluster_ip(61)), 20);
+    assert_eq!(tier.len(), 2, "tier keeps both pods: {tier:?}");
+}

@@ -15,10 +15,11 @@ use aya::programs::links::{CgroupAttachMode, FdLink, PinnedLink};
 use aya::programs::{CgroupSockAddr, ProgramError};
 use aya::{Ebpf, EbpfLoader};
 use roadkeeper_ebpf_common::{
-    Address, MAGLEV_CHUNK, MARK_MASQUERADE, MARK_REJECT, MaglevChunk, MaglevKey, SOCKET_PROGRAMS, ServiceKey,
-    ServiceValue, SourceRangeKey, names, sizes,
+    Address, FLOW_FORWARD, FlowKey, FlowValue, MAGLEV_CHUNK, MARK_MASQUERADE, MARK_REJECT, MaglevChunk, MaglevKey,
+    SOCKET_PROGRAMS, ServiceKey, ServiceValue, SourceRangeKey, names, sizes,
 };
 use roadkeeper_rules::config::EbpfConfig;
+use roadkeeper_rules::conntrack::ServingMap;
 use roadkeeper_rules::ebpf::{MapLimits, MapOp, Maps, netfilter};
 
 use super::{interfaces, wire};
@@ -117,6 +118,10 @@ impl super::proxier::EbpfRunner for EbpfKernel {
 
     fn repair(&mut self) -> Result<(), Error> {
         EbpfKernel::attach(self)
+    }
+
+    fn delete_stale_flows(&mut self, serving: &ServingMap) -> Result<u64, Error> {
+        EbpfKernel::delete_stale_flows(self, serving)
     }
 }
 
@@ -242,6 +247,28 @@ impl EbpfKernel {
                 absent_is_fine(self.source_ranges_mut()?.remove(&LpmKey::new(bits, key))).map_err(failed)
             }
         }
+    }
+
+    /// Deletes the UDP/SCTP flows of external traffic held to a backend that `serving` says no
+    /// longer serves their frontend (both entries of each: forward and reply), as the other
+    /// modes delete such conntrack entries; the number of flows deleted. The programs keep a
+    /// flow while its backend's identifier holds the same address, which another Service may
+    /// still use.
+    pub fn delete_stale_flows(&mut self, serving: &ServingMap) -> Result<u64, Error> {
+        let mut flows = self.map_mut::<FlowKey, FlowValue>(names::FLOWS)?;
+        // Bounded: keys deleted by the programs meanwhile can make the walk start over.
+        let stale: Vec<(FlowKey, FlowValue)> = flows
+            .iter()
+            .take(2 * sizes::FLOWS as usize)
+            .filter_map(Result::ok)
+            .filter(|(key, value)| key.direction == FLOW_FORWARD && serving.is_stale(&wire::flow(key, value)))
+            .collect();
+        let failed = |err: MapError| ebpf_error(format!("deleting a stale flow from {}", names::FLOWS), err);
+        for (key, value) in &stale {
+            absent_is_fine(flows.remove(key)).map_err(failed)?;
+            absent_is_fine(flows.remove(&wire::reply_key(key, value))).map_err(failed)?;
+        }
+        Ok(stale.len() as u64)
     }
 
     fn source_ranges_mut(&mut self) -> Result<LpmTrie<&mut MapData, SourceRangeKey, u8>, Error> {

@@ -5,8 +5,11 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 
+use std::net::IpAddr;
+
 use roadkeeper_cluster::{NamespacedName, Store};
 use roadkeeper_rules::config::ProxyConfig;
+use roadkeeper_rules::conntrack::ServingMap;
 use roadkeeper_rules::ebpf::{EbpfPlan, Frontend, FrontendKey, Layout, MapOp, Maps, Refusal};
 use roadkeeper_rules::table::ServicePortName;
 
@@ -23,6 +26,8 @@ pub trait EbpfRunner: Send {
     fn in_place(&mut self) -> Result<bool, Error>;
     /// Attaches the programs again (someone removed them).
     fn repair(&mut self) -> Result<(), Error>;
+    /// Deletes the flows of external traffic whose backend `serving` calls stale; how many.
+    fn delete_stale_flows(&mut self, serving: &ServingMap) -> Result<u64, Error>;
 }
 
 /// A runner that keeps the maps as a model and records every update: the kernel of the unit
@@ -54,6 +59,11 @@ impl EbpfRunner for FakeMaps {
 
     fn repair(&mut self) -> Result<(), Error> {
         Ok(())
+    }
+
+    /// The model holds no flows: they are the kernel programs' own state.
+    fn delete_stale_flows(&mut self, _: &ServingMap) -> Result<u64, Error> {
+        Ok(0)
     }
 }
 
@@ -170,6 +180,16 @@ impl<R: EbpfRunner> Backend for EbpfProxier<R> {
 
     fn rules_in_place(&mut self) -> Result<bool, Error> {
         self.runner.in_place()
+    }
+
+    /// The socket programs translate each `connect()`/`sendmsg()` anew: only the flows the
+    /// interface programs hold (external traffic) can pin a client to an endpoint.
+    fn cleanup_stale_flows(&mut self, node_ips: &[IpAddr]) -> Result<u64, Error> {
+        let serving = ServingMap::new(&self.state.table, node_ips);
+        if serving.is_empty() {
+            return Ok(0);
+        }
+        self.state.kernel.time(|| self.runner.delete_stale_flows(&serving))
     }
 }
 

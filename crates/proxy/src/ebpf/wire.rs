@@ -6,10 +6,10 @@ use std::net::{IpAddr, Ipv6Addr, SocketAddr};
 
 use ipnet::IpNet;
 use roadkeeper_ebpf_common::{
-    Address, FLAG_EMPTY_DROP, FLAG_MAGLEV, FLAG_MASQUERADE, FLAG_SOURCE_RANGES, SCOPE_EXTERNAL, SCOPE_INTERNAL,
-    ServiceKey, ServiceValue, SourceRangeKey,
+    Address, FLAG_EMPTY_DROP, FLAG_MAGLEV, FLAG_MASQUERADE, FLAG_SOURCE_RANGES, FLOW_REPLY, FlowKey, FlowValue,
+    SCOPE_EXTERNAL, SCOPE_INTERNAL, ServiceKey, ServiceValue, SourceRangeKey,
 };
-use roadkeeper_rules::conntrack::proto_number;
+use roadkeeper_rules::conntrack::{Flow, Tuple, proto_number};
 use roadkeeper_rules::ebpf::{Empty, FrontendId, FrontendKey, Master, Scope, Selection, SlotKey, SlotValue};
 use roadkeeper_rules::table::Protocol;
 
@@ -111,9 +111,57 @@ pub fn source_range(bits: u32, data: &SourceRangeKey) -> Option<(FrontendId, IpN
     Some((u16::from_be_bytes(data.frontend_id), net))
 }
 
+/// A forward flow of the interface programs as conntrack would show it: the client's tuple to
+/// the frontend, and the reply from the backend it was translated to.
+pub fn flow(key: &FlowKey, value: &FlowValue) -> Flow {
+    let (client, frontend, backend) = (socket_addr(&key.source), socket_addr(&key.destination), socket_addr(&value.to));
+    let tuple = |from: SocketAddr, to: SocketAddr| Tuple {
+        src: from.ip(),
+        dst: to.ip(),
+        protocol: key.protocol,
+        src_port: from.port(),
+        dst_port: to.port(),
+    };
+    Flow { orig: tuple(client, frontend), reply: tuple(backend, client), zone: 0, id: None }
+}
+
+/// The reply entry the programs record beside a forward flow: from its backend to its client.
+pub fn reply_key(forward: &FlowKey, value: &FlowValue) -> FlowKey {
+    FlowKey { source: value.to, destination: forward.source, direction: FLOW_REPLY, ..*forward }
+}
+
 #[cfg(test)]
 mod tests {
+    use roadkeeper_ebpf_common::FLOW_FORWARD;
+
     use super::*;
+
+    #[test]
+    fn a_forward_flow_reads_as_conntrack_would_show_it_and_names_its_reply() {
+        let (client, frontend, backend): (SocketAddr, SocketAddr, SocketAddr) = (
+            "198.51.100.9:20053".parse().unwrap(),
+            "192.168.77.2:30053".parse().unwrap(),
+            "10.244.0.5:8080".parse().unwrap(),
+        );
+        let key = FlowKey {
+            source: address(client.ip(), client.port()),
+            destination: address(frontend.ip(), frontend.port()),
+            protocol: 17,
+            direction: FLOW_FORWARD,
+            pad: 0,
+        };
+        let value = FlowValue { to: address(backend.ip(), backend.port()), backend_id: 4, mark: 0 };
+        let flow = flow(&key, &value);
+        assert_eq!(
+            (flow.orig.src, flow.orig.src_port, flow.orig.dst, flow.orig.dst_port),
+            (client.ip(), 20053, frontend.ip(), 30053)
+        );
+        assert_eq!((flow.reply.src, flow.reply.src_port, flow.reply.dst), (backend.ip(), 8080, client.ip()));
+        assert_eq!(flow.orig.protocol, 17);
+        let reply = reply_key(&key, &value);
+        assert_eq!((socket_addr(&reply.source), socket_addr(&reply.destination)), (backend, client));
+        assert_eq!((reply.direction, reply.protocol), (FLOW_REPLY, 17));
+    }
 
     #[test]
     fn source_ranges_read_back_as_they_were_written() {
