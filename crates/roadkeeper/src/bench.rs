@@ -15,6 +15,7 @@ use roadkeeper_cluster::{NamespacedName, Object, Store};
 use roadkeeper_netlab::Netns;
 use roadkeeper_netlab::cgroup::NodeCgroup;
 use roadkeeper_rules::config::{BPF_LB_MAP_MAX, ProxyConfig, ProxyMode};
+use roadkeeper_rules::ebpf::CATCH_ALL_PROTOCOLS;
 use roadkeeper_rules::table::NodeInfo;
 
 use crate::bench_plot::{Series, line_chart};
@@ -226,10 +227,11 @@ impl Scratch {
     }
 }
 
-/// eBPF mode's map size for a cluster: a master entry and a slot per endpoint for every Service
-/// (one more Service added by the bench), as a power of two within `--bpf-lb-map-max`'s bounds.
+/// eBPF mode's map size for a cluster: a master entry, a slot per endpoint and its ClusterIP's
+/// catch-alls for every Service (one more Service added by the bench), as a power of two within
+/// `--bpf-lb-map-max`'s bounds.
 fn map_max(services: usize, endpoints: usize) -> usize {
-    let entries = (services + 1) * (endpoints + 1);
+    let entries = (services + 1) * (endpoints + 1 + CATCH_ALL_PROTOCOLS.len());
     entries.next_power_of_two().clamp(*BPF_LB_MAP_MAX.start(), *BPF_LB_MAP_MAX.end())
 }
 
@@ -357,8 +359,10 @@ fn measure(backend: Backend, services: usize, endpoints: usize, runs: usize) -> 
         let (elapsed, proxier) = scratch.ns.run(|| -> anyhow::Result<_> {
             let mut proxier = kernel_proxier(&cfg, node.clone(), &base)?;
             let start = Instant::now();
-            proxier.sync(&base, &BTreeSet::new())?;
-            Ok((start.elapsed(), proxier))
+            let report = proxier.sync(&base, &BTreeSet::new())?;
+            let elapsed = start.elapsed();
+            anyhow::ensure!(report.refused.is_empty(), "the first sync refused {:?}", report.refused.first());
+            Ok((elapsed, proxier))
         })?;
         full.push(elapsed);
         last = Some((scratch, proxier));
@@ -489,4 +493,26 @@ fn write_results(
     std::fs::write(out.join("results.md"), format!("{table}\n{plots}"))
         .with_context(|| format!("writing {}", out.join("results.md").display()))?;
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use roadkeeper_proxy::ebpf::proxier::{EbpfProxier, FakeMaps};
+    use roadkeeper_proxy::proxier::Proxier;
+
+    use super::*;
+
+    /// The maps the bench sizes hold its whole cluster, plus the Service it adds: here 1,488
+    /// Services of 10 endpoints, where the power of two just above a master and a slot per
+    /// endpoint (16,379 entries) leaves no room for the ClusterIPs' catch-alls.
+    #[test]
+    fn the_maps_hold_the_benchs_cluster_with_its_catch_alls() {
+        let (services, endpoints) = (1488, 10);
+        let mut cfg = ProxyConfig { mode: ProxyMode::Ebpf, ..ProxyConfig::default() };
+        cfg.ebpf.set_map_max(map_max(services, endpoints)).unwrap();
+        let node = NodeInfo { name: "node-0".into(), ..NodeInfo::default() };
+        let mut proxier = EbpfProxier::new(cfg, node, FakeMaps::default());
+        let report = proxier.sync(&store(services + 1, endpoints, None), &BTreeSet::new()).unwrap();
+        assert_eq!(report.refused, Vec::new(), "map size {}", map_max(services, endpoints));
+    }
 }

@@ -17,4 +17,4 @@ pub mod plan;
 pub mod show;
 
 pub use maps::{BackendId, FrontendId, Layout, MapLimits, MapOp, Maps, Master, Refusal, SlotKey, SlotValue};
-pub use plan::{BackendAddress, EbpfPlan, Empty, Frontend, FrontendKey, Scope, Selection};
+pub use plan::{BackendAddress, CATCH_ALL_PROTOCOLS, EbpfPlan, Empty, Frontend, FrontendKey, Scope, Selection};

@@ -27,6 +27,8 @@ pub enum Scope {
 
 /// The port of a ClusterIP's catch-all frontends: what no Service port serves there is refused.
 pub const ANY_PORT: u16 = 0;
+/// The protocols a ClusterIP has a catch-all entry of (its `services` entries besides its ports').
+pub const CATCH_ALL_PROTOCOLS: [Protocol; 3] = [Protocol::Tcp, Protocol::Udp, Protocol::Sctp];
 
 /// A frontend as the BPF programs look it up: destination, port, protocol and scope.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
@@ -154,7 +156,7 @@ impl EbpfPlan {
             planned.push((key(ip, port.port, Scope::Internal), internal));
             // Every other port of the ClusterIP, in every protocol: refused, as upstream rejects
             // what no Service port of a ClusterIP serves. (No identifier: nothing is translated.)
-            for protocol in [Protocol::Tcp, Protocol::Udp, Protocol::Sctp] {
+            for protocol in CATCH_ALL_PROTOCOLS {
                 let other_ports = FrontendKey { address: ip, port: ANY_PORT, protocol, scope: Scope::Internal };
                 planned.push((other_ports, frontend(&[], Selection::Random, Empty::Reject, &[], false)));
             }
