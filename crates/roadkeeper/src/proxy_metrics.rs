@@ -1,7 +1,7 @@
 //! The proxy's Prometheus metrics, named as kube-proxy's (plus `roadkeeper_*` where they add
 //! information), and how the sync loop records them. Rendering is [`crate::serve`]'s job.
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::BTreeMap;
 use std::time::{SystemTime, UNIX_EPOCH};
 
 use metrics::{Unit, counter, describe_counter, describe_gauge, describe_histogram, gauge, histogram};
@@ -118,10 +118,8 @@ pub fn record_sync(report: &SyncReport, applied: &Changes, since: SystemTime) {
     counter!(ENDPOINT_CHANGES).increment(applied.endpoint_updates as u64);
     counter!(CONNTRACK_DELETED).increment(report.conntrack_deleted);
     gauge!(FRONTEND_CONFLICTS).set(report.frontend_conflicts as f64);
-    // A partial sync retries every Service refused before, so its report lists all of them
-    // (eBPF mode: once per refused port).
-    let refused: BTreeSet<&NamespacedName> = report.refused.iter().map(|(key, _)| key).collect();
-    gauge!(REFUSED).set(refused.len() as f64);
+    // A partial sync retries every Service refused before, so its report lists all of them.
+    gauge!(REFUSED).set(report.refused.len() as f64);
     record_pending(&Changes::default());
 }
 

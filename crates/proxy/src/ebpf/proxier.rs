@@ -136,9 +136,13 @@ impl<R: EbpfRunner> EbpfProxier<R> {
         self.state.kernel.time(|| self.runner.apply(ops))
     }
 
-    /// The report of a sync.
+    /// The report of a sync: refusals once per Service, each with the reasons of its ports.
     fn report(full: bool, services: usize, ops: usize, refusals: Vec<Refusal>) -> SyncReport {
-        let refused = refusals.into_iter().map(|r| (r.service.service.clone(), r.to_string())).collect();
+        let mut by_service: BTreeMap<NamespacedName, Vec<String>> = BTreeMap::new();
+        for refusal in refusals {
+            by_service.entry(refusal.service.service.clone()).or_default().push(refusal.to_string());
+        }
+        let refused = by_service.into_iter().map(|(service, reasons)| (service, reasons.join("; "))).collect();
         SyncReport { full, services_changed: services, ops, refused, ..SyncReport::default() }
     }
 }

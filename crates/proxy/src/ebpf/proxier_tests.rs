@@ -98,3 +98,27 @@ fn a_service_without_endpoints_keeps_a_master_entry_that_refuses() {
     assert_eq!((master.count, master.empty), (0, roadkeeper_rules::ebpf::Empty::Reject));
     assert!(p.runner().maps.services.values().all(|v| matches!(v, SlotValue::Master(_))));
 }
+
+#[test]
+fn a_refused_service_is_reported_once_with_the_reason_of_each_port() {
+    let svc = "metadata: {name: dns, namespace: default}\n\
+               spec: {clusterIP: 10.96.0.53, ports: [{name: tcp, port: 53}, {name: udp, port: 53, protocol: UDP}]}\n";
+    let slice = "metadata: {name: dns-1, namespace: default, labels: {kubernetes.io/service-name: dns}}\n\
+                 addressType: IPv4\nports: [{name: tcp, port: 5353}, {name: udp, port: 5353, protocol: UDP}]\n\
+                 endpoints: [{addresses: [10.244.0.5]}]\n";
+    let store = roadkeeper_cluster::Store::from_objects([
+        roadkeeper_cluster::Object::Service(serde_saphyr::from_str(svc).unwrap()),
+        roadkeeper_cluster::Object::EndpointSlice(serde_saphyr::from_str(slice).unwrap()),
+    ]);
+    let mut cfg = ProxyConfig::default();
+    cfg.ebpf.limits.services = 1;
+    let mut p = EbpfProxier::new(cfg, NodeInfo::default(), FakeMaps::default());
+    let report = p.sync(&store, &BTreeSet::new()).unwrap();
+    assert_eq!(report.refused.len(), 1, "{:?}", report.refused);
+    let (service, reasons) = &report.refused[0];
+    assert_eq!(service, &NamespacedName::new("default", "dns"));
+    assert!(
+        reasons.contains("dns:tcp") && reasons.contains("dns:udp") && reasons.contains("services map"),
+        "{reasons}"
+    );
+}
