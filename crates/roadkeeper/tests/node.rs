@@ -201,8 +201,13 @@ fn walk_the_tutorial(mode: &str) {
         let ips = node.kubectl(&["get", "pods", "-l", "app=hello", "-o", "jsonpath={.items[*].status.podIP}"]);
         ips.split_whitespace().map(str::to_owned).collect::<Vec<_>>()
     };
-    let slices = node.kubectl(&["get", "endpointslices", "-l", "kubernetes.io/service-name=hello"]);
-    assert!(pod_ips().iter().all(|ip| slices.contains(ip.as_str())), "{slices}");
+    // The EndpointSlice controller may list the last pod a moment after the pod has its address.
+    let slices = || node.kubectl(&["get", "endpointslices", "-l", "kubernetes.io/service-name=hello"]);
+    let listed = eventually(Duration::from_secs(20), || {
+        let slices = slices();
+        pod_ips().iter().all(|ip| slices.contains(ip.as_str()))
+    });
+    assert!(listed, "{}", slices());
 
     // The rules the proxy wrote, in the node's network namespace.
     let rule_lines = || match mode {
