@@ -5,12 +5,13 @@
 # deploy/ingress.yaml; waits until all of them are ready. With `coredns` last, the cluster DNS is
 # CoreDNS as kubeadm installs it (tests/node/coredns.yaml) instead of deploy/dns.yaml.
 #
-#   tests/node/deploy.sh KUBECONFIG nftables|iptables|ipvs [roadkeeper|coredns]
+#   tests/node/deploy.sh KUBECONFIG nftables|iptables|ipvs|ebpf [roadkeeper|coredns]
 #
 # The manifest gets the edits it documents: clusterCIDR (the cluster's pod range, as kubeadm
 # sets kube-proxy's); for iptables mode, `mode: iptables` and NET_RAW in the DaemonSet's
 # capabilities; for ipvs mode, `mode: ipvs` and the node's /lib/modules in the init container
-# (which loads IPVS's modules); and a `conntrack:` section for a node that is a network
+# (which loads IPVS's modules); for ebpf mode, `mode: ebpf`, the capabilities, `--cgroup-root`
+# and the cgroup and bpffs volumes (each node's own: below); and a `conntrack:` section for a node that is a network
 # namespace (below).
 set -euo pipefail
 here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
@@ -45,6 +46,26 @@ elif [[ $mode == ipvs ]]; then
         -e "/^      volumes:\$/a\\$volume" <<<"$manifest")
     (($(diff <(echo "$manifest") <(echo "$edited") | grep -c '^>') == 3)) ||
         node_fail "deploy/roadkeeper.yaml: cannot find 'mode: nftables', the lib-modules comment and 'volumes:' to switch to ipvs"
+    manifest=$edited
+elif [[ $mode == ebpf ]]; then
+    # The edits the manifest names for ebpf mode, with one difference: the nodes share this
+    # machine, so each node's proxy mounts its own node's cgroup (the cgroup v2 hierarchy's
+    # /roadkeeper-node/<node>, where its kubelet puts its pods) and its own folder of one bpffs,
+    # by the pod's node name (subPathExpr), not the machine's root cgroup and /sys/fs/bpf.
+    v2=$(cgroup_v2)
+    [[ -n $v2 && -e $v2/$CGROUP_ROOT ]] || node_fail "no cgroup v2 hierarchy with $CGROUP_ROOT at $v2: eBPF mode needs one"
+    mkdir -p "$NODE_DIR/bpf"
+    mountpoint -q "$NODE_DIR/bpf" || mount -t bpf bpf "$NODE_DIR/bpf"
+    arg='            - --cgroup-root=/run/roadkeeper/cgroup'
+    mounts='            - {name: cgroup, mountPath: /run/roadkeeper/cgroup, subPathExpr: $(NODE_NAME)}\n            - {name: bpf, mountPath: /sys/fs/bpf, subPathExpr: $(NODE_NAME)}'
+    volumes="        - {name: cgroup, hostPath: {path: $v2/$CGROUP_ROOT, type: Directory}}\\n        - {name: bpf, hostPath: {path: $NODE_DIR/bpf, type: Directory}}"
+    edited=$(sed -e 's/^    mode: nftables$/    mode: ebpf/' \
+        -e 's/add: \["NET_ADMIN"\]/add: ["NET_ADMIN", "BPF", "PERFMON", "SYS_ADMIN"]/' \
+        -e "/^            #   - --cgroup-root=\/run\/roadkeeper\/cgroup\$/a\\$arg" \
+        -e "/^            #   - {name: bpf, mountPath: \/sys\/fs\/bpf}\$/a\\$mounts" \
+        -e "/^      volumes:\$/a\\$volumes" <<<"$manifest")
+    (($(diff <(echo "$manifest") <(echo "$edited") | grep -c '^>') == 7)) ||
+        node_fail "deploy/roadkeeper.yaml: cannot find 'mode: nftables', the capabilities, and the ebpf comments of the flag and the mounts, to switch to ebpf"
     manifest=$edited
 fi
 # The node is a network namespace of this machine, where nf_conntrack_max (node-wide) cannot be

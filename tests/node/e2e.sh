@@ -4,7 +4,7 @@
 # node down afterwards. The JUnit report and the suite's log go to the report folder, and the
 # last lines printed are the pass / fail / skip counts.
 #
-#   tests/node/e2e.sh [--proxy-mode nftables|iptables|ipvs] [--nodes N] [--report-dir DIR]
+#   tests/node/e2e.sh [--proxy-mode nftables|iptables|ipvs|ebpf] [--nodes N] [--report-dir DIR]
 #                     [--focus RE] [--skip RE] [--procs N] [--list]
 #
 # --nodes: how many nodes up.sh brings up (default 3, one zone each: some tests need two or
@@ -62,16 +62,17 @@ done
 
 node_log "e2e.test, focus: $focus"
 node_log "skip: $skip"
-# In the node's network namespace: some tests reach node and pod addresses from the test itself.
+# On the first node (its network namespace and cgroup): some tests reach node and pod addresses,
+# and NodePorts of the node's own address, from the test itself.
 args=(--kubeconfig="$admin" --provider=local --kubectl-path="$(dirname "$admin")/kubectl"
     --num-nodes="$nodes" --dns-domain="$CLUSTER_DOMAIN" --report-dir="$report" --ginkgo.no-color --ginkgo.v
     --ginkgo.focus="$focus" --ginkgo.skip="$skip" --ginkgo.timeout=3h)
 started=$SECONDS
 status=0
 if ((procs > 1)); then
-    in_node "$bin/ginkgo" --procs="$procs" --no-color "$bin/e2e.test" -- "${args[@]}" >"$report/e2e.log" 2>&1 || status=$?
+    on_node "$bin/ginkgo" --procs="$procs" --no-color "$bin/e2e.test" -- "${args[@]}" >"$report/e2e.log" 2>&1 || status=$?
 else
-    in_node "$bin/e2e.test" "${args[@]}" >"$report/e2e.log" 2>&1 || status=$?
+    on_node "$bin/e2e.test" "${args[@]}" >"$report/e2e.log" 2>&1 || status=$?
 fi
 node_log "e2e.test exited $status after $((SECONDS - started)) s; log: $report/e2e.log"
 grep -E '^(Ran [0-9]+ of|SUCCESS!|FAIL!)' "$report/e2e.log" || true

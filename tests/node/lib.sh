@@ -67,6 +67,30 @@ cgroup_hierarchies() {
     if [[ -e /sys/fs/cgroup/cgroup.procs ]]; then echo /sys/fs/cgroup; fi
 }
 
+# The cgroup v2 hierarchy: /sys/fs/cgroup on a v2 host, /sys/fs/cgroup/unified on a hybrid one
+# (none on a v1-only host). Each node's pods are in its /roadkeeper-node/<node> there too (runc
+# joins it in hybrid mode), where eBPF mode's socket programs attach.
+cgroup_v2() {
+    if [[ -e /sys/fs/cgroup/cgroup.controllers ]]; then
+        echo /sys/fs/cgroup
+    elif [[ -e /sys/fs/cgroup/unified/cgroup.controllers ]]; then
+        echo /sys/fs/cgroup/unified
+    fi
+}
+
+# Runs a command as a host process of the first node: in its network namespace and, where the
+# machine has a cgroup v2 hierarchy, in the node's cgroup there (the other hierarchies are left
+# as they are), as a process of a real node is below the root its proxy attaches to in eBPF mode.
+on_node() {
+    local v2
+    v2=$(cgroup_v2)
+    if [[ -n $v2 ]]; then
+        in_node sh -c 'echo $$ > "$0/cgroup.procs" && exec "$@"' "$v2/$CGROUP_ROOT/$NODE_NAME" "$@"
+    else
+        in_node "$@"
+    fi
+}
+
 # Built images, as docker archives (tests/node/images.sh), imported into containerd by up.sh.
 IMAGES_CACHE=${ROADKEEPER_NODE_IMAGES:-$HOME/.cache/roadkeeper/node-images}
 

@@ -4,7 +4,7 @@
 # kube-proxy), its cluster DNS (in place of CoreDNS) and its Ingress controller. The last line on stdout is the path of the
 # admin kubeconfig; a kubectl binary sits in the same folder. tests/node/down.sh undoes it all.
 #
-#   tests/node/up.sh [--proxy-mode nftables|iptables|ipvs] [--nodes N] [--dns roadkeeper|coredns] [--no-deploy]
+#   tests/node/up.sh [--proxy-mode nftables|iptables|ipvs|ebpf] [--nodes N] [--dns roadkeeper|coredns] [--no-deploy]
 #
 # --nodes N (default 1, at most 9) adds worker nodes roadkeeper-node-2... (a kubelet and a
 # containerd each, in network namespaces rkn-node-2...) beside the first, which also runs the
@@ -30,7 +30,7 @@ deploy=1
 nodes=1
 while (($#)); do
     case $1 in
-        --proxy-mode) proxy_mode=${2:?--proxy-mode needs nftables, iptables or ipvs}; shift 2 ;;
+        --proxy-mode) proxy_mode=${2:?--proxy-mode needs nftables, iptables, ipvs or ebpf}; shift 2 ;;
         --proxy-mode=*) proxy_mode=${1#*=}; shift ;;
         --nodes) nodes=${2:?--nodes needs a number}; shift 2 ;;
         --nodes=*) nodes=${1#*=}; shift ;;
@@ -41,7 +41,7 @@ while (($#)); do
         *) node_fail "unknown argument $1 (see --help)" ;;
     esac
 done
-case $proxy_mode in nftables | iptables | ipvs) ;; *) node_fail "--proxy-mode $proxy_mode: not nftables, iptables or ipvs" ;; esac
+case $proxy_mode in nftables | iptables | ipvs | ebpf) ;; *) node_fail "--proxy-mode $proxy_mode: not nftables, iptables, ipvs or ebpf" ;; esac
 case $dns in roadkeeper | coredns) ;; *) node_fail "--dns $dns: not roadkeeper or coredns" ;; esac
 [[ $nodes =~ ^[1-9]$ ]] || node_fail "--nodes $nodes: not a number from 1 to 9"
 ((EUID == 0)) || node_fail "needs root (network namespaces, cgroups, containerd)"

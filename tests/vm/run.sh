@@ -2,7 +2,7 @@
 # Runs the proxy end-to-end suites (crates/roadkeeper/tests/proxy_*.rs) on another kernel, in a
 # qemu virtual machine whose userland is this host's: only the kernel differs.
 #
-#   tests/vm/run.sh [--kernel PATH] [--backend nftables|iptables|ipvs|all] [--timeout SECONDS]
+#   tests/vm/run.sh [--kernel PATH] [--backend nftables|iptables|ipvs|ebpf|all] [--timeout SECONDS]
 #                   [--subset FILE] [--modules DIR] [--exec CMD] [--accel kvm|tcg] [--cpus N]
 #                   [--memory SIZE] [--out DIR] [-- FILTER...]
 #
@@ -17,7 +17,11 @@
 #                   (modules, a virtual server programmed and listed with ipvsadm), then the
 #                   proxy crate's IPVS kernel tests (`roadkeeper-proxy`'s `ipvs::` unit tests),
 #                   then the `ipvs::*` cases; both with --include-ignored, as they are ignored on
-#                   hosts without IPVS. `all` (default) runs all three in one boot.
+#                   hosts without IPVS. `ebpf` runs the loader's kernel tests (`roadkeeper-proxy`'s
+#                   ebpf_kernel.rs: every BPF program through this kernel's verifier), then the
+#                   `ebpf::*` cases and those of proxy_ebpf.rs; on a kernel older than 5.18, only
+#                   a check that `proxy --proxy-mode ebpf` refuses it saying so. `all` (default)
+#                   runs all four in one boot.
 #   -- FILTER...    libtest-style substring filters (any of them) on top of the backend's.
 #   --subset FILE   more filters, one a line ("#" comments): tests/vm/ci.subset is CI's subset.
 #   --timeout S     bound on the VM's whole run (default 3600); --accel forces kvm or tcg.
@@ -70,9 +74,9 @@ while [ $# -gt 0 ]; do
     esac
 done
 case $backend in
-    nftables | iptables | ipvs) backends=("$backend") ;;
-    all) backends=(nftables iptables ipvs) ;;
-    *) die "--backend must be nftables, iptables, ipvs or all, not $backend" ;;
+    nftables | iptables | ipvs | ebpf) backends=("$backend") ;;
+    all) backends=(nftables iptables ipvs ebpf) ;;
+    *) die "--backend must be nftables, iptables, ipvs, ebpf or all, not $backend" ;;
 esac
 out_args=()
 if [ -n "$out" ]; then
@@ -189,6 +193,14 @@ if [ -z "$exec" ] && [[ " ${backends[*]} " == *" ipvs "* ]]; then
         die "cargo test -p roadkeeper-proxy --no-run failed (above)"
     [ -n "$proxy_unit" ] || die "cargo built no roadkeeper-proxy test binary"
 fi
+# The loader's kernel tests, which load every BPF program (for --backend ebpf).
+ebpf_kernel=""
+if [ -z "$exec" ] && [[ " ${backends[*]} " == *" ebpf "* ]]; then
+    ebpf_kernel=$(cd "$repo" && cargo test -p roadkeeper-proxy --features ebpf-kernel --test ebpf_kernel --no-run \
+        --message-format=json | jq -r 'select(.reason == "compiler-artifact" and .profile.test and .executable) | .executable') ||
+        die "cargo test -p roadkeeper-proxy --test ebpf_kernel --no-run failed (above)"
+    [ -n "$ebpf_kernel" ] || die "cargo built no ebpf_kernel test binary"
+fi
 
 run=$(mktemp -d "${TMPDIR:-/tmp}/roadkeeper-vm.XXXXXX")
 qemu_pid=""
@@ -204,20 +216,21 @@ trap 'exit 130' INT TERM
 mkdir -p "$run/share" "$run/snap" "$run/initramfs"/{bin,lower,rw,newroot,proc,sys,dev,mods}
 # A snapshot of the binaries, bound over their paths in the VM: a build of the same checkout
 # while the VM runs (cargo rewrites target/debug/roadkeeper) does not change what is tested.
-for file in "${binaries[@]}" "${programs[@]}" ${proxy_unit:+"$proxy_unit"}; do
+for file in "${binaries[@]}" "${programs[@]}" ${proxy_unit:+"$proxy_unit"} ${ebpf_kernel:+"$ebpf_kernel"}; do
     mkdir -p "$run/snap$(dirname "$file")" && cp "$file" "$run/snap$file"
 done
 
 # The test selection: for each backend, the names each binary lists under `<backend>::` (and,
-# with nftables, those under no backend module), narrowed by the user's filters. (eBPF mode's
-# cases are not run in VMs yet.)
+# with nftables, those under no backend module but proxy_ebpf.rs's, which are eBPF mode's),
+# narrowed by the user's filters.
 selected() {
-    local binary=$1 backend=$2
+    local binary=$1 backend=$2 own=nftables
+    [[ $(basename "$binary") != proxy_ebpf-* ]] || own=ebpf
     "$binary" --list --format terse 2>/dev/null | sed -n 's/: test$//p' | while read -r name; do
         case $name in
             "$backend"::*) ;;
             nftables::* | iptables::* | ipvs::* | ebpf::*) continue ;;
-            *) [ "$backend" = nftables ] || continue ;;
+            *) [ "$backend" = "$own" ] || continue ;;
         esac
         if [ ${#filters[@]} -gt 0 ]; then
             local hit=""
@@ -262,6 +275,14 @@ echo o > /proc/sysrq-trigger; sleep 60
 EOF
 } > "$run/share/stage2.sh"
 
+# Whether the VM's kernel is one eBPF mode runs on (5.18+): on older ones, its refusal is checked.
+ebpf_kernel_ok() {
+    local major minor
+    IFS=. read -r major minor _ <<<"$release"
+    minor=${minor%%[!0-9]*}
+    [ "$major" -gt 5 ] || { [ "$major" -eq 5 ] && [ "$minor" -ge 18 ]; }
+}
+
 # What runs: the fresh-kernel check (first: before anything loads nf_conntrack), the IPVS smoke
 # check, then each binary with its selection.
 {
@@ -292,7 +313,7 @@ step fresh_kernel
 # use (nf_tables replays the batch after each one), which takes tens of seconds under emulation:
 # run once here, in a throwaway namespace, so that it is measured and not paid inside a test's
 # wait for its proxy.
-first_sync() {
+sync_once() {
     ns=rk-vm-first-$1 dir=/tmp/first-sync-$1
     mkdir -p "$dir" && cat > "$dir/web.yaml" <<'YAML'
 apiVersion: v1
@@ -324,14 +345,29 @@ endpoints: [{addresses: ["fd00:244::9"], conditions: {ready: true}, nodeName: vm
 ports: [{name: http, port: 8080, protocol: TCP}, {name: dns, port: 5353, protocol: UDP}]
 YAML
     ip netns add "$ns" || return 1
-    started=$(cut -d' ' -f1 /proc/uptime) rc=0
+    rc=0
     { ip -n "$ns" link add eth0 type dummy && ip -n "$ns" link set eth0 up &&
         ip -n "$ns" addr add 192.168.99.2/24 dev eth0 && ip -n "$ns" addr add fd00:99::2/64 dev eth0 nodad &&
-        ip netns exec "$ns" "$repo/target/debug/roadkeeper" proxy --once --proxy-mode "$1" --manifests "$dir" \
+        ip netns exec "$ns" "$repo/target/debug/roadkeeper" proxy --once --proxy-mode "$@" --manifests "$dir" \
             --hostname-override vm --cluster-cidr 10.244.0.0/16,fd00:244::/48 > "$dir/log" 2>&1; } || rc=$?
     ip netns del "$ns"
-    [ "$rc" -eq 0 ] || { cat "$dir/log"; return "$rc"; }
+    return "$rc"
+}
+first_sync() {
+    started=$(cut -d' ' -f1 /proc/uptime)
+    sync_once "$1" || { rc=$?; cat "/tmp/first-sync-$1/log"; return "$rc"; }
     echo "vm: $1: the first sync on this kernel took $(echo "$started $(cut -d' ' -f1 /proc/uptime)" | awk '{printf "%.1f", $2 - $1}') s"
+}
+# On a kernel older than eBPF mode's, `proxy --proxy-mode ebpf` fails saying so and naming the
+# modes that work.
+ebpf_refused() {
+    mkdir -p /tmp/ebpf-refused/bpf /tmp/ebpf-refused/cgroup && mount -t bpf bpf /tmp/ebpf-refused/bpf &&
+        mount -t cgroup2 cgroup2 /tmp/ebpf-refused/cgroup || return 1
+    if sync_once ebpf --bpf-root /tmp/ebpf-refused/bpf --cgroup-root /tmp/ebpf-refused/cgroup; then echo "vm: eBPF mode started on $(uname -r)"; return 1; fi
+    cat /tmp/first-sync-ebpf/log
+    grep -q "older than the 5.18 eBPF mode needs; nftables, iptables and ipvs modes run on it" /tmp/first-sync-ebpf/log ||
+        { echo "vm: the refusal does not name the kernel's version and the modes that work"; return 1; }
+    echo "vm: ebpf: refused on $(uname -r), as it should be"
 }
 EOF
     for b in "${backends[@]}"; do
@@ -349,7 +385,15 @@ EOF
             printf 'echo "vm: ipvs: the IPVS kernel tests of %s"\n' "$(basename "$proxy_unit")"
             printf 'step %q --color never $(threads_args) --include-ignored ipvs::\n' "$proxy_unit"
         fi
-        [ "$b" = ipvs ] || printf 'step first_sync %q\n' "$b"
+        if [ "$b" = ebpf ] && ! ebpf_kernel_ok; then
+            echo 'step ebpf_refused'
+            printf 'echo "vm: ebpf: Linux %s is older than eBPF mode'"'"'s 5.18: its cases do not run"\n' "$release"
+            continue
+        elif [ "$b" = ebpf ]; then
+            printf 'echo "vm: ebpf: the BPF programs through this kernel'"'"'s verifier (%s)"\n' "$(basename "$ebpf_kernel")"
+            printf 'step %q --color never $(threads_args)\n' "$ebpf_kernel"
+        fi
+        [ "$b" = ipvs ] || [ "$b" = ebpf ] || printf 'step first_sync %q\n' "$b"
         for binary in "${binaries[@]}"; do
             mapfile -t names < <(selected "$binary" "$b")
             [ ${#names[@]} -gt 0 ] || continue

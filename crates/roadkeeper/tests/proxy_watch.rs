@@ -1,10 +1,14 @@
 //! The proxy in watch mode follows manifest changes, with real packets in both families: pods
-//! joining and leaving a Service, a deleted Service, and our table deleted by someone else.
+//! joining and leaving a Service, a deleted Service, our table deleted by someone else, and no
+//! new connection failing while pods churn and the proxy restarts.
 
 mod common;
 
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+
 use common::*;
-use roadkeeper_netlab::ProbeResult;
+use roadkeeper_netlab::{Netns, ProbeResult};
 
 per_backend!(
     a_new_pod_joins_the_rotation,
@@ -15,6 +19,7 @@ per_backend!(
     a_table_deleted_by_someone_else_is_restored,
     sigterm_stops_the_proxy_cleanly_and_leaves_the_rules_in_place,
     a_node_crossing_a_thousand_endpoints_keeps_following_its_pods,
+    no_new_connection_fails_while_pods_go_three_five_three_and_the_proxy_restarts,
 );
 
 /// Service number of `web`: ClusterIPs 10.96.0.40 / fd00:96::40.
@@ -145,4 +150,64 @@ fn a_node_crossing_a_thousand_endpoints_keeps_following_its_pods(backend: Backen
         let seps: Vec<&str> = nat.lines().filter(|l| l.starts_with("-A KUBE-SEP-")).collect();
         assert!(!seps.is_empty() && seps.iter().all(|l| l.contains("--comment \"default/web")), "{nat}");
     }
+}
+
+/// New TCP connections to `web`'s ClusterIPs, both families in turn, one after another from a
+/// second handle on the client's namespace (in the client's cgroup, if any) until `stop`: how
+/// many were made and what each failed one got instead of an echo.
+fn connect_until(c: &Cluster, stop: Arc<AtomicBool>) -> std::thread::JoinHandle<(usize, Vec<String>)> {
+    let ns = Netns::open(c.client.ns.name());
+    if let Some(cgroup) = &c.node_cgroup {
+        ns.place_in(cgroup.clone());
+    }
+    let targets: Vec<_> = FAMILIES.iter().map(|f| at(f.cluster_ip(WEB))).collect();
+    std::thread::spawn(move || {
+        ns.run(|| {
+            let (mut made, mut failed) = (0, Vec::new());
+            while !stop.load(Ordering::Relaxed) {
+                let target = targets[made % targets.len()];
+                match roadkeeper_netlab::probe::tcp(target, probe_timeout()) {
+                    ProbeResult::Reply(_) => {}
+                    other => failed.push(format!("connection {made} to {target}: {other:?}")),
+                }
+                made += 1;
+                std::thread::sleep(std::time::Duration::from_millis(5));
+            }
+            (made, failed)
+        })
+    })
+}
+
+/// Upstream's promise for rolling updates: while a Service grows from 3 to 5 pods, two of them
+/// terminate gracefully (Terminating, still serving, then deleted) and the proxy is restarted
+/// (SIGTERM, then a new one adopting what the old one left), every new connection is answered.
+fn no_new_connection_fails_while_pods_go_three_five_three_and_the_proxy_restarts(backend: Backend) {
+    let mut c = watched_web("rk-wchurn", backend);
+    c.add_pod("web-c", "app: web", NODE);
+    settles_on(&c, &["web-a", "web-b", "web-c"]);
+    let stop = Arc::new(AtomicBool::new(false));
+    let client = connect_until(&c, stop.clone());
+
+    let d = c.add_pod("web-d", "app: web", NODE);
+    let e = c.add_pod("web-e", "app: web", NODE);
+    settles_on(&c, &["web-a", "web-b", "web-c", "web-d", "web-e"]);
+    for pod in [d, e] {
+        c.update_pod(pod, "app: web", NODE, PodState::Terminating);
+    }
+    settles_on(&c, &["web-a", "web-b", "web-c"]);
+    c.remove("pod-web-d.yaml");
+    c.remove("pod-web-e.yaml");
+    settles_on(&c, &["web-a", "web-b", "web-c"]);
+
+    let status = c.proxy().terminate(std::time::Duration::from_secs(5)).expect("proxy stops on SIGTERM");
+    assert!(status.success(), "exit status {status:?}; log:\n{}", c.proxy_log());
+    std::thread::sleep(std::time::Duration::from_millis(500));
+    c.start_fast_proxy();
+    c.update_pod(0, "app: removed", NODE, PodState::Ready);
+    settles_on(&c, &["web-b", "web-c"]);
+
+    stop.store(true, Ordering::Relaxed);
+    let (made, failed) = client.join().expect("the client thread");
+    assert!(made >= 50, "only {made} connections were made");
+    assert!(failed.is_empty(), "{} of {made} new connections failed:\n{}", failed.len(), failed.join("\n"));
 }

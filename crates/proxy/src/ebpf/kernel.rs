@@ -125,6 +125,40 @@ impl super::proxier::EbpfRunner for EbpfKernel {
     }
 }
 
+/// The oldest kernel eBPF mode is written for: its socket programs refuse `connect()` with
+/// `bpf_set_retval` (5.18), and older kernels also refuse its Maglev map's large values.
+const MIN_KERNEL: (u32, u32) = (5, 18);
+
+/// `major.minor` of a kernel release (`uname -r`): `5.10.0-32-amd64` is (5, 10).
+fn release_version(release: &str) -> Option<(u32, u32)> {
+    let mut parts = release.trim().split(|c: char| !c.is_ascii_digit());
+    Some((parts.next()?.parse().ok()?, parts.next()?.parse().ok()?))
+}
+
+/// What to add to a failure to load or attach when this kernel is older than [`MIN_KERNEL`]:
+/// a kernel that backports what eBPF mode uses (it reports an older version) is still tried, so
+/// the version is only named when something failed.
+fn kernel_hint(release: &str) -> Option<String> {
+    let version = release_version(release)?;
+    (version < MIN_KERNEL).then(|| {
+        format!(
+            "this kernel is {}, older than the {}.{} eBPF mode needs; nftables, iptables and ipvs modes run on it",
+            release.trim(),
+            MIN_KERNEL.0,
+            MIN_KERNEL.1
+        )
+    })
+}
+
+/// `err`, naming the kernel's version when that is the likely cause.
+fn with_kernel_hint(err: Error) -> Error {
+    let release = std::fs::read_to_string("/proc/sys/kernel/osrelease").unwrap_or_default();
+    match (err, kernel_hint(&release)) {
+        (Error::Ebpf { what, source }, Some(hint)) => Error::Ebpf { what: format!("{what} ({hint})"), source },
+        (err, _) => err,
+    }
+}
+
 /// The loaded programs and their maps on one node.
 pub struct EbpfKernel {
     ebpf: Ebpf,
@@ -138,6 +172,10 @@ impl EbpfKernel {
     /// and attaches them to `placement.cgroup`, replacing the links a previous run pinned. A
     /// verifier refusal names the program and carries the kernel's log.
     pub fn open(placement: &Placement, limits: &MapLimits) -> Result<EbpfKernel, Error> {
+        EbpfKernel::load(placement, limits).map_err(with_kernel_hint)
+    }
+
+    fn load(placement: &Placement, limits: &MapLimits) -> Result<EbpfKernel, Error> {
         require_fs(
             &placement.cgroup,
             CGROUP2_SUPER_MAGIC,
@@ -474,4 +512,21 @@ pub fn cleanup(pin_dir: &Path) -> Result<usize, Error> {
     }
     let _ = std::fs::remove_dir(pin_dir);
     Ok(removed)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_release_older_than_ebpf_modes_kernel_is_named_and_a_newer_one_is_not() {
+        assert_eq!(release_version("5.10.0-32-amd64\n"), Some((5, 10)));
+        assert_eq!(release_version("6.18.1"), Some((6, 18)));
+        assert_eq!(release_version("garbage"), None);
+        let hint = kernel_hint("5.10.0-32-amd64\n").expect("5.10 is too old");
+        assert!(hint.contains("5.10.0-32-amd64") && hint.contains("5.18") && hint.contains("nftables"), "{hint}");
+        assert_eq!(kernel_hint("5.18.0"), None);
+        assert_eq!(kernel_hint("6.1.0-57-amd64"), None);
+        assert_eq!(kernel_hint(""), None, "an unreadable release adds nothing");
+    }
 }
