@@ -18,6 +18,9 @@ pub mod names {
     pub const REV_NAT: &str = "RK_REV_NAT";
     /// Session affinity (LRU): [`super::AffinityKey`] -> [`super::AffinityValue`].
     pub const AFFINITY: &str = "RK_AFFINITY";
+    /// Session affinity of external traffic (LRU): [`super::ExternalAffinityKey`] ->
+    /// [`super::AffinityValue`].
+    pub const AFFINITY_EXTERNAL: &str = "RK_AFFINITY_EXT";
     /// Reverse translation of sockets (LRU): [`super::SocketRevKey`] -> [`super::Address`].
     pub const SOCKET_REV: &str = "RK_SOCKET_REV";
     /// Maglev tables in chunks: [`super::MaglevKey`] -> [`super::MaglevChunk`].
@@ -48,7 +51,8 @@ pub const INTERFACE_PROGRAMS: [&str; 2] = ["rk_from_outside", "rk_to_outside"];
 
 /// Default sizes of the LRU maps the programs fill themselves.
 pub mod sizes {
-    /// Session affinity entries (client network namespace x frontend).
+    /// Session affinity entries (client network namespace x frontend; and client address x
+    /// frontend for external traffic).
     pub const AFFINITY: u32 = 65536;
     /// Translated sockets remembered for `recvmsg` / `getpeername`.
     pub const SOCKET_REV: u32 = 262144;
@@ -161,6 +165,18 @@ pub struct AffinityKey {
     pub frontend_id: u16,
     /// Padding (zero).
     pub pad: [u16; 3],
+}
+
+/// A session affinity key of external traffic: the client's address and the frontend.
+#[repr(C)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
+pub struct ExternalAffinityKey {
+    /// The frontend's identifier.
+    pub frontend_id: u16,
+    /// Padding (zero).
+    pub pad: u16,
+    /// The client's address.
+    pub ip: [u8; 16],
 }
 
 /// A session affinity value: the backend the client was sent to, and when.
@@ -291,6 +307,7 @@ mod tests {
         assert_eq!(size_of::<ServiceValue>(), 16);
         assert_eq!(size_of::<AffinityKey>(), 16);
         assert_eq!(size_of::<AffinityValue>(), 16);
+        assert_eq!(size_of::<ExternalAffinityKey>(), 20);
         assert_eq!(size_of::<SocketRevKey>(), 32);
         assert_eq!(size_of::<MaglevKey>(), 4);
         assert_eq!(size_of::<SourceRangeKey>(), 20);

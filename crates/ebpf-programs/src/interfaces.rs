@@ -1,6 +1,6 @@
 //! eBPF mode's programs on the node's interfaces (tc ingress and egress): external traffic to a
 //! NodePort, externalIP or LoadBalancer IP is translated to a backend on its way in (Maglev or
-//! random, source ranges, drop or reject without a backend) and its replies back to the
+//! random, session affinity, source ranges, drop or reject without a backend) and its replies back to the
 //! frontend on their way out. Masquerading and rejecting are asked of the node's fixed netfilter
 //! table (`roadkeeper-ebpf`) with `skb->mark` bits.
 // Keys passed by reference: a copy is stack, and the verifier allows 512 bytes per call chain.
@@ -8,18 +8,18 @@
 
 use aya_ebpf::bindings::{BPF_F_MARK_MANGLED_0, BPF_F_NO_PREALLOC, BPF_F_PSEUDO_HDR, TC_ACT_OK, TC_ACT_SHOT};
 use aya_ebpf::cty::c_long;
-use aya_ebpf::helpers::generated::{bpf_csum_diff, bpf_get_prandom_u32};
+use aya_ebpf::helpers::generated::{bpf_csum_diff, bpf_get_prandom_u32, bpf_ktime_get_ns};
 use aya_ebpf::macros::{classifier, map};
 use aya_ebpf::maps::lpm_trie::Key;
 use aya_ebpf::maps::{HashMap, LpmTrie, LruHashMap};
 use aya_ebpf::programs::TcContext;
 use roadkeeper_ebpf_common::{
-    ANY_PORT, Address, FLAG_EMPTY_DROP, FLAG_MAGLEV, FLAG_MASQUERADE, FLAG_SOURCE_RANGES, FLOW_FORWARD, FLOW_REPLY,
+    ANY_PORT, Address, AffinityValue, ExternalAffinityKey, FLAG_EMPTY_DROP, FLAG_MAGLEV, FLAG_MASQUERADE, FLAG_SOURCE_RANGES, FLOW_FORWARD, FLOW_REPLY,
     FlowKey, FlowValue, MAGLEV_CHUNK, MARK_MASQUERADE, MARK_REJECT, MaglevChunk, MaglevKey, SCOPE_EXTERNAL,
-    SCOPE_INTERNAL, ServiceKey, SourceRangeKey, is_v4_mapped, sizes, v4_mapped,
+    SCOPE_INTERNAL, ServiceKey, ServiceValue, SourceRangeKey, is_v4_mapped, sizes, v4_mapped,
 };
 
-use crate::{BACKENDS, SERVICES};
+use crate::{BACKENDS, NANOS, SERVICES};
 
 /// Maglev tables, in chunks (written by the loader; only written chunks take memory).
 #[map(name = "RK_MAGLEV")]
@@ -33,6 +33,10 @@ static SOURCE_RANGES: LpmTrie<SourceRangeKey, u8> = LpmTrie::pinned(sizes::SOURC
 /// the frontend) entries.
 #[map(name = "RK_FLOWS")]
 static FLOWS: LruHashMap<FlowKey, FlowValue> = LruHashMap::pinned(sizes::FLOWS, 0);
+
+/// Session affinity of external traffic: the backend a client address was sent to, and when.
+#[map(name = "RK_AFFINITY_EXT")]
+static AFFINITY_EXT: LruHashMap<ExternalAffinityKey, AffinityValue> = LruHashMap::pinned(sizes::AFFINITY, 0);
 
 /// Slots of every Maglev table (`--bpf-lb-maglev-table-size`), set by the loader.
 #[unsafe(no_mangle)]
@@ -182,6 +186,10 @@ enum Verdict {
     Drop,
     /// A new flow, translated to the backend (its identifier) with these mark bits.
     New(Address, u32, u32),
+    /// A new flow to a frontend with session affinity (its master entry's key and value): its
+    /// backend is the client's ([`affine`], called from the top level for the verifier's stack
+    /// limit).
+    Affine(ServiceKey, ServiceValue),
 }
 
 /// External traffic on its way in: a new flow to an external frontend is sent to a backend
@@ -229,6 +237,9 @@ fn from_outside(ctx: &TcContext, packet: &Packet) -> Verdict {
         ctx.set_mark(MARK_REJECT);
         return Verdict::Pass;
     }
+    if master.affinity_timeout > 0 {
+        return Verdict::Affine(key, master);
+    }
     let backend_id = if master.flags & FLAG_MAGLEV != 0 {
         maglev(master.frontend_id, packet.hash())
     } else {
@@ -242,6 +253,12 @@ fn from_outside(ctx: &TcContext, packet: &Packet) -> Verdict {
     // A table or slot the loader has not written yet cannot happen (they come before the master
     // entry); should it, the packet passes untranslated.
     let Some(backend_id) = backend_id else { return Verdict::Pass };
+    translated(packet, &master, backend_id)
+}
+
+/// A new flow to backend `backend_id` of the frontend `master` heads.
+#[inline(always)]
+fn translated(packet: &Packet, master: &ServiceValue, backend_id: u32) -> Verdict {
     // SAFETY: read by copy.
     let Some(backend) = unsafe { BACKENDS.get(backend_id) }.copied() else { return Verdict::Pass };
     if packet.v6 == is_v4_mapped(&backend.ip) {
@@ -249,6 +266,40 @@ fn from_outside(ctx: &TcContext, packet: &Packet) -> Verdict {
     }
     let mark = if master.flags & FLAG_MASQUERADE != 0 { MARK_MASQUERADE } else { 0 };
     Verdict::New(backend, backend_id, mark)
+}
+
+/// `sessionAffinity: ClientIP`: the backend a client address keeps (per node, as in the other
+/// modes): the one it was last sent to within the timeout while that slot still names it, else
+/// one at random, remembered. (It takes precedence over Maglev, as in Cilium.)
+#[inline(never)]
+fn affine(key: &ServiceKey, master: &ServiceValue, client: &[u8; 16]) -> Option<u32> {
+    // SAFETY: a helper of every program type.
+    let now = unsafe { bpf_ktime_get_ns() };
+    let affinity_key = ExternalAffinityKey { frontend_id: master.frontend_id, pad: 0, ip: *client };
+    let mut slot_key = *key;
+    let mut chosen = None;
+    // SAFETY: read by copy.
+    if let Some(held) = unsafe { AFFINITY_EXT.get(&affinity_key) }.copied() {
+        let fresh = now.saturating_sub(held.last_used_ns) <= u64::from(master.affinity_timeout) * NANOS;
+        slot_key.slot = held.slot;
+        // SAFETY: read by copy.
+        let still_there = unsafe { SERVICES.get(&slot_key) }.is_some_and(|v| v.backend_id == held.backend_id);
+        if fresh && still_there && held.slot >= 1 && held.slot <= master.count {
+            chosen = Some((held.backend_id, held.slot));
+        }
+    }
+    let (backend_id, slot) = match chosen {
+        Some(found) => found,
+        None => {
+            // SAFETY: a helper of every program type.
+            // (A checked remainder: a panic path would leave the program without an exit.)
+            slot_key.slot = 1 + unsafe { bpf_get_prandom_u32() }.checked_rem(u32::from(master.count))? as u16;
+            // SAFETY: read by copy.
+            (unsafe { SERVICES.get(&slot_key) }?.backend_id, slot_key.slot)
+        }
+    };
+    let _ = AFFINITY_EXT.insert(&affinity_key, &AffinityValue { backend_id, slot, pad: 0, last_used_ns: now }, 0);
+    Some(backend_id)
 }
 
 /// The backend (and mark bits) of the packet's flow, while that backend is still there.
@@ -274,14 +325,23 @@ pub fn rk_from_outside(ctx: TcContext) -> i32 {
     let Some(packet) = Packet::parse(&ctx) else { return TC_ACT_OK };
     let (to, mark) = match held(&packet) {
         Some(held) => held,
-        None => match from_outside(&ctx, &packet) {
-            Verdict::Pass => return TC_ACT_OK,
-            Verdict::Drop => return TC_ACT_SHOT,
-            Verdict::New(to, backend_id, mark) => {
-                remember(&packet, &to, backend_id, mark);
-                (to, mark)
+        None => {
+            let verdict = match from_outside(&ctx, &packet) {
+                Verdict::Affine(key, master) => match affine(&key, &master, &packet.source.ip) {
+                    Some(backend_id) => translated(&packet, &master, backend_id),
+                    None => Verdict::Pass,
+                },
+                verdict => verdict,
+            };
+            match verdict {
+                Verdict::New(to, backend_id, mark) => {
+                    remember(&packet, &to, backend_id, mark);
+                    (to, mark)
+                }
+                Verdict::Drop => return TC_ACT_SHOT,
+                Verdict::Pass | Verdict::Affine(..) => return TC_ACT_OK,
             }
-        },
+        }
     };
     if mark != 0 {
         ctx.set_mark(mark);

@@ -12,6 +12,7 @@ use roadkeeper_netlab::{ProbeResult, echo};
 
 per_backend!(
     node_port_from_outside_reaches_every_pod_masqueraded,
+    client_ip_affinity_holds_for_node_port_traffic_from_outside,
     external_and_load_balancer_ips_from_outside_reach_the_service_masqueraded,
     external_traffic_to_a_local_policy_service_reaches_only_local_endpoints_and_keeps_the_client_ip,
     pod_traffic_to_external_frontends_of_a_local_policy_service_reaches_every_endpoint,
@@ -64,6 +65,24 @@ fn node_port_address(family: Family) -> SocketAddr {
 fn local_and_remote_pods(c: &mut Cluster) {
     c.add_pod("web-local", "app: web", NODE);
     c.add_pod("web-remote", "app: web", "node-b");
+}
+
+/// `sessionAffinity: ClientIP` holds for traffic from outside: every new connection (and UDP
+/// flow) of one outside client to the NodePort reaches one pod, in each family and protocol.
+fn client_ip_affinity_holds_for_node_port_traffic_from_outside(backend: Backend) {
+    let mut c = Cluster::new("rk-npaff", backend);
+    for name in ["web-a", "web-b", "web-c"] {
+        c.add_pod(name, "app: web", NODE);
+    }
+    c.write("web.yaml", &service_manifest("web", WEB, "type: NodePort, sessionAffinity: ClientIP"));
+    c.proxy_once(&[]);
+    for family in FAMILIES {
+        for proto in PROTOS {
+            let target = node_port_address(family);
+            let got: BTreeSet<String> = answers(c.lab.external(), proto, target, 20).0.into_iter().collect();
+            assert_eq!(got.len(), 1, "{proto:?} {target}: affinity keeps the outside client on one pod, got {got:?}");
+        }
+    }
 }
 
 fn node_port_from_outside_reaches_every_pod_masqueraded(backend: Backend) {

@@ -96,8 +96,11 @@ fn a_deleted_service_stops_answering(backend: Backend) {
 fn a_table_deleted_by_someone_else_is_restored(backend: Backend) {
     let c = watched_web("rk-wrepair", backend);
     c.wipe_rules();
-    let target = at(Family::V4.cluster_ip(WEB));
-    let back = eventually(settle(), || matches!(probe(&c.client.ns, Proto::Tcp, target), ProbeResult::Reply(_)));
+    // Every family and protocol (eBPF mode attaches its programs one after another).
+    let all = cases(&FAMILIES.map(|family| at(family.cluster_ip(WEB))));
+    let back = eventually(settle(), || {
+        all.iter().all(|&(proto, target)| matches!(probe(&c.client.ns, proto, target), ProbeResult::Reply(_)))
+    });
     assert!(back, "table not restored; proxy log:\n{}", c.proxy_log());
     assert!(serves(&c, &["web-a", "web-b"]));
 }
