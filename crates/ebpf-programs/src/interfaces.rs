@@ -19,7 +19,7 @@ use roadkeeper_ebpf_common::{
     SCOPE_INTERNAL, ServiceKey, ServiceValue, SourceRangeKey, is_v4_mapped, sizes, v4_mapped,
 };
 
-use crate::{BACKENDS, NANOS, SERVICES};
+use crate::{BACKENDS, SERVICES, still_held};
 
 /// Maglev tables, in chunks (written by the loader; only written chunks take memory).
 #[map(name = "RK_MAGLEV")]
@@ -276,21 +276,15 @@ fn affine(key: &ServiceKey, master: &ServiceValue, client: &[u8; 16]) -> Option<
     // SAFETY: a helper of every program type.
     let now = unsafe { bpf_ktime_get_ns() };
     let affinity_key = ExternalAffinityKey { frontend_id: master.frontend_id, pad: 0, ip: *client };
-    let mut slot_key = *key;
-    let mut chosen = None;
     // SAFETY: read by copy.
-    if let Some(held) = unsafe { AFFINITY_EXT.get(&affinity_key) }.copied() {
-        let fresh = now.saturating_sub(held.last_used_ns) <= u64::from(master.affinity_timeout) * NANOS;
-        slot_key.slot = held.slot;
-        // SAFETY: read by copy.
-        let still_there = unsafe { SERVICES.get(&slot_key) }.is_some_and(|v| v.backend_id == held.backend_id);
-        if fresh && still_there && held.slot >= 1 && held.slot <= master.count {
-            chosen = Some((held.backend_id, held.slot));
-        }
-    }
+    let chosen = unsafe { AFFINITY_EXT.get(&affinity_key) }
+        .copied()
+        .filter(|held| still_held(held, key, master, now))
+        .map(|held| (held.backend_id, held.slot));
     let (backend_id, slot) = match chosen {
         Some(found) => found,
         None => {
+            let mut slot_key = *key;
             // SAFETY: a helper of every program type.
             // (A checked remainder: a panic path would leave the program without an exit.)
             slot_key.slot = 1 + unsafe { bpf_get_prandom_u32() }.checked_rem(u32::from(master.count))? as u16;

@@ -118,6 +118,21 @@ fn reject(errno: i32) -> i32 {
     REJECT
 }
 
+/// Whether a client keeps the backend its affinity entry `held` names, for the frontend of
+/// master entry `master` (at `key`): the entry is within the timeout and its slot, one of the
+/// frontend's, still names that backend (a backend that left the slots loses its clients).
+/// Socket and interface programs alike.
+#[inline(always)]
+fn still_held(held: &AffinityValue, key: &ServiceKey, master: &ServiceValue, now: u64) -> bool {
+    let fresh = now.saturating_sub(held.last_used_ns) <= u64::from(master.affinity_timeout) * NANOS;
+    let slot = ServiceKey { slot: held.slot, ..*key };
+    fresh
+        && held.slot >= 1
+        && held.slot <= master.count
+        // SAFETY: read by copy.
+        && unsafe { SERVICES.get(slot) }.is_some_and(|v| v.backend_id == held.backend_id)
+}
+
 /// Translates a frontend to a backend (`connect()` / `sendmsg()`): the forward half of socket
 /// load balancing. Anything that is not an internal-scope frontend is left alone.
 fn translate<const V6: bool>(ctx: &SockAddrContext) -> i32 {
@@ -138,19 +153,15 @@ fn translate<const V6: bool>(ctx: &SockAddrContext) -> i32 {
     // SAFETY: helpers of sock_addr programs.
     let (now, netns) = unsafe { (bpf_ktime_get_ns(), bpf_get_netns_cookie(ctx.sock_addr.cast())) };
     let affinity_key = AffinityKey { netns_cookie: netns, frontend_id: master.frontend_id, pad: [0; 3] };
-    let mut chosen: Option<(u32, u16)> = None;
-    if master.affinity_timeout > 0 {
+    let chosen = if master.affinity_timeout > 0 {
         // SAFETY: read by copy.
-        if let Some(held) = unsafe { AFFINITY.get(affinity_key) }.copied() {
-            let fresh = now.saturating_sub(held.last_used_ns) <= u64::from(master.affinity_timeout) * NANOS;
-            key.slot = held.slot;
-            // SAFETY: read by copy.
-            let still_there = unsafe { SERVICES.get(key) }.is_some_and(|v| v.backend_id == held.backend_id);
-            if fresh && still_there && held.slot >= 1 && held.slot <= master.count {
-                chosen = Some((held.backend_id, held.slot));
-            }
-        }
-    }
+        unsafe { AFFINITY.get(affinity_key) }
+            .copied()
+            .filter(|held| still_held(held, &key, &master, now))
+            .map(|held| (held.backend_id, held.slot))
+    } else {
+        None
+    };
     let (backend_id, slot) = match chosen {
         Some(found) => found,
         None => {
