@@ -11,6 +11,7 @@ use roadkeeper_dns::zone::{PodMode, ZoneData, ZoneOptions};
 use roadkeeper_ingress::routes::RouteTable;
 use roadkeeper_rules::plan::{NodePlan, service_cidrs};
 use roadkeeper_rules::table::{IpFamily, Protocol, ServicePort};
+use roadkeeper_rules::trace::ebpf::FROM_OUTSIDE;
 use roadkeeper_rules::trace::{Entry, Environment, Fate, Packet, Ruleset, Trace, Verdict};
 use serde::Serialize;
 
@@ -215,7 +216,7 @@ pub fn road(world: &World, origin: &Origin, request: &Request, observed: &Observ
                 node: controller_node.clone(),
             };
             let reason = "the controller's pod runs here".to_owned();
-            road.legs.push(leg(world, node, reason, Entry::Received, from, backend, None)?);
+            road.legs.push(leg(world, node, reason, Entry::LocalPod, from, backend, None)?);
         }
     }
     Ok(road)
@@ -386,7 +387,7 @@ fn entry_node<'w>(
         Origin::Pod(_) => {
             let name =
                 from.node.as_deref().ok_or_else(|| Error::NoNode(format!("pod {}: spec.nodeName: none", from.name)))?;
-            Ok((named(name)?, "the pod runs here".to_owned(), Entry::Received))
+            Ok((named(name)?, "the pod runs here".to_owned(), Entry::LocalPod))
         }
         Origin::Node(name) => Ok((named(name)?, "the request starts here".to_owned(), Entry::Host)),
         Origin::Outside { .. } => {
@@ -523,7 +524,7 @@ fn leg(
     let env = Environment { local_addresses: node.info.local_addresses.clone(), ..Environment::default() };
     let trace = ruleset.trace(&packet, &env).map_err(failed)?;
     let landings: Vec<Landing> =
-        trace.paths.iter().enumerate().map(|(index, path)| landing(world, index, path)).collect();
+        trace.paths.iter().enumerate().map(|(index, path)| landing(world, &trace, index, path)).collect();
     let delivered = |l: &&Landing| l.fate == "delivered";
     let followed = observed_dnat
         .and_then(|dnat| landings.iter().find(|l| l.dnat == Some(dnat)))
@@ -533,8 +534,13 @@ fn leg(
     Ok(Leg { from, node: node.info.name.clone(), node_reason, entry, destination, service, rules, landings, followed })
 }
 
-/// How path `index` ends, in words.
-fn landing(world: &World, index: usize, path: &roadkeeper_rules::trace::Path) -> Landing {
+/// How path `index` of `trace` ends, in words; in eBPF mode with the station that translated the
+/// address (the socket, or the node's NIC).
+fn landing(world: &World, trace: &Trace, index: usize, path: &roadkeeper_rules::trace::Path) -> Landing {
+    let program = trace.steps(index).into_iter().find_map(|step| match step {
+        roadkeeper_rules::trace::Step::Program { program, .. } => Some(program.as_str()),
+        _ => None,
+    });
     let masquerade = path.masquerade.as_ref().map(|m| {
         let rule = |r: &roadkeeper_rules::trace::RuleRef| format!("[{} {}] {}", r.table, r.chain, r.rule);
         let by = rule(&m.by);
@@ -555,9 +561,13 @@ fn landing(world: &World, index: usize, path: &roadkeeper_rules::trace::Path) ->
                 roadkeeper_rules::trace::Delivery::Local => "to the node itself",
                 roadkeeper_rules::trace::Delivery::Forwarded => "forwarded",
             };
-            let what = match path.dnat {
-                Some(dnat) => format!("DNAT to {dnat}, {to}"),
-                None => format!("accepted unchanged, {to}"),
+            let what = match (path.dnat, program) {
+                (Some(dnat), Some(FROM_OUTSIDE)) => format!("DNAT to {dnat} at the node's NIC by {FROM_OUTSIDE}, {to}"),
+                (Some(dnat), Some(program)) => {
+                    format!("translated to {dnat} at the socket by {program} (no packet is NATed), {to}")
+                }
+                (Some(dnat), None) => format!("DNAT to {dnat}, {to}"),
+                (None, _) => format!("accepted unchanged, {to}"),
             };
             ("delivered", what)
         }

@@ -166,17 +166,8 @@ fn roads(origin: Origin, request: Request, observed: Observed, ingress_dns: bool
     std::fs::write(dir.path().join("cluster.yaml"), MANIFESTS).unwrap();
     let (source, errors) = ManifestSource::load(dir.path()).unwrap();
     assert!(errors.is_empty(), "{errors:?}");
-    let roads: [Road; 3] = [ProxyMode::Nftables, ProxyMode::Iptables, ProxyMode::Ipvs].map(|mode| {
-        let world = World {
-            store: source.store(),
-            nodes: nodes(mode),
-            cluster_domain: "cluster.local".into(),
-            ingress_service: NamespacedName::new("kube-system", "roadkeeper-ingress"),
-            ingress_class: ClassConfig::default(),
-            ingress_dns,
-        };
-        road(&world, &origin, &request, &observed).unwrap()
-    });
+    let roads: [Road; 3] = [ProxyMode::Nftables, ProxyMode::Iptables, ProxyMode::Ipvs]
+        .map(|mode| road_in(&source, mode, &origin, &request, &observed, ingress_dns));
     let fates = |road: &Road| -> Vec<Vec<Fate>> {
         road.legs
             .iter()
@@ -193,6 +184,26 @@ fn roads(origin: Origin, request: Request, observed: Observed, ingress_dns: bool
     let text = text::render(&roads[0]);
     assert!(text.contains("node proxy  nftables rules of "), "{text}");
     roads
+}
+
+/// The road of `request` from `origin` through `source`'s cluster, its nodes in `mode`.
+fn road_in(
+    source: &ManifestSource,
+    mode: ProxyMode,
+    origin: &Origin,
+    request: &Request,
+    observed: &Observed,
+    ingress_dns: bool,
+) -> Road {
+    let world = World {
+        store: source.store(),
+        nodes: nodes(mode),
+        cluster_domain: "cluster.local".into(),
+        ingress_service: NamespacedName::new("kube-system", "roadkeeper-ingress"),
+        ingress_class: ClassConfig::default(),
+        ingress_dns,
+    };
+    road(&world, origin, request, observed).unwrap()
 }
 
 fn pod(namespace: &str, name: &str) -> Origin {
@@ -347,6 +358,36 @@ fn in_ipvs_mode_the_node_proxy_names_the_virtual_server_and_each_real_server() {
     let pod = |name: &str| Some(format!("default/{name}"));
     assert_eq!(landings, [(pod("hello-a"), false), (pod("hello-b"), true)], "the hairpin to itself is masqueraded");
     assert!(text.contains("roadkeeper-ipvs nat-postrouting"), "{text}");
+}
+
+#[test]
+fn in_ebpf_mode_the_road_names_the_station_that_translated_the_address() {
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(dir.path().join("cluster.yaml"), MANIFESTS).unwrap();
+    let (source, _) = ManifestSource::load(dir.path()).unwrap();
+    let request = Request::parse("http://hello/").unwrap();
+    let road = road_in(&source, ProxyMode::Ebpf, &pod("default", "hello-b"), &request, &Observed::default(), false);
+    let mut landings: Vec<(Option<String>, bool)> =
+        road.legs[0].landings.iter().map(|l| (l.pod.clone(), l.masquerade.is_some())).collect();
+    landings.sort();
+    let pod_named = |name: &str| Some(format!("default/{name}"));
+    assert_eq!(landings, [(pod_named("hello-a"), false), (pod_named("hello-b"), false)], "no NAT, no masquerade");
+    let text = text::render(&road);
+    for line in [
+        "node proxy  ebpf programs and maps of node-2, in the order the packet meets them:",
+        "      RK_SERVICES[10.96.0.100:80/tcp slot 0] -> 2 backends (1) (0) [socket, random, reject when empty, masquerade from outside]",
+    ] {
+        assert!(text.lines().any(|l| l == line), "{line:?} not in\n{text}");
+    }
+    assert!(text.contains("  BPF program rk_connect4: cgroup connect4 of the node's cgroup"), "{text}");
+    assert!(text.contains("translated to 10.244.1.2:8080 at the socket by rk_connect4 (no packet is NATed)"), "{text}");
+
+    let request = Request::parse("http://192.168.77.12:30080/").unwrap();
+    let road = road_in(&source, ProxyMode::Ebpf, &client(), &request, &Observed::default(), false);
+    let text = text::render(&road);
+    let landings: Vec<&str> = road.legs.iter().flat_map(|l| &l.landings).map(|l| l.outcome.as_str()).collect();
+    assert!(landings.contains(&"DNAT to 10.244.2.2:8080 at the node's NIC by rk_from_outside, forwarded"), "{text}");
+    assert!(text.contains("  BPF program rk_from_outside: tc ingress"), "{text}");
 }
 
 #[test]

@@ -97,8 +97,9 @@ fn render_leg(out: &mut String, leg: &Leg) {
         }
     }
     let trace = &leg.rules.trace;
+    let what = if trace.backend == "ebpf" { "programs and maps" } else { "rules" };
     let _ =
-        writeln!(out, "node proxy  {} rules of {}, in the order the packet meets them:", leg.rules.backend, leg.node);
+        writeln!(out, "node proxy  {} {what} of {}, in the order the packet meets them:", leg.rules.backend, leg.node);
     let shown = leg.followed.unwrap_or(0);
     render_steps(out, &trace.steps(shown));
     for landing in &leg.landings {
@@ -176,6 +177,17 @@ fn render_steps(out: &mut String, steps: &[&Step]) {
             Step::Route { to, destination } => {
                 let _ = writeln!(out, "  routing: {destination} is {}", format!("{to:?}").to_lowercase());
             }
+            Step::Program { program, attach } => {
+                calls.clear();
+                let _ = writeln!(out, "  BPF program {program}: {attach}");
+            }
+            Step::Lookup { map, key, found, chance, effects } => {
+                let found = found.as_deref().unwrap_or("no entry");
+                let chance = chance.map(|c| format!(" [chance {c:.3}]")).unwrap_or_default();
+                let effects: Vec<String> = effects.iter().map(effect).collect();
+                let effects = if effects.is_empty() { String::new() } else { format!(" => {}", effects.join(", ")) };
+                let _ = writeln!(out, "      {map}[{key}] -> {found}{chance}{effects}");
+            }
         }
     }
     if shown > MAX_RULES_SHOWN {
@@ -192,6 +204,7 @@ fn effect(effect: &Effect) -> String {
         Effect::Mark { mark } => format!("mark {mark:#x}"),
         Effect::Affinity { set } => format!("remember source in {set}"),
         Effect::Dnat { to } => format!("DNAT {to}"),
+        Effect::Connect { to } => format!("the socket connects to {to}"),
         Effect::Masquerade => "masquerade".to_owned(),
         Effect::Jump { chain } => format!("jump {chain}"),
         Effect::Goto { chain } => format!("goto {chain}"),

@@ -248,13 +248,14 @@ pub struct RuleArgs {
     #[arg(long)]
     pub masquerade_all: bool,
     /// Addresses that accept NodePort traffic: comma-separated CIDRs, or `primary` (default: the
-    /// node's primary IPs in nftables mode, every local address in iptables and IPVS mode, as
-    /// kube-proxy).
+    /// node's primary IPs in nftables and eBPF mode, every local address in iptables and IPVS
+    /// mode, as kube-proxy).
     #[arg(long, value_name = "CIDRS", value_delimiter = ',')]
     pub nodeport_addresses: Option<Vec<String>>,
     /// Kernel backend: `nftables` (default), `iptables`, `ipvs` (`proxy` needs a kernel with
     /// IPVS for it) or `ebpf` (BPF socket programs on a cgroup v2 hierarchy, kernel 5.18+).
-    /// `rules` prints any of them; `trace` follows a packet through the first three.
+    /// `rules` prints any of them; `trace` follows a packet through any of them (in eBPF mode
+    /// through the programs and the maps a full sync writes).
     #[arg(long, value_name = "MODE")]
     pub proxy_mode: Option<String>,
     /// iptables mode: the packet-mark bit flagging traffic for masquerading (0-31, default 14).

@@ -15,8 +15,8 @@ use aya::programs::links::{CgroupAttachMode, FdLink, PinnedLink};
 use aya::programs::{CgroupSockAddr, ProgramError};
 use aya::{Ebpf, EbpfLoader};
 use roadkeeper_ebpf_common::{
-    Address, FLOW_FORWARD, FlowKey, FlowValue, MAGLEV_CHUNK, MARK_MASQUERADE, MARK_REJECT, MaglevChunk, MaglevKey,
-    SOCKET_PROGRAMS, ServiceKey, ServiceValue, SourceRangeKey, names, sizes,
+    Address, FLOW_FORWARD, FlowKey, FlowValue, MAGLEV_CHUNK, MaglevChunk, MaglevKey, SOCKET_PROGRAMS, ServiceKey,
+    ServiceValue, SourceRangeKey, names, sizes,
 };
 use roadkeeper_rules::config::EbpfConfig;
 use roadkeeper_rules::conntrack::ServingMap;
@@ -407,7 +407,7 @@ fn absent_is_fine(result: Result<(), MapError>) -> Result<(), MapError> {
 
 /// Replaces the netfilter table that masquerades and rejects what the interface programs mark.
 fn apply_table() -> Result<(), Error> {
-    let script = netfilter::script(MARK_MASQUERADE, MARK_REJECT);
+    let script = netfilter::script();
     tool::run("nft", &["-f", "-"], Some(&script)).map(drop).map_err(|err| {
         Error::EbpfSetup(format!(
             "eBPF mode masquerades external traffic with a fixed nftables table (inet {}), and nft failed: {err}",

@@ -10,7 +10,8 @@
 //! What is not replayed, and why (counted and printed per cluster, never silently):
 //! - a cluster whose state lives in an API server (EndpointSlices come from its controller);
 //! - a watching proxy once the manifests changed, or our rules were wiped (the kernel follows
-//!   the change at a moment the harness does not know); after a failed run or `cleanup`;
+//!   the change at a moment the harness does not know); after a failed run or `cleanup`, or
+//!   while a Service is refused (`roadkeeper rules` fails);
 //! - probes that do not go through [`super::probe`]: `proxy_conntrack.rs` keeps one UDP flow,
 //!   which follows its conntrack entry (established flows are not modelled by the tracer).
 //!
@@ -135,7 +136,7 @@ impl Drop for Replay {
 }
 
 /// The flags of `roadkeeper proxy` the harness passes that take a value.
-const WITH_VALUE: [&str; 11] = [
+const WITH_VALUE: [&str; 14] = [
     "--manifests",
     "--kubeconfig",
     "--hostname-override",
@@ -147,6 +148,9 @@ const WITH_VALUE: [&str; 11] = [
     "--metrics-bind-address",
     "--cgroup-root",
     "--bpf-root",
+    "--bpf-devices",
+    "--bpf-lb-map-max",
+    "--bpf-lb-maglev-table-size",
 ];
 
 /// The proxy's configuration and manifest folder from its arguments, as `roadkeeper proxy`
@@ -175,7 +179,12 @@ fn config(args: &[String]) -> Result<(ProxyConfig, PathBuf), &'static str> {
         match flag {
             "proxy" | "rules" | "--once" | "-v" | "--config" | "--healthz-bind-address" | "--metrics-bind-address" => {}
             "--kubeconfig" => return Err("the cluster state lives in an API server"),
-            "--cgroup-root" | "--bpf-root" => return Err("eBPF mode's maps are not rules the tracer models"),
+            // Where eBPF mode's programs attach and pin: no part of what they translate.
+            "--cgroup-root" | "--bpf-root" | "--bpf-devices" => {}
+            "--bpf-lb-map-max" => cfg.ebpf.set_map_max(value().parse().expect("a number")).expect("--bpf-lb-map-max"),
+            "--bpf-lb-maglev-table-size" => {
+                cfg.ebpf.set_maglev_table_size(value().parse().expect("a number")).expect("--bpf-lb-maglev-table-size")
+            }
             "--manifests" => dir = Some(PathBuf::from(value())),
             "--hostname-override" => cfg.hostname = value().to_string(),
             "--proxy-mode" => cfg.mode = value().parse().expect("--proxy-mode"),
@@ -205,9 +214,10 @@ fn snapshot(cluster: &Cluster, args: &[String]) -> Result<Snapshot, &'static str
     let addresses = cluster.lab.node().run(roadkeeper_proxy::node::host_addresses);
     let node = roadkeeper_proxy::node::node_info(&cfg.hostname, store, &addresses);
     let plan = NodePlan::new(store, &cfg, &node, &service_cidrs(store));
-    let planned = match cfg.mode {
-        ProxyMode::Nftables => script(&plan.nftables().ops()),
-        ProxyMode::Iptables => plan
+    let ruleset = Ruleset::of(&plan).expect("the tracer models a full sync");
+    let planned = match (&ruleset, cfg.mode) {
+        (_, ProxyMode::Nftables) => script(&plan.nftables().ops()),
+        (_, ProxyMode::Iptables) => plan
             .iptables()
             .restore_inputs()
             .iter()
@@ -216,14 +226,19 @@ fn snapshot(cluster: &Cluster, args: &[String]) -> Result<Snapshot, &'static str
                 format!("# {tool} --noflush\n{input}")
             })
             .collect(),
-        ProxyMode::Ipvs => roadkeeper_rules::ipvs::show::rules_listing(&plan.ipvs()),
-        ProxyMode::Ebpf => unreachable!("config() refuses eBPF mode's flags"),
+        (_, ProxyMode::Ipvs) => roadkeeper_rules::ipvs::show::rules_listing(&plan.ipvs()),
+        (Ruleset::Ebpf(tables), ProxyMode::Ebpf) => roadkeeper_rules::ebpf::show::lb_list(tables.maps()),
+        (_, ProxyMode::Ebpf) => unreachable!("eBPF mode's ruleset is its maps"),
     };
     let mut rules_args: Vec<&str> =
         args.iter().map(String::as_str).filter(|a| !matches!(*a, "--once" | "-v")).collect();
     rules_args[0] = "rules";
     let printed = cluster.roadkeeper(&rules_args);
-    assert!(printed.status.success(), "roadkeeper rules: {}", String::from_utf8_lossy(&printed.stderr));
+    if !printed.status.success() {
+        // A Service the maps cannot hold (eBPF mode's sizes): the proxy keeps what it had, which
+        // a full sync's plan does not say.
+        return Err("`roadkeeper rules` refused a Service");
+    }
     let printed = String::from_utf8_lossy(&printed.stdout);
     if let Some((line, (want, got))) = printed
         .lines()
@@ -238,7 +253,6 @@ fn snapshot(cluster: &Cluster, args: &[String]) -> Result<Snapshot, &'static str
             line + 1
         );
     }
-    let ruleset = Ruleset::of(&plan).expect("the tracer models a full sync");
     Ok(Snapshot { ruleset, env: Environment { local_addresses: node.local_addresses, ..Environment::default() } })
 }
 
@@ -266,8 +280,15 @@ pub fn check(ns: &Netns, proto: Proto, target: SocketAddr, result: &ProbeResult)
         }
     };
     let v4 = target.is_ipv4();
+    // eBPF mode translates the node's own connections at the socket: the kernel picks their
+    // source for the endpoint (the bridge's address), not for the frontend, and a UDP socket
+    // connected to the frontend would itself be translated (or refused): the packet's source is
+    // left unspecified, and a reply's checked against the source picked for its endpoint.
+    let at_socket = matches!(snapshot.ruleset, Ruleset::Ebpf(_)) && matches!(origin, Origin::Node);
     let (entry, source) = match origin {
-        Origin::Pod(a, b) | Origin::External(a, b) => (Entry::Received, if v4 { a } else { b }),
+        Origin::Pod(a, b) => (Entry::LocalPod, if v4 { a } else { b }),
+        Origin::External(a, b) => (Entry::Received, if v4 { a } else { b }),
+        Origin::Node if at_socket => (Entry::Host, if v4 { [0u8; 4].into() } else { [0u8; 16].into() }),
         Origin::Node => (Entry::Host, ns.run(|| chosen_source(target))),
     };
     let protocol = match proto {
@@ -280,14 +301,16 @@ pub fn check(ns: &Netns, proto: Proto, target: SocketAddr, result: &ProbeResult)
     }
     let packet = Packet { entry, source, destination: target, protocol };
     let trace = snapshot.ruleset.trace(&packet, &env).expect("a trace");
-    let pinned = agree(&trace, result);
+    let source_for = |to: SocketAddr| if at_socket { ns.run(|| chosen_source(to)) } else { source };
+    let pinned = agree(&trace, result, source_for);
     replay.pinned.extend(pinned.map(|endpoint| (source, protocol, endpoint)));
     replay.replayed += 1;
 }
 
-/// Asserts that the real `result` is an outcome `trace` predicts; the endpoint it pinned the
-/// source to, if its path adds an affinity entry.
-fn agree(trace: &Trace, result: &ProbeResult) -> Option<SocketAddr> {
+/// Asserts that the real `result` is an outcome `trace` predicts (a reply masqueraded exactly
+/// when its path is: its peer is not `source_for` the path's destination); the endpoint it
+/// pinned the source to, if its path adds an affinity entry.
+fn agree(trace: &Trace, result: &ProbeResult, source_for: impl Fn(SocketAddr) -> IpAddr) -> Option<SocketAddr> {
     let fates = trace.fates();
     let packet = &trace.packet;
     let all = |wanted: &dyn Fn(&Fate) -> bool| fates.iter().all(|(fate, _)| wanted(fate));
@@ -303,7 +326,7 @@ fn agree(trace: &Trace, result: &ProbeResult) -> Option<SocketAddr> {
                 .find(|p| p.dnat == Some(reply.local) || (p.dnat.is_none() && reply.local == packet.destination))
                 .filter(|p| matches!(p.fate(), Fate::Delivered { .. }))
                 .unwrap_or_else(|| disagree(&format!("has no path delivering it to {}", reply.local)));
-            let masqueraded = reply.peer.ip() != packet.source;
+            let masqueraded = reply.peer.ip() != source_for(path.dnat.unwrap_or(packet.destination));
             if masqueraded != path.masquerade.is_some() {
                 disagree(&format!("says masqueraded: {} (the pod saw {})", path.masquerade.is_some(), reply.peer));
             }

@@ -7,22 +7,41 @@
 /// The table's name (family `inet`: both IP families).
 pub const TABLE: &str = "roadkeeper-ebpf";
 
-/// The `nft -f` script that replaces the table whole: `masquerade_mark` marks traffic to
-/// masquerade, `reject_mark` traffic to a frontend without endpoints.
-pub fn script(masquerade_mark: u32, reject_mark: u32) -> String {
-    let reject = |chain: &str, hook: &str| {
+/// The bit the interface programs set on traffic to masquerade.
+pub const MASQUERADE_MARK: u32 = roadkeeper_ebpf_common::MARK_MASQUERADE;
+/// The bit they set on traffic to a frontend without endpoints.
+pub const REJECT_MARK: u32 = roadkeeper_ebpf_common::MARK_REJECT;
+
+/// The chain that masquerades marked traffic (`type nat hook postrouting`).
+pub const MASQUERADE_CHAIN: &str = "nat-postrouting";
+/// The chains that reject marked traffic: to a local address (`input`), and forwarded.
+pub const REJECT_CHAINS: [(&str, &str); 2] = [("filter-input", "input"), ("filter-forward", "forward")];
+
+/// The one rule of [`MASQUERADE_CHAIN`].
+pub fn masquerade_rule() -> String {
+    format!("meta mark & {MASQUERADE_MARK:#x} == {MASQUERADE_MARK:#x} masquerade fully-random")
+}
+
+/// The rules of each of [`REJECT_CHAINS`]: TCP gets a reset, anything else an ICMP error.
+pub fn reject_rules() -> [String; 2] {
+    let mark = format!("meta mark & {REJECT_MARK:#x} == {REJECT_MARK:#x}");
+    [format!("{mark} meta l4proto tcp reject with tcp reset"), format!("{mark} reject")]
+}
+
+/// The `nft -f` script that replaces the table whole.
+pub fn script() -> String {
+    let [tcp, other] = reject_rules();
+    let reject = REJECT_CHAINS.map(|(chain, hook)| {
         format!(
-            "\tchain {chain} {{\n\t\ttype filter hook {hook} priority filter - 1; policy accept;\n\
-             \t\tmeta mark & {reject_mark:#x} == {reject_mark:#x} meta l4proto tcp reject with tcp reset\n\
-             \t\tmeta mark & {reject_mark:#x} == {reject_mark:#x} reject\n\t}}\n"
+            "\tchain {chain} {{\n\t\ttype filter hook {hook} priority filter - 1; policy accept;\n\t\t{tcp}\n\t\t{other}\n\t}}\n"
         )
-    };
+    });
     format!(
         "add table inet {TABLE}\ndelete table inet {TABLE}\ntable inet {TABLE} {{\n\
-         \tchain nat-postrouting {{\n\t\ttype nat hook postrouting priority srcnat; policy accept;\n\
-         \t\tmeta mark & {masquerade_mark:#x} == {masquerade_mark:#x} masquerade fully-random\n\t}}\n{}{}}}\n",
-        reject("filter-input", "input"),
-        reject("filter-forward", "forward"),
+         \tchain {MASQUERADE_CHAIN} {{\n\t\ttype nat hook postrouting priority srcnat; policy accept;\n\
+         \t\t{}\n\t}}\n{}}}\n",
+        masquerade_rule(),
+        reject.concat(),
     )
 }
 
@@ -32,7 +51,7 @@ mod tests {
 
     #[test]
     fn the_table_is_replaced_whole_and_matches_the_marks() {
-        let script = script(0x4000, 0x8000);
+        let script = script();
         assert!(script.starts_with("add table inet roadkeeper-ebpf\ndelete table inet roadkeeper-ebpf\n"));
         assert!(script.contains("meta mark & 0x4000 == 0x4000 masquerade fully-random"), "{script}");
         assert_eq!(script.matches("meta mark & 0x8000 == 0x8000").count(), 4, "{script}");

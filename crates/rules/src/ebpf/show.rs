@@ -5,8 +5,8 @@
 use std::collections::BTreeMap;
 use std::fmt::Write as _;
 
-use super::maps::{Maps, SlotValue};
-use super::plan::{ANY_PORT, Empty, Scope, Selection};
+use super::maps::{Maps, Master, SlotValue};
+use super::plan::{ANY_PORT, Empty, FrontendKey, Scope, Selection};
 
 /// `roadkeeper rules --proxy-mode ebpf`'s listing of `maps`.
 pub fn lb_list(maps: &Maps) -> String {
@@ -20,38 +20,7 @@ pub fn lb_list(maps: &Maps) -> String {
                 let _ = writeln!(out, "{frontend:<36} refused [socket, no Service port]");
             }
             SlotValue::Master(master) => {
-                let mut notes = vec![match key.frontend.scope {
-                    Scope::Internal => "socket",
-                    Scope::External => "tc",
-                }];
-                notes.push(match master.selection {
-                    Selection::Random => "random",
-                    Selection::Maglev => "maglev",
-                });
-                notes.push(match master.empty {
-                    Empty::Reject => "reject when empty",
-                    Empty::Drop => "drop when empty",
-                });
-                let affinity = format!("affinity {}s", master.affinity);
-                if master.affinity > 0 {
-                    notes.push(&affinity);
-                }
-                if master.source_ranges {
-                    notes.push("source ranges");
-                }
-                if master.masquerade {
-                    notes.push(match key.frontend.scope {
-                        Scope::Internal => "masquerade from outside",
-                        Scope::External => "masquerade",
-                    });
-                }
-                let _ = writeln!(
-                    out,
-                    "{frontend:<36} {} backends ({}) (0) [{}]",
-                    master.count,
-                    master.id,
-                    notes.join(", ")
-                );
+                let _ = writeln!(out, "{frontend:<36} {}", master_summary(&key.frontend, master));
             }
             SlotValue::Backend(id) => {
                 let id_of = maps.master(&key.frontend).map_or(0, |m| m.id);
@@ -79,6 +48,37 @@ pub fn lb_list(maps: &Maps) -> String {
         let _ = writeln!(out, "source range ({id}): {range}");
     }
     out
+}
+
+/// A master entry as the listing (and the tracer) shows it: `2 backends (1) (0) [socket, random,
+/// reject when empty]`: the count, the identifier, slot 0, then how the frontend works.
+pub fn master_summary(frontend: &FrontendKey, master: &Master) -> String {
+    let mut notes = vec![match frontend.scope {
+        Scope::Internal => "socket",
+        Scope::External => "tc",
+    }];
+    notes.push(match master.selection {
+        Selection::Random => "random",
+        Selection::Maglev => "maglev",
+    });
+    notes.push(match master.empty {
+        Empty::Reject => "reject when empty",
+        Empty::Drop => "drop when empty",
+    });
+    let affinity = format!("affinity {}s", master.affinity);
+    if master.affinity > 0 {
+        notes.push(&affinity);
+    }
+    if master.source_ranges {
+        notes.push("source ranges");
+    }
+    if master.masquerade {
+        notes.push(match frontend.scope {
+            Scope::Internal => "masquerade from outside",
+            Scope::External => "masquerade",
+        });
+    }
+    format!("{} backends ({}) (0) [{}]", master.count, master.id, notes.join(", "))
 }
 
 #[cfg(test)]

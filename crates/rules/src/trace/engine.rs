@@ -121,7 +121,7 @@ pub(super) fn trace<M: Model>(model: &M, packet: &Packet, env: &Environment) -> 
         dnat: false,
         snat: false,
     };
-    let mut pending = vec![Walker::new(packet.entry, state)];
+    let mut pending = vec![Walker::new(packet.entry.netfilter(), state)];
     let mut paths: Vec<Option<Path>> = vec![None];
     let mut budget = MAX_RULES;
     while let Some(mut walker) = pending.pop() {
@@ -424,6 +424,8 @@ impl Walker {
                     self.packet.mark = mark;
                 }
                 Effect::Affinity { set } => self.affinity.push(set),
+                // eBPF mode's socket programs': no rule has it.
+                Effect::Connect { .. } => {}
                 Effect::Dnat { to } => {
                     self.packet.destination = to;
                     self.packet.dnat = true;

@@ -1,12 +1,17 @@
 //! Packet-flow tests without root: every behaviour of the end-to-end suite
-//! (`crates/roadkeeper/tests/proxy_*.rs`), in every backend ([`BACKENDS`]: nftables, iptables
-//! and IPVS) and both families, answered by the tracer over the rules a full sync programs. Each
-//! test names the end-to-end test it mirrors.
+//! (`crates/roadkeeper/tests/proxy_*.rs`), in every backend ([`BACKENDS`]: nftables, iptables,
+//! IPVS and eBPF) and both families, answered by the tracer over the rules (eBPF mode: the maps)
+//! a full sync programs. Each test names the end-to-end test it mirrors.
 //!
-//! Cases that do not apply to IPVS mode, and why:
-//! - `unallocated_addresses_of_a_service_cidr_are_dropped`: IPVS mode plans no rule for the
+//! eBPF mode translates the node's own connections at the socket ([`uses_sockets`]): where that
+//! legitimately differs from the packet-level modes, a test asserts eBPF mode's outcome, as the
+//! end-to-end suite does (no masquerading of the node's and its pods' connections, `connect()`
+//! failing with EHOSTUNREACH where the others drop).
+//!
+//! Cases that do not apply to IPVS and eBPF mode, and why:
+//! - `unallocated_addresses_of_a_service_cidr_are_dropped`: neither plans anything for the
 //!   unallocated addresses of a ServiceCIDR (nor does upstream's IPVS proxier): such a packet is
-//!   routed on unchanged, which the test checks for IPVS instead;
+//!   routed on unchanged, which the test checks for them instead;
 //! - `a_path_shows_every_chain_and_rule_in_order_with_the_map_element_that_matched`: it checks
 //!   the nftables and iptables listings of one path (IPVS mode's steps are checked in
 //!   `trace::ipvs::tests`).
@@ -18,6 +23,12 @@ use super::lab::*;
 use super::{Delivery, Fate, Path, Verdict};
 use crate::config::{NodePortAddresses, ProxyMode};
 use crate::table::{IpFamily, Protocol};
+
+/// Whether `mode` translates the node's own connections (its pods' and host processes') at the
+/// socket: no NAT of their packets, so nothing to masquerade.
+fn uses_sockets(mode: ProxyMode) -> bool {
+    mode == ProxyMode::Ebpf
+}
 
 /// Every backend, family and protocol.
 fn each(mut case: impl FnMut(ProxyMode, IpFamily, Protocol)) {
@@ -73,6 +84,10 @@ fn host_to_cluster_ip_is_masqueraded() {
     let lab = hello();
     for mode in BACKENDS {
         let trace = lab.trace(mode, From::Host, "10.96.0.10:80".parse().unwrap(), Protocol::Tcp);
+        if uses_sockets(mode) {
+            assert!(!lab.reaches(&trace).1, "{mode:?}: the socket leaves with the node's own address");
+            continue;
+        }
         assert!(lab.reaches(&trace).1, "{mode:?}");
         let masquerade = trace.paths[0].masquerade.as_ref().unwrap();
         let why: Vec<&str> = masquerade.marked_by.iter().map(|r| r.rule.as_str()).collect();
@@ -274,8 +289,9 @@ fn node_ports_listen_on_the_modes_default_addresses_and_on_every_address_with_0_
         for family in FAMILIES {
             assert!(served(&lab, mode, SocketAddr::new(node_ip(family), node_port(WEB))));
             // As kube-proxy: nftables mode defaults to the primary IPs, iptables and IPVS modes to
-            // every address.
-            assert_eq!(served(&lab, mode, second(family)), mode != ProxyMode::Nftables, "{mode:?} {family:?}");
+            // every address (eBPF mode reads the nftables section: the primary IPs).
+            let every_address = !matches!(mode, ProxyMode::Nftables | ProxyMode::Ebpf);
+            assert_eq!(served(&lab, mode, second(family)), every_address, "{mode:?} {family:?}");
         }
     }
     lab.cfg.nodeport_addresses = NodePortAddresses::Primary;
@@ -326,7 +342,7 @@ fn masquerade_all_keeps_the_source_of_pods_reaching_a_local_policy_service_by_ex
                 assert!(!lab.reaches(&trace).1, "{mode:?} {protocol:?} {to}: source kept");
             }
             let trace = lab.trace(mode, From::Pod(0), at(cluster_ip(family, WEB)), protocol);
-            assert!(lab.reaches(&trace).1, "{mode:?} {protocol:?}: ClusterIP masqueraded");
+            assert_eq!(lab.reaches(&trace).1, !uses_sockets(mode), "{mode:?} {protocol:?}: ClusterIP masqueraded");
         });
     }
 }
@@ -373,7 +389,8 @@ fn hairpin_traffic_reaches_the_pod_itself_masqueraded() {
     lab.service("web", SVC, "");
     each(|mode, family, protocol| {
         let trace = lab.trace(mode, From::Pod(only), at(cluster_ip(family, SVC)), protocol);
-        assert_eq!(lab.reaches(&trace), (names(&["web-a"]), true), "{mode:?} {protocol:?}");
+        let masqueraded = !uses_sockets(mode);
+        assert_eq!(lab.reaches(&trace), (names(&["web-a"]), masqueraded), "{mode:?} {protocol:?}");
     });
 }
 
@@ -385,7 +402,7 @@ fn masquerade_all_masquerades_pod_traffic_to_cluster_ips() {
     lab.cfg.masquerade_all = true;
     each(|mode, family, protocol| {
         let trace = lab.trace(mode, From::Pod(0), at(cluster_ip(family, SVC)), protocol);
-        assert!(lab.reaches(&trace).1, "{mode:?} {protocol:?}");
+        assert_eq!(lab.reaches(&trace).1, !uses_sockets(mode), "{mode:?} {protocol:?}");
     });
 }
 
@@ -402,10 +419,11 @@ fn off_cluster_traffic_to_the_cluster_ip_of_an_internal_local_policy_service_is_
         lab.cfg.cluster_cidrs = cluster_cidrs;
         lab.cfg.masquerade_all = masquerade_all;
         each(|mode, family, protocol| {
+            let at_socket = uses_sockets(mode);
             for (from, masqueraded) in [
                 (From::External, off_cluster_masqueraded),
-                (From::Host, off_cluster_masqueraded),
-                (From::Pod(0), masquerade_all),
+                (From::Host, off_cluster_masqueraded && !at_socket),
+                (From::Pod(0), masquerade_all && !at_socket),
             ] {
                 let trace = lab.trace(mode, from, at(cluster_ip(family, SVC)), protocol);
                 let case = format!("{mode:?} {protocol:?} {family:?} from {from:?}, masquerade-all {masquerade_all}");
@@ -456,6 +474,12 @@ fn internal_traffic_policy_local_without_local_endpoints_drops() {
     lab.service("web", EP, "internalTrafficPolicy: Local");
     each(|mode, family, protocol| {
         let trace = lab.trace(mode, From::Pod(0), at(cluster_ip(family, EP)), protocol);
+        if uses_sockets(mode) {
+            assert_eq!(only_fate(&trace), Fate::Rejected, "{family:?} {protocol:?}: the call fails at once");
+            let Verdict::Rejected { with, .. } = &trace.paths[0].verdict else { unreachable!() };
+            assert!(with.ends_with("fails with EHOSTUNREACH"), "{with}");
+            return;
+        }
         assert_eq!(only_fate(&trace), Fate::Dropped, "{mode:?} {family:?} {protocol:?}");
     });
 }
@@ -478,6 +502,10 @@ fn service_without_endpoints_rejects_pods_host_and_outside() {
             let trace = lab.trace(mode, from, to, protocol);
             assert_eq!(only_fate(&trace), Fate::Rejected, "{mode:?} {protocol:?} {from:?} {to}");
             let Verdict::Rejected { with, .. } = &trace.paths[0].verdict else { unreachable!() };
+            if uses_sockets(mode) && from != From::External {
+                assert!(with.ends_with("fails with ECONNREFUSED"), "{with}");
+                continue;
+            }
             assert_eq!(with.contains("tcp"), protocol == Protocol::Tcp, "{mode:?}: {with}");
         }
     });
@@ -539,7 +567,7 @@ fn unallocated_addresses_of_a_service_cidr_are_dropped() {
     lab.write("apiVersion: networking.k8s.io/v1\nkind: ServiceCIDR\nmetadata: {name: kubernetes}\nspec: {cidrs: [10.96.0.0/12, \"fd00:96::/108\"]}\n");
     each(|mode, family, protocol| {
         let trace = lab.trace(mode, From::Pod(0), at(cluster_ip(family, 40)), protocol);
-        if mode == ProxyMode::Ipvs {
+        if matches!(mode, ProxyMode::Ipvs | ProxyMode::Ebpf) {
             let routed = Fate::Delivered { delivery: Delivery::Forwarded, dnat: None, masqueraded: false };
             assert_eq!(only_fate(&trace), routed, "{family:?} {protocol:?}: not applicable, see the module doc");
             return;

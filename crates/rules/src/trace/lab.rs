@@ -20,7 +20,7 @@ pub const PORT: u16 = 80;
 /// Port of every pod's echo server.
 pub const ECHO: u16 = 8080;
 /// Every backend.
-pub const BACKENDS: [ProxyMode; 3] = [ProxyMode::Nftables, ProxyMode::Iptables, ProxyMode::Ipvs];
+pub const BACKENDS: [ProxyMode; 4] = [ProxyMode::Nftables, ProxyMode::Iptables, ProxyMode::Ipvs, ProxyMode::Ebpf];
 /// Both families.
 pub const FAMILIES: [IpFamily; 2] = [IpFamily::V4, IpFamily::V6];
 /// Both probe protocols.
@@ -203,7 +203,7 @@ impl Lab {
     pub fn packet(&self, from: From, to: SocketAddr, protocol: Protocol) -> Packet {
         let family = IpFamily::of(&to.ip());
         let (entry, source) = match from {
-            From::Pod(i) => (Entry::Received, self.pod_ip(i, family)),
+            From::Pod(i) => (Entry::LocalPod, self.pod_ip(i, family)),
             From::Host => (Entry::Host, node_ip(family)),
             From::External => (Entry::Received, external_host(family)),
         };

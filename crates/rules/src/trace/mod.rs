@@ -1,7 +1,8 @@
 //! The road one packet takes through our rules, computed: a model of how the kernel evaluates
 //! the tables roadkeeper writes, fed with exactly what a sync sends ([`nft::Tables`] applies
 //! nftables [`Op`](crate::nft::rule::Op)s, [`iptables::Tables`] applies `iptables-restore` input,
-//! [`ipvs::Tables`] the IPVS table and the `nft -f` scripts of IPVS mode's helper tables).
+//! [`ipvs::Tables`] the IPVS table and the `nft -f` scripts of IPVS mode's helper tables,
+//! [`ebpf::Tables`] the BPF maps of eBPF mode, whose programs it follows instead of rules).
 //!
 //! A [`Packet`] is the first packet of a new connection (or UDP flow) entering the node's
 //! netfilter path ([`Entry`]); the [`Environment`] says which addresses are the node's own and
@@ -17,6 +18,7 @@
 //! interface's, which the trace does not know), the node's sockets, and rules of other tables
 //! than ours.
 
+pub mod ebpf;
 mod engine;
 pub mod iptables;
 pub mod ipvs;
@@ -89,12 +91,6 @@ pub enum Error {
     /// larger than any we write.
     #[error("more than {MAX_RULES} rules evaluated (a goto loop?)")]
     TooLong,
-    /// The tracer has no model of this mode's data plane yet.
-    #[error("the tracer does not model {mode} mode yet (it follows nftables, iptables and ipvs)")]
-    Unmodelled {
-        /// The mode.
-        mode: ProxyMode,
-    },
 }
 
 /// Deepest nesting of jumps a trace follows.
@@ -112,6 +108,19 @@ pub enum Entry {
     /// Sent by a process of the node itself (host network): output and postrouting, then, to a
     /// local address, prerouting (whose nat chains it skips) and input.
     Host,
+    /// Sent by a pod of this node: received on its bridge, as [`Entry::Received`]; in eBPF mode
+    /// translated at the pod's socket, as [`Entry::Host`].
+    LocalPod,
+}
+
+impl Entry {
+    /// How the packet enters netfilter: a local pod's packet is received like any other.
+    pub fn netfilter(self) -> Entry {
+        match self {
+            Entry::LocalPod => Entry::Received,
+            entry => entry,
+        }
+    }
 }
 
 /// The first packet of a new connection or UDP flow.
@@ -172,6 +181,12 @@ pub enum Effect {
     },
     /// Rewrites the destination and accepts (in this base chain).
     Dnat {
+        /// The new destination.
+        to: SocketAddr,
+    },
+    /// Changes the destination a socket connects or sends to (eBPF mode's socket programs):
+    /// its packets leave addressed to it, none is NATed.
+    Connect {
         /// The new destination.
         to: SocketAddr,
     },
@@ -292,6 +307,28 @@ pub enum Step {
         /// How.
         how: Leave,
     },
+    /// A BPF program runs (eBPF mode): at a socket call or on a packet.
+    Program {
+        /// Its name.
+        program: String,
+        /// Where it is attached, and what it does there.
+        attach: String,
+    },
+    /// A BPF program looks a key up in a map (eBPF mode).
+    Lookup {
+        /// The map.
+        map: String,
+        /// The key, readably.
+        key: String,
+        /// What it found (`None`: no entry).
+        found: Option<String>,
+        /// The probability of this entry being the one read (a random slot, a Maglev share).
+        #[serde(skip_serializing_if = "Option::is_none")]
+        chance: Option<f64>,
+        /// What the program does with it.
+        #[serde(skip_serializing_if = "Vec::is_empty")]
+        effects: Vec<Effect>,
+    },
     /// The routing decision: after prerouting, or a host packet's after postrouting.
     Route {
         /// Where the packet goes.
@@ -397,7 +434,7 @@ impl Path {
 /// Every way one packet can go through our rules.
 #[derive(Debug, Clone, PartialEq, Serialize)]
 pub struct Trace {
-    /// `nftables`, `iptables` or `ipvs`.
+    /// `nftables`, `iptables`, `ipvs` or `ebpf`.
     pub backend: &'static str,
     /// The packet.
     pub packet: Packet,
@@ -441,6 +478,8 @@ pub enum Ruleset {
     Iptables(iptables::Tables),
     /// IPVS mode: the IPVS table and the helper tables.
     Ipvs(ipvs::Tables),
+    /// eBPF mode: the programs' maps.
+    Ebpf(ebpf::Tables),
 }
 
 impl Ruleset {
@@ -450,7 +489,7 @@ impl Ruleset {
             ProxyMode::Nftables => Ruleset::Nftables(nft::Tables::of(&plan.nftables())?),
             ProxyMode::Iptables => Ruleset::Iptables(iptables::Tables::of(&plan.iptables())?),
             ProxyMode::Ipvs => Ruleset::Ipvs(ipvs::Tables::of(&plan.ipvs())?),
-            ProxyMode::Ebpf => return Err(Error::Unmodelled { mode: ProxyMode::Ebpf }),
+            ProxyMode::Ebpf => Ruleset::Ebpf(ebpf::Tables::of(plan)),
         })
     }
 
@@ -460,11 +499,12 @@ impl Ruleset {
             Ruleset::Nftables(tables) => tables.trace(packet, env),
             Ruleset::Iptables(tables) => tables.trace(packet, env),
             Ruleset::Ipvs(tables) => tables.trace(packet, env),
+            Ruleset::Ebpf(tables) => tables.trace(packet, env),
         }
     }
 
-    /// The affinity entries (nftables), recent lists (iptables) or persistence templates (IPVS,
-    /// [`ipvs::persistence_entry`]) that the rules DNATing `protocol`
+    /// The affinity entries (nftables), recent lists (iptables), persistence templates (IPVS,
+    /// [`ipvs::persistence_entry`]) or affinity map entries (eBPF, [`ebpf::affinity_entry`]) that the rules DNATing `protocol`
     /// to `endpoint` add sources to: what [`Environment::affinity`] holds for a source pinned to
     /// that endpoint (of every Service port sending there).
     pub fn affinity_sets(&self, protocol: Protocol, endpoint: SocketAddr) -> BTreeSet<String> {
@@ -472,6 +512,7 @@ impl Ruleset {
             Ruleset::Nftables(tables) => tables.affinity_sets(protocol, endpoint),
             Ruleset::Iptables(tables) => tables.affinity_sets(protocol, endpoint),
             Ruleset::Ipvs(tables) => tables.affinity_sets(protocol, endpoint),
+            Ruleset::Ebpf(tables) => tables.affinity_sets(protocol, endpoint),
         }
     }
 }
