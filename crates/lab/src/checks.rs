@@ -16,7 +16,7 @@ use roadkeeper_cluster::{ManifestSource, NamespacedName};
 use roadkeeper_netlab::Netns;
 use roadkeeper_netlab::web::{self, Response};
 
-use crate::state::{LabDir, State};
+use crate::state::{LabDir, Pod, State};
 use crate::system::{CLUSTER_DOMAIN, INGRESS_SERVICE, NAMESPACE};
 use crate::{Error, Result};
 
@@ -108,13 +108,19 @@ pub fn walk(lab: &LabDir, state: &State, within: Duration) -> Result<Vec<Station
                 format!("{service_key}: ClusterIP {cluster_ip}, EndpointSlice {}", endpoints.join(", ")),
             ));
         }
-        stations.push(Station::passed(
-            "node proxy",
+        let seen = if state.config.proxy_mode == "ebpf" {
+            format!(
+                "roadkeeper proxy (ebpf) in every node: the client's packets to {ip}:80 are rewritten to a pod's \
+                 address at the node's NIC (tc program rk_from_outside); a pod's connection to a ClusterIP at its \
+                 socket, once, at connect() (cgroup program rk_connect4)"
+            )
+        } else {
             format!(
                 "roadkeeper proxy ({}) in every node rewrites {ip}:80 and the ClusterIPs to pod addresses",
                 state.config.proxy_mode
-            ),
-        ));
+            )
+        };
+        stations.push(Station::passed("node proxy", seen));
         if let Some(pod) = state.pods.iter().find(|p| p.name == answered) {
             let node = state.host(&pod.node)?;
             stations.push(Station::passed("node", format!("{} ({}) holds pod {answered}", node.name, node.address)));
@@ -163,7 +169,7 @@ pub fn walk(lab: &LabDir, state: &State, within: Duration) -> Result<Vec<Station
             format!("pod {}: {name} -> {ip} (through kube-dns {})", pod.name, crate::system::DNS_IP),
         ));
         let response = retry(deadline, &format!("pod {} to Service {key}", pod.name), || {
-            in_netns(&pod.netns, SocketAddr::from((ip, port)), &name, "/")
+            from_pod(state, pod, SocketAddr::from((ip, port)), &name, "/")
         })?;
         let by = response.header("x-pod-name").unwrap_or("?").to_owned();
         stations.push(Station::passed(
@@ -233,6 +239,21 @@ fn cluster_ip(service: &Service) -> Option<Ipv4Addr> {
 pub fn lb_ip(service: Option<&Service>) -> Option<Ipv4Addr> {
     let status = service?.status.as_ref()?.load_balancer.as_ref()?.ingress.as_ref()?;
     status.first()?.ip.as_deref()?.parse().ok()
+}
+
+/// `in_netns` from `pod`, in eBPF mode from its node's cgroup too (its socket is the pod's).
+fn from_pod(
+    state: &State,
+    pod: &Pod,
+    address: SocketAddr,
+    host: &str,
+    path: &str,
+) -> std::result::Result<Response, String> {
+    let get = || in_netns(&pod.netns, address, host, path);
+    match state.node_cgroup(&pod.node) {
+        Some(cgroup) => crate::node_cgroups::within(&cgroup, get).map_err(|err| err.to_string())?,
+        None => get(),
+    }
 }
 
 fn in_netns(netns: &str, address: SocketAddr, host: &str, path: &str) -> std::result::Result<Response, String> {

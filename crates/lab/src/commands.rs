@@ -47,14 +47,13 @@ pub fn up(lab: &LabDir, up: &Up) -> Result<()> {
             &["ip", "nft", "getent", "ipvsadm"]
         }
         "ebpf" => {
-            return Err(Error::Invalid(
-                "--proxy-mode ebpf: not in the lab yet (its nodes' pods do not have a cgroup of their own to attach \
-                 the socket programs to); nftables, iptables and ipvs work"
-                    .into(),
-            ));
+            crate::node_cgroups::hierarchy()?;
+            &["ip", "nft", "getent"]
         }
         other => {
-            return Err(Error::Invalid(format!("--proxy-mode must be nftables, iptables or ipvs, not {other:?}")));
+            return Err(Error::Invalid(format!(
+                "--proxy-mode must be nftables, iptables, ipvs or ebpf, not {other:?}"
+            )));
         }
     };
     for tool in tools {
@@ -91,7 +90,7 @@ pub fn up(lab: &LabDir, up: &Up) -> Result<()> {
         lab.path().display().to_string(),
         "controller".into(),
     ];
-    let (_child, controller) = process::spawn(&argv, None, &log, &lab.id(), true)?;
+    let (_child, controller) = process::spawn(&argv, None, None, &log, &lab.id(), true)?;
     let state = loop {
         match State::load(lab) {
             Ok(state) if state.phase == Phase::Ready => break state,
@@ -247,7 +246,7 @@ fn summary(lab: &LabDir, state: &State, stations: &[crate::checks::Station], too
     }
     let _ = writeln!(out, "\nTry (the tutorial's command, then the lab's):");
     for (tutorial, lab_command) in
-        hints::hints(generated.as_ref().map(|g| g.store()).unwrap_or(&Default::default()), state)
+        hints::hints(generated.as_ref().map(|g| g.store()).unwrap_or(&Default::default()), state, lab)
     {
         let _ = writeln!(out, "  {tutorial:<46} {lab_command}");
     }
@@ -301,6 +300,8 @@ pub fn down(lab: &LabDir) -> Result<Removed> {
         roadkeeper_netlab::netns::delete(name)?;
         removed.namespaces += 1;
     }
+    // eBPF mode's bpffs mounts and node cgroups (before the directory holding the mounts goes).
+    crate::node_cgroups::tear_down(lab)?;
     let path = lab.path();
     let ours = ["config.json", "state.json", "lab.lock", "logs", "cluster"].iter().any(|f| path.join(f).exists());
     if ours {

@@ -237,6 +237,10 @@ impl Controller {
         }
         self.state.save(&self.lab)?;
         cluster::build(&names)?;
+        if config.proxy_mode == "ebpf" {
+            let nodes: Vec<String> = self.state.nodes().map(|node| node.name.clone()).collect();
+            crate::node_cgroups::set_up(&self.lab, nodes.iter().map(String::as_str))?;
+        }
 
         let binary = config.binary.display().to_string();
         let internet = [binary.as_str(), "lab", "serve", "--name", "internet", "--tcp", &INTERNET_PORT.to_string()];
@@ -274,7 +278,15 @@ impl Controller {
         .map(String::from)
         .into_iter()
         .chain(config.proxy_flags())
+        .chain(self.ebpf_flags(node))
         .collect()
+    }
+
+    /// In eBPF mode, where node `node`'s programs attach and pin: its own cgroup and bpffs.
+    fn ebpf_flags(&self, node: &str) -> Vec<String> {
+        let Some(cgroup) = self.state.node_cgroup(node) else { return Vec::new() };
+        let bpf_root = crate::node_cgroups::bpf_root(&self.lab, node);
+        vec!["--cgroup-root".into(), cgroup.display().to_string(), "--bpf-root".into(), bpf_root.display().to_string()]
     }
 
     /// Starts `argv` in host `name`'s network, recorded as one of its processes.
@@ -282,7 +294,7 @@ impl Controller {
         let netns = self.state.host(name)?.netns.clone();
         let what = if argv.contains(&"proxy") { "proxy" } else { "web" };
         let log = self.lab.logs_dir().join(format!("{what}-{name}.log"));
-        let (child, mut process) = process::spawn(argv, Some(&netns), &log, &self.state.id, false)?;
+        let (child, mut process) = process::spawn(argv, Some(&netns), None, &log, &self.state.id, false)?;
         process.name = what.to_owned();
         self.children.insert(child.id(), child);
         let host = self.state.hosts.iter_mut().find(|h| h.name == name).ok_or_else(|| Error::NotFound(name.into()))?;
@@ -594,17 +606,20 @@ impl Controller {
         let (specs, volume_problems) =
             container::prepare(&self.lab, &self.state.config.binary, pod, self.source.store())?;
         problems.extend(volume_problems);
+        let cgroup = self.state.node_cgroup(&pod.node);
         for (container, spec) in pod.containers.iter_mut().zip(specs) {
-            container.process = Some(self.start_container(pod.uid.as_str(), &container.name, &spec)?);
+            let process = self.start_container(pod.uid.as_str(), &container.name, &spec, cgroup.as_deref())?;
+            container.process = Some(process);
         }
         Ok(())
     }
 
-    fn start_container(&mut self, uid: &str, name: &str, spec: &Path) -> Result<ProcessRef> {
+    /// Starts a container's runner, in `cgroup` when given (its node's, in eBPF mode).
+    fn start_container(&mut self, uid: &str, name: &str, spec: &Path, cgroup: Option<&Path>) -> Result<ProcessRef> {
         let binary = self.state.config.binary.display().to_string();
         let argv = [binary.as_str(), "lab", "container", &spec.display().to_string()];
         let log = self.lab.pod_dir(uid).join(format!("{name}.log"));
-        let (child, mut process) = process::spawn(&argv, None, &log, &self.state.id, false)?;
+        let (child, mut process) = process::spawn(&argv, None, cgroup, &log, &self.state.id, false)?;
         process.name = name.to_owned();
         self.children.insert(child.id(), child);
         Ok(process)
@@ -728,7 +743,8 @@ impl Controller {
         let mut restarted = Vec::new();
         for (uid, name) in restart {
             let spec = self.lab.pod_dir(&uid).join(format!("{name}.json"));
-            let process = self.start_container(&uid, &name, &spec)?;
+            let cgroup = self.state.pods.iter().find(|p| p.uid == uid).and_then(|p| self.state.node_cgroup(&p.node));
+            let process = self.start_container(&uid, &name, &spec, cgroup.as_deref())?;
             if let Some(pod) = self.state.pods.iter_mut().find(|p| p.uid == uid) {
                 if let Some(container) = pod.containers.iter_mut().find(|c| c.name == name) {
                     container.process = Some(process);

@@ -5,11 +5,11 @@
 use roadkeeper_cluster::k8s_openapi::api::core::v1::Service;
 use roadkeeper_cluster::{NamespacedName, Store};
 
-use crate::state::{Pod, State};
+use crate::state::{LabDir, Pod, State};
 use crate::system::{INGRESS_SERVICE, NAMESPACE};
 
 /// `(the tutorial's command, the lab's)` pairs for the lab's generated state `store`.
-pub fn hints(store: &Store, state: &State) -> Vec<(String, String)> {
+pub fn hints(store: &Store, state: &State, lab: &LabDir) -> Vec<(String, String)> {
     let mut hints = vec![
         ("kubectl get pods -o wide".to_owned(), "roadkeeper lab get pods -A -o wide".to_owned()),
         ("kubectl get endpointslices".to_owned(), "roadkeeper lab get endpointslices -A".to_owned()),
@@ -76,19 +76,31 @@ pub fn hints(store: &Store, state: &State) -> Vec<(String, String)> {
         })
     });
     if let Some(service) = backend.or_else(|| user_services.first().map(|(k, _)| (*k).clone())) {
-        let lab = "roadkeeper lab exec node-1 --";
-        let hint = match state.config.proxy_mode.as_str() {
-            "iptables" => Some(format!("iptables-save -t nat | grep {service}")),
-            // IPVS names no Service: its virtual server is its ClusterIP and port.
-            "ipvs" => store.service(&service).and_then(|svc| {
-                let cluster_ip = svc.spec.as_ref()?.cluster_ip.as_deref().filter(|ip| *ip != "None")?;
-                Some(format!("ipvsadm -Ln -t {cluster_ip}:{}", port(svc)?))
-            }),
-            _ => Some(format!("nft list ruleset | grep {service}")),
+        let in_node = |hint: String| (hint.clone(), format!("roadkeeper lab exec node-1 -- {hint}"));
+        let cluster_ip = || {
+            let svc = store.service(&service)?;
+            let ip = svc.spec.as_ref()?.cluster_ip.clone().filter(|ip| ip != "None")?;
+            Some((ip, port(svc)?))
         };
-        if let Some(hint) = hint {
-            hints.push((hint.clone(), format!("{lab} {hint}")));
-        }
+        let hint = match state.config.proxy_mode.as_str() {
+            "iptables" => Some(in_node(format!("iptables-save -t nat | grep {service}"))),
+            // IPVS names no Service: its virtual server is its ClusterIP and port.
+            "ipvs" => cluster_ip().map(|(ip, port)| in_node(format!("ipvsadm -Ln -t {ip}:{port}"))),
+            // Nor do eBPF mode's maps: its ClusterIP, as `cilium bpf lb list` shows it, read from
+            // the node's pinned maps.
+            "ebpf" => cluster_ip().map(|(ip, _)| {
+                let bpf_root = crate::node_cgroups::bpf_root(lab, "node-1");
+                (
+                    format!("cilium bpf lb list | grep {ip}"),
+                    format!(
+                        "roadkeeper rules --proxy-mode ebpf --from-kernel --bpf-root {} | grep {ip}",
+                        bpf_root.display()
+                    ),
+                )
+            }),
+            _ => Some(in_node(format!("nft list ruleset | grep {service}"))),
+        };
+        hints.extend(hint);
     }
     match (&route, lb, pod) {
         (Some((host, path)), Some(lb), _) => {
@@ -185,7 +197,10 @@ mod tests {
     #[test]
     fn hints_name_what_the_folder_holds() {
         let (store, state) = lab(true);
-        let lab_commands: Vec<String> = hints(&store, &state).into_iter().map(|(_, lab)| lab).collect();
+        let lab_commands: Vec<String> = hints(&store, &state, &LabDir::resolve(Some(std::path::Path::new("/tmp/lab"))))
+            .into_iter()
+            .map(|(_, lab)| lab)
+            .collect();
         assert_eq!(
             lab_commands,
             [
@@ -202,7 +217,10 @@ mod tests {
         );
         // Without an Ingress: the LoadBalancer Service from the client, a trace from the pod.
         let (store, state) = lab(false);
-        let lab_commands: Vec<String> = hints(&store, &state).into_iter().map(|(_, lab)| lab).collect();
+        let lab_commands: Vec<String> = hints(&store, &state, &LabDir::resolve(Some(std::path::Path::new("/tmp/lab"))))
+            .into_iter()
+            .map(|(_, lab)| lab)
+            .collect();
         assert!(lab_commands.contains(&"roadkeeper lab exec client -- curl -si http://192.168.77.201:8080/".into()));
         assert!(
             lab_commands.contains(&"roadkeeper trace http://storefront.store:8080/ --from store/shop-abc-x".into())
@@ -210,10 +228,23 @@ mod tests {
     }
 
     #[test]
+    fn in_ebpf_mode_the_rules_hint_reads_the_first_nodes_pinned_maps() {
+        let (store, mut state) = lab(true);
+        state.config.proxy_mode = "ebpf".into();
+        let hints = hints(&store, &state, &LabDir::resolve(Some(std::path::Path::new("/tmp/lab"))));
+        let expected = (
+            "cilium bpf lb list | grep 10.96.0.120".to_string(),
+            "roadkeeper rules --proxy-mode ebpf --from-kernel --bpf-root /tmp/lab/bpf/node-1 | grep 10.96.0.120"
+                .to_string(),
+        );
+        assert!(hints.contains(&expected), "{hints:?}");
+    }
+
+    #[test]
     fn in_ipvs_mode_the_rules_hint_lists_the_services_virtual_server() {
         let (store, mut state) = lab(true);
         state.config.proxy_mode = "ipvs".into();
-        let hints = hints(&store, &state);
+        let hints = hints(&store, &state, &LabDir::resolve(Some(std::path::Path::new("/tmp/lab"))));
         assert!(
             hints.contains(&(
                 "ipvsadm -Ln -t 10.96.0.120:8080".into(),

@@ -26,6 +26,7 @@ pub mod files;
 pub mod hints;
 pub mod kinds;
 pub mod labels;
+pub mod node_cgroups;
 pub mod process;
 pub mod render;
 pub mod replicas;

@@ -18,10 +18,12 @@ use crate::state::{ID_ENV, ProcessRef};
 use crate::{Error, Result};
 
 /// Starts `argv` (stdin null, output appended to `log`), in network namespace `netns` when
-/// given, in a session of its own when `detach`; marked with lab id `id`.
+/// given, in cgroup `cgroup` when given (eBPF mode: its node's), in a session of its own when
+/// `detach`; marked with lab id `id`.
 pub fn spawn<S: AsRef<OsStr>>(
     argv: &[S],
     netns: Option<&str>,
+    cgroup: Option<&Path>,
     log: &Path,
     id: &str,
     detach: bool,
@@ -41,11 +43,16 @@ pub fn spawn<S: AsRef<OsStr>>(
         }
         None => None,
     };
-    // SAFETY: setns and setsid are async-signal-safe; the file was opened before the fork.
+    let joiner = cgroup.map(crate::node_cgroups::joiner).transpose()?;
+    // SAFETY: setns, write and setsid are async-signal-safe; the files were opened before the
+    // fork.
     unsafe {
         command.pre_exec(move || {
             if let Some(file) = &netns_file {
                 setns(file, CloneFlags::CLONE_NEWNET)?;
+            }
+            if let Some(joiner) = &joiner {
+                crate::node_cgroups::join(joiner)?;
             }
             if detach {
                 nix::unistd::setsid()?;

@@ -312,13 +312,20 @@ pub fn start_time(pid: u32) -> Option<u64> {
 #[derive(Clone, Debug)]
 pub enum Target<'a> {
     /// A host: its network namespace.
-    Host(&'a Host),
+    Host {
+        /// The host.
+        host: &'a Host,
+        /// Its cgroup, for a node in eBPF mode.
+        cgroup: Option<PathBuf>,
+    },
     /// A pod's container: the network, mount and UTS namespaces of its process.
     Container {
         /// The pod.
         pod: &'a Pod,
         /// The container.
         container: &'a Container,
+        /// Its node's cgroup, in eBPF mode.
+        cgroup: Option<PathBuf>,
     },
 }
 
@@ -342,6 +349,11 @@ impl State {
     pub fn save(&self, lab: &LabDir) -> Result<()> {
         let text = serde_json::to_vec_pretty(self).map_err(|err| Error::Invalid(err.to_string()))?;
         crate::files::write_atomically(&lab.state_file(), &text)
+    }
+
+    /// In eBPF mode, node `node`'s cgroup: the one its pods' processes are in.
+    pub fn node_cgroup(&self, node: &str) -> Option<PathBuf> {
+        (self.config.proxy_mode == "ebpf").then(|| crate::node_cgroups::cgroup(&self.id, node).ok()).flatten()
     }
 
     /// The nodes, node-1 first.
@@ -369,7 +381,8 @@ impl State {
     /// (default: the first).
     pub fn target(&self, name: &str, namespace: Option<&str>, container: Option<&str>) -> Result<Target<'_>> {
         if let Ok(host) = self.host(name) {
-            return Ok(Target::Host(host));
+            let cgroup = (host.role == Role::Node).then(|| self.node_cgroup(&host.name)).flatten();
+            return Ok(Target::Host { host, cgroup });
         }
         let pod = self.pod(namespace.unwrap_or("default"), name)?;
         let found = match container {
@@ -379,7 +392,7 @@ impl State {
         let container = found.ok_or_else(|| {
             Error::NotFound(format!("container {:?} not found in pod {}", container.unwrap_or_default(), pod.name))
         })?;
-        Ok(Target::Container { pod, container })
+        Ok(Target::Container { pod, container, cgroup: self.node_cgroup(&pod.node) })
     }
 }
 
@@ -387,8 +400,10 @@ impl Target<'_> {
     /// The namespace files to enter, network first.
     fn namespaces(&self) -> Result<Vec<(PathBuf, CloneFlags)>> {
         match self {
-            Target::Host(host) => Ok(vec![(roadkeeper_netlab::netns::path_of(&host.netns), CloneFlags::CLONE_NEWNET)]),
-            Target::Container { pod, container } => {
+            Target::Host { host, .. } => {
+                Ok(vec![(roadkeeper_netlab::netns::path_of(&host.netns), CloneFlags::CLONE_NEWNET)])
+            }
+            Target::Container { pod, container, .. } => {
                 let process = container.process.as_ref().filter(|p| p.alive()).ok_or_else(|| {
                     Error::NotFound(format!("container {} of pod {} is not running", container.name, pod.name))
                 })?;
@@ -403,7 +418,7 @@ impl Target<'_> {
     }
 
     /// `argv` as a command that runs in the target's namespaces (entered between fork and
-    /// exec).
+    /// exec), and in eBPF mode in its node's cgroup.
     pub fn command<I, S>(&self, argv: I) -> Result<Command>
     where
         I: IntoIterator<Item = S>,
@@ -416,13 +431,20 @@ impl Target<'_> {
             .into_iter()
             .map(|(path, kind)| Ok((File::open(&path).map_err(Error::io(&path))?, kind)))
             .collect::<Result<Vec<_>>>()?;
+        let cgroup = match self {
+            Target::Host { cgroup, .. } | Target::Container { cgroup, .. } => cgroup.as_deref(),
+        };
+        let joiner = cgroup.map(crate::node_cgroups::joiner).transpose()?;
         let mut command = Command::new(program);
         command.args(argv);
-        // SAFETY: setns is async-signal-safe; the files were opened before the fork.
+        // SAFETY: setns and write are async-signal-safe; the files were opened before the fork.
         unsafe {
             command.pre_exec(move || {
                 for (file, kind) in &files {
                     setns(file, *kind)?;
+                }
+                if let Some(joiner) = &joiner {
+                    crate::node_cgroups::join(joiner)?;
                 }
                 Ok(())
             });

@@ -518,8 +518,9 @@ pub enum LabCommand {
         /// Number of nodes (1-50).
         #[arg(long, default_value_t = 2)]
         nodes: u8,
-        /// The proxy's kernel backend in every node: nftables, iptables or ipvs (ipvs needs a
-        /// kernel with IPVS, which is refused where there is none).
+        /// The proxy's kernel backend in every node: nftables, iptables, ipvs (needs a kernel
+        /// with IPVS, refused where there is none) or ebpf (kernel 5.18+ and a cgroup v2
+        /// hierarchy: each node's programs on a cgroup of its own that its pods join).
         #[arg(long, value_name = "MODE", default_value = "nftables")]
         proxy_mode: String,
     },

@@ -240,6 +240,7 @@ fn lab_road(
     // A name resolved outside the cluster DNS (an Ingress's host) is sent to the address the road
     // resolved it to, as the user's DNS would answer; a pod's curl asks the cluster DNS itself.
     let resolved = planned.dns.filter(|_| !matches!(origin, Origin::Pod(_))).map(|dns| dns.address);
+    let sent_to = planned.legs.first().map(|leg| leg.destination);
 
     let (mut answer, local) = send(&target, request, resolved)?;
     let mut observed = Observed::default();
@@ -262,9 +263,15 @@ fn lab_road(
                     .map(|flow| (host, flow)),
             );
         }
+        let original = |f: &Flow| SocketAddr::new(f.orig.dst, f.orig.dst_port);
         let dnat = |f: &Flow| {
+            // eBPF mode translates before conntrack sees a packet (at the socket, or at the
+            // node's NIC): the entry's original destination is already the endpoint.
+            if state.config.proxy_mode == "ebpf" {
+                return sent_to.filter(|to| *to != original(f)).map(|_| original(f));
+            }
             let target = SocketAddr::new(f.reply.src, f.reply.src_port);
-            (target != SocketAddr::new(f.orig.dst, f.orig.dst_port)).then_some(target)
+            (target != original(f)).then_some(target)
         };
         entries.sort_by_key(|(_, f)| (dnat(f).is_none(), f.reply.dst == f.orig.src));
         if let Some((host, flow)) = entries.first() {
@@ -294,6 +301,14 @@ fn lab_road(
     answer.agrees = observed.dnat.zip(masqueraded).map(|(dnat, masqueraded)| {
         road.legs[0].landings.iter().any(|l| l.dnat == Some(dnat) && l.masquerade.is_some() == masqueraded)
     });
+    // eBPF mode: a connection translated at the socket to the pod itself never leaves it (no
+    // conntrack entry); the pod that answered must still be one the road translates to.
+    if answer.agrees.is_none() && state.config.proxy_mode == "ebpf" {
+        let translated: Vec<SocketAddr> =
+            road.legs.iter().flat_map(|leg| &leg.landings).filter_map(|l| l.dnat).collect();
+        answer.agrees =
+            observed.backend.filter(|_| !translated.is_empty()).map(|ip| translated.iter().any(|to| to.ip() == ip));
+    }
     Ok((road, answer))
 }
 

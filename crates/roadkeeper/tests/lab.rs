@@ -128,6 +128,10 @@ impl TestLab {
         let mounts = std::fs::read_to_string("/proc/self/mountinfo").unwrap();
         let dir = self.dir.path().display().to_string();
         assert!(!mounts.lines().any(|l| l.contains(&prefix) || l.contains(&dir)), "mounts left:\n{mounts}");
+        // eBPF mode's node cgroups.
+        if let Ok(cgroup) = roadkeeper_lab::node_cgroups::cgroup(&id, "node-1") {
+            assert!(!cgroup.parent().unwrap().exists(), "{} left", cgroup.display());
+        }
         assert!(!self.dir.path().exists(), "{dir} left");
     }
 
@@ -271,6 +275,21 @@ fn walk_the_road(mode: &str) {
     for station in ["visitor", "Ingress", "Service", "node proxy", "node ", "pod ", "container", "DNS", "SNAT"] {
         assert!(up.contains(&format!("  {station}")), "station {station} missing from:\n{up}");
     }
+    if mode == "ebpf" {
+        for station in ["at the node's NIC (tc program rk_from_outside)", "at its socket, once, at connect()"] {
+            assert!(up.contains(station), "{station:?} missing from:\n{up}");
+        }
+        // Only the nodes' pods are translated: their processes are in their node's cgroup.
+        let cgroup = |node: &str| lab.dir.path().join("bpf").join(node);
+        assert!(cgroup("node-1").exists() && cgroup("node-2").exists());
+        let procs = std::fs::read_to_string(
+            roadkeeper_lab::node_cgroups::cgroup(&lab.dir.id(), "node-1").unwrap().join("cgroup.procs"),
+        )
+        .unwrap();
+        assert!(procs.lines().count() >= 1, "node-1's pods are in its cgroup: {procs:?}");
+        let own = std::fs::read_to_string("/proc/self/cgroup").unwrap();
+        assert!(!own.contains("roadkeeper-lab-"), "the test process is not: {own}");
+    }
     let hello = lab.pods("app=hello");
     assert_eq!(hello.len(), 3, "{hello:?}");
 
@@ -405,6 +424,14 @@ fn the_road_walked_in_iptables_mode() {
 #[test]
 fn the_road_walked_in_nftables_mode() {
     walk_the_road("nftables");
+}
+
+/// eBPF mode: the same tutorial, each node's socket programs on a cgroup of its own that its
+/// pods' processes (and `lab exec` into them) join, the walk naming where addresses are
+/// translated; nothing left after `lab down` (cgroups and bpffs mounts included).
+#[test]
+fn the_road_walked_in_ebpf_mode() {
+    walk_the_road("ebpf");
 }
 
 #[test]
