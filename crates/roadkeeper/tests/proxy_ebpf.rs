@@ -306,3 +306,49 @@ fn an_external_udp_flow_leaves_an_endpoint_that_left_its_service_but_serves_anot
     let tier = reached(&c.client.ns, Proto::Tcp, at(Family::V4.cluster_ip(61)), 20);
     assert_eq!(tier.len(), 2, "tier keeps both pods: {tier:?}");
 }
+
+/// A pod's UDP socket connected to a ClusterIP (translated once, at `connect()`) whose endpoint
+/// leaves the Service is destroyed within one sync: its next call fails (ECONNABORTED, or
+/// EDESTADDRREQ once the kernel has disconnected it), as the other modes delete the conntrack
+/// entry, and a new socket reaches the endpoint that serves. A socket connected to that pod's
+/// own address, which no program translated, is left alone.
+#[test]
+fn a_pods_connected_udp_socket_on_an_endpoint_that_left_is_aborted_and_a_new_one_moves_on() {
+    let mut c = Cluster::new("rk-bpf-udpsock", Backend::Ebpf);
+    let pods = [c.add_pod("web-a", "app: web", NODE), c.add_pod("web-b", "app: web", NODE)];
+    c.write("web.yaml", &service_manifest("web", 63, ""));
+    c.start_fast_proxy();
+    let connect = |to: SocketAddr| {
+        c.client.ns.run(move || {
+            let socket = std::net::UdpSocket::bind("0.0.0.0:0").expect("a UDP socket");
+            socket.connect(to).expect("connect");
+            socket.set_read_timeout(Some(probe_timeout())).expect("a timeout");
+            socket
+        })
+    };
+    let ask = |socket: &std::net::UdpSocket| -> std::io::Result<String> {
+        socket.send(b"probe\n")?;
+        let mut buf = [0; 512];
+        let n = socket.recv(&mut buf)?;
+        Ok(String::from_utf8_lossy(&buf[..n]).split_whitespace().next().unwrap_or_default().to_owned())
+    };
+    let service = connect(at(Family::V4.cluster_ip(63)));
+    let held = ask(&service).expect("the ClusterIP answers");
+    assert!((0..5).all(|_| ask(&service).ok().as_deref() == Some(held.as_str())), "one socket, one endpoint");
+    let (moved, other) = if held == "web-a" { (pods[0], "web-b") } else { (pods[1], "web-a") };
+    let direct = connect(SocketAddr::new(c.pod_ip(moved, Family::V4), 8080));
+    assert_eq!(ask(&direct).expect("the pod answers"), held);
+
+    // The held pod leaves the Service; its echo server still answers.
+    c.update_pod(moved, "app: gone", NODE, PodState::Ready);
+    let aborted = |result: std::io::Result<String>| {
+        use nix::errno::Errno;
+        let failed = [Errno::ECONNABORTED, Errno::EDESTADDRREQ].map(|errno| Some(errno as i32));
+        matches!(result, Err(err) if failed.contains(&err.raw_os_error()))
+    };
+    let gone = eventually(settle(), || aborted(ask(&service)));
+    assert!(gone, "the socket stayed on {held}, which no longer serves web; proxy log:\n{}", c.proxy_log());
+    assert_eq!(ask(&connect(at(Family::V4.cluster_ip(63)))).expect("a new socket"), other);
+    assert_eq!(ask(&direct).expect("the direct socket still works"), held);
+    assert!(c.proxy_log().contains("conntrack_deleted=1"), "{}", c.proxy_log());
+}

@@ -124,14 +124,18 @@ impl ServingMap {
     /// Whether the entry must go: UDP/SCTP, addressed to a service frontend, and answered by
     /// something that is not a serving endpoint of that frontend.
     pub fn is_stale(&self, flow: &Flow) -> bool {
-        let o = &flow.orig;
-        if o.protocol != IPPROTO_UDP && o.protocol != IPPROTO_SCTP {
+        let (o, r) = (&flow.orig, &flow.reply);
+        self.is_stale_endpoint(o.protocol, (o.dst, o.dst_port), (r.src, r.src_port))
+    }
+
+    /// Whether traffic of `protocol` sent to `frontend` and translated to `backend` (a flow, or
+    /// eBPF mode's connected socket) must stop: UDP/SCTP, `frontend` a Service frontend, and
+    /// `backend` no serving endpoint of it.
+    pub fn is_stale_endpoint(&self, protocol: u8, frontend: (IpAddr, u16), backend: (IpAddr, u16)) -> bool {
+        if protocol != IPPROTO_UDP && protocol != IPPROTO_SCTP {
             return false;
         }
-        match self.serving(o.dst, o.dst_port, o.protocol) {
-            Some(serving) => !serving.contains(&(flow.reply.src, flow.reply.src_port)),
-            None => false,
-        }
+        self.serving(frontend.0, frontend.1, protocol).is_some_and(|serving| !serving.contains(&backend))
     }
 
     /// The stale entries of `flows`.

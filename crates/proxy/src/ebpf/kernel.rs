@@ -6,6 +6,7 @@
 //! working node, and a restarted proxy adopts the maps (reads them back) and swaps in its own
 //! programs without a moment with none attached.
 
+use std::collections::HashSet;
 use std::fs::File;
 use std::path::{Path, PathBuf};
 
@@ -16,13 +17,13 @@ use aya::programs::{CgroupSockAddr, ProgramError};
 use aya::{Ebpf, EbpfLoader};
 use roadkeeper_ebpf_common::{
     Address, FLOW_FORWARD, FlowKey, FlowValue, MAGLEV_CHUNK, MaglevChunk, MaglevKey, SOCKET_PROGRAMS, ServiceKey,
-    ServiceValue, SourceRangeKey, names, sizes,
+    ServiceValue, SocketRevKey, SourceRangeKey, names, sizes,
 };
 use roadkeeper_rules::config::EbpfConfig;
 use roadkeeper_rules::conntrack::ServingMap;
 use roadkeeper_rules::ebpf::{MapLimits, MapOp, Maps, netfilter};
 
-use super::{interfaces, wire};
+use super::{interfaces, sockets, wire};
 use crate::Error;
 use crate::tool;
 
@@ -306,7 +307,26 @@ impl EbpfKernel {
             absent_is_fine(flows.remove(key)).map_err(failed)?;
             absent_is_fine(flows.remove(&wire::reply_key(key, value))).map_err(failed)?;
         }
-        Ok(stale.len() as u64)
+        let sockets = self.stale_sockets(serving)?;
+        Ok(stale.len() as u64 + sockets::destroy(&self.placement.cgroup, &sockets))
+    }
+
+    /// The cookies of the sockets the socket programs translated to an endpoint that no longer
+    /// serves their frontend (UDP: `serving` holds no TCP frontend).
+    fn stale_sockets(&mut self, serving: &ServingMap) -> Result<HashSet<u64>, Error> {
+        let translated = self.map_mut::<SocketRevKey, Address>(names::SOCKET_REV)?;
+        let udp = roadkeeper_rules::conntrack::IPPROTO_UDP;
+        let pair = |address: &Address| {
+            let at = wire::socket_addr(address);
+            (at.ip(), at.port())
+        };
+        Ok(translated
+            .iter()
+            .take(2 * sizes::SOCKET_REV as usize)
+            .filter_map(Result::ok)
+            .filter(|(key, frontend)| serving.is_stale_endpoint(udp, pair(frontend), pair(&key.backend)))
+            .map(|(key, _)| key.cookie)
+            .collect())
     }
 
     fn source_ranges_mut(&mut self) -> Result<LpmTrie<&mut MapData, SourceRangeKey, u8>, Error> {

@@ -3,7 +3,8 @@
 //! partial syncs through an [`EbpfRunner`](proxier::EbpfRunner); [`kernel`] loads, pins and
 //! attaches the programs (the socket programs to a cgroup, those of `interfaces` to the node's
 //! devices) and writes the maps; [`wire`] converts the planner's entries to the
-//! programs' bytes and back. `kernel` builds only with feature `ebpf-kernel` (it embeds the BPF
+//! programs' bytes and back; [`sockets`] destroys the connected UDP sockets left on an endpoint
+//! that went. `kernel` builds only with feature `ebpf-kernel` (it embeds the BPF
 //! object, built by the nightly toolchain).
 
 #[cfg(feature = "ebpf-kernel")]
@@ -11,4 +12,5 @@ mod interfaces;
 #[cfg(feature = "ebpf-kernel")]
 pub mod kernel;
 pub mod proxier;
+pub mod sockets;
 pub mod wire;

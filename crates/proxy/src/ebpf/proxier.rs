@@ -26,7 +26,8 @@ pub trait EbpfRunner: Send {
     fn in_place(&mut self) -> Result<bool, Error>;
     /// Attaches the programs again (someone removed them).
     fn repair(&mut self) -> Result<(), Error>;
-    /// Deletes the flows of external traffic whose backend `serving` calls stale; how many.
+    /// Deletes the flows of external traffic, and destroys the connected UDP sockets, whose
+    /// backend `serving` calls stale; how many.
     fn delete_stale_flows(&mut self, serving: &ServingMap) -> Result<u64, Error>;
 }
 
@@ -61,7 +62,7 @@ impl EbpfRunner for FakeMaps {
         Ok(())
     }
 
-    /// The model holds no flows: they are the kernel programs' own state.
+    /// The model holds no flows nor sockets: they are the kernel programs' own state.
     fn delete_stale_flows(&mut self, _: &ServingMap) -> Result<u64, Error> {
         Ok(0)
     }
@@ -186,8 +187,9 @@ impl<R: EbpfRunner> Backend for EbpfProxier<R> {
         self.runner.in_place()
     }
 
-    /// The socket programs translate each `connect()`/`sendmsg()` anew: only the flows the
-    /// interface programs hold (external traffic) can pin a client to an endpoint.
+    /// The socket programs translate each `connect()`/`sendmsg()` anew: what can pin a client to
+    /// an endpoint is a flow the interface programs hold (external traffic) or a connected UDP
+    /// socket.
     fn cleanup_stale_flows(&mut self, node_ips: &[IpAddr]) -> Result<u64, Error> {
         let serving = ServingMap::new(&self.state.table, node_ips);
         if serving.is_empty() {
