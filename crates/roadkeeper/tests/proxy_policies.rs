@@ -4,10 +4,13 @@
 
 mod common;
 
+use std::net::SocketAddr;
+
 use common::*;
 
 per_backend!(
     client_ip_affinity_sticks_to_one_pod_and_plain_services_spread,
+    a_client_held_by_affinity_moves_to_one_other_pod_when_its_pod_leaves,
     hairpin_traffic_reaches_the_pod_itself_masqueraded,
     masquerade_all_masquerades_pod_traffic_to_cluster_ips,
     off_cluster_traffic_to_the_cluster_ip_of_an_internal_local_policy_service_is_masqueraded,
@@ -40,6 +43,52 @@ fn client_ip_affinity_sticks_to_one_pod_and_plain_services_spread(backend: Backe
                 reached(&c.client.ns, proto, target, 30).len(),
                 3,
                 "{proto:?} {target}: spread without affinity"
+            );
+        }
+    }
+}
+
+/// A client held to a pod by `sessionAffinity: ClientIP` (a pod through the ClusterIP; in eBPF
+/// mode the socket programs' entry, and an outside host through the NodePort, the interface
+/// programs' one) moves on when that pod leaves the Service, and sticks to the one it lands on.
+fn a_client_held_by_affinity_moves_to_one_other_pod_when_its_pod_leaves(backend: Backend) {
+    let mut c = Cluster::new("rk-affgo", backend);
+    let pods: Vec<usize> = ["web-a", "web-b", "web-c"].iter().map(|name| c.add_pod(name, "app: web", NODE)).collect();
+    c.write("web.yaml", &service_manifest("web", SVC, "type: NodePort, sessionAffinity: ClientIP"));
+    c.proxy_once(&[]);
+    let clients = |family: Family| {
+        [
+            (&c.client.ns, at(family.cluster_ip(SVC))),
+            (c.lab.external(), SocketAddr::new(family.node_ip(), node_port(SVC))),
+        ]
+    };
+    let held_by = |family: Family, proto: Proto| -> Vec<String> {
+        clients(family)
+            .iter()
+            .map(|(ns, target)| {
+                let got = reached(ns, proto, *target, 10);
+                assert_eq!(got.len(), 1, "{proto:?} {target}: affinity keeps one pod, got {got:?}");
+                got.into_iter().next().expect("one pod")
+            })
+            .collect()
+    };
+    for family in FAMILIES {
+        for proto in PROTOS {
+            held_by(family, proto);
+        }
+    }
+    // The pod holding the first client leaves the Service (its echo server still answers).
+    let gone = held_by(Family::V4, Proto::Tcp)[0].clone();
+    let index = ["web-a", "web-b", "web-c"].iter().position(|name| *name == gone).expect("one of the pods");
+    c.update_pod(pods[index], "app: gone", NODE, PodState::Ready);
+    c.proxy_once(&[]);
+    // Every client (each still sticking to one pod) now lands elsewhere.
+    for family in FAMILIES {
+        for proto in PROTOS {
+            let now = held_by(family, proto);
+            assert!(
+                !now.contains(&gone),
+                "{family:?} {proto:?}: a client is still held by {gone}, which left: {now:?}"
             );
         }
     }
