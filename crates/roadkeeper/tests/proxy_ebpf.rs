@@ -352,3 +352,66 @@ fn a_pods_connected_udp_socket_on_an_endpoint_that_left_is_aborted_and_a_new_one
     assert_eq!(ask(&direct).expect("the direct socket still works"), held);
     assert!(c.proxy_log().contains("conntrack_deleted=1"), "{}", c.proxy_log());
 }
+
+/// An IPv4 datagram to the NodePort from the external host's port `source_port`, built by hand:
+/// `options` words of IP options (NOPs), a UDP header and `payload`, cut to `keep` bytes of UDP
+/// (header included), with the fragment field `fragment` (flags and offset). The kernel fills
+/// in the IP header's length and checksum (`IP_HDRINCL`); the UDP checksum is 0 (none).
+fn crafted(source_port: u16, options: usize, keep: usize, fragment: u16, payload: &[u8]) -> Vec<u8> {
+    let (source, destination) = (Family::V4.external_host_ip(), Family::V4.node_ip());
+    let (std::net::IpAddr::V4(source), std::net::IpAddr::V4(destination)) = (source, destination) else {
+        unreachable!("IPv4 addresses")
+    };
+    let mut ip = vec![0x40 | (5 + options as u8), 0, 0, 0, 0x12, 0x34];
+    ip.extend_from_slice(&fragment.to_be_bytes());
+    ip.extend_from_slice(&[64, 17, 0, 0]);
+    ip.extend_from_slice(&source.octets());
+    ip.extend_from_slice(&destination.octets());
+    ip.extend(std::iter::repeat_n(1u8, 4 * options));
+    let mut udp = Vec::new();
+    udp.extend_from_slice(&source_port.to_be_bytes());
+    udp.extend_from_slice(&node_port(64).to_be_bytes());
+    udp.extend_from_slice(&((8 + payload.len()) as u16).to_be_bytes());
+    udp.extend_from_slice(&[0, 0]);
+    udp.extend_from_slice(payload);
+    udp.truncate(keep);
+    ip.extend(udp);
+    ip
+}
+
+/// Hostile and unusual packets at the interface programs, sent raw from outside: an IPv4
+/// header with options is translated (the UDP header found past them) and answered by the pod;
+/// a datagram cut inside its UDP header, and a fragment, pass untranslated (the kernel drops the
+/// one, and no pod answers the other: fragments are not translated, as the README says); the
+/// NodePort keeps serving both families and protocols afterwards.
+#[test]
+fn odd_packets_from_outside_are_translated_only_when_whole_and_the_node_port_keeps_serving() {
+    let mut c = Cluster::new("rk-bpf-odd", Backend::Ebpf);
+    c.add_pod("web-a", "app: web", NODE);
+    c.write("web.yaml", &service_manifest("web", 64, "type: NodePort"));
+    c.proxy_once(&[]);
+    let node_ip = Family::V4.node_ip();
+    // Each case: its packet, and the port the external host listens for an answer on.
+    let send_and_listen = |port: u16, packet: Vec<u8>| -> Option<String> {
+        c.lab.external().run(move || {
+            let listener = std::net::UdpSocket::bind((Family::V4.external_host_ip(), port)).expect("a listener");
+            listener.set_read_timeout(Some(probe_timeout())).expect("a timeout");
+            let raw = socket2::Socket::new(socket2::Domain::IPV4, socket2::Type::RAW, Some(255.into()))
+                .expect("a raw socket");
+            raw.send_to(&packet, &SocketAddr::new(node_ip, 0).into()).expect("sent");
+            let mut buf = [0; 512];
+            let n = listener.recv(&mut buf).ok()?;
+            Some(String::from_utf8_lossy(&buf[..n]).split_whitespace().next().unwrap_or_default().to_owned())
+        })
+    };
+    assert_eq!(send_and_listen(40001, crafted(40001, 2, 64, 0, b"probe\n")).as_deref(), Some("web-a"), "options");
+    assert_eq!(send_and_listen(40002, crafted(40002, 0, 4, 0, b"")), None, "cut inside the UDP header");
+    let more_fragments = 0x2000;
+    assert_eq!(send_and_listen(40003, crafted(40003, 0, 64, more_fragments, b"probe\n")), None, "a fragment");
+    for family in FAMILIES {
+        for proto in PROTOS {
+            let target = SocketAddr::new(family.node_ip(), node_port(64));
+            assert_eq!(reached(c.lab.external(), proto, target, 3).len(), 1, "{proto:?} {target} still served");
+        }
+    }
+}
