@@ -368,6 +368,34 @@ pub enum Bench {
     /// `roadkeeper ingress` and nginx as reverse proxies for the same route and backends, under
     /// wrk (Debian packages `nginx-light` or `nginx`, and `wrk`), side by side.
     Ingress(IngressBenchArgs),
+    /// Packets per second through a NodePort from outside the node, each proxy mode side by
+    /// side: UDP datagrams blasted from a sender namespace, translated and masqueraded by the
+    /// node, counted by the pod's interface.
+    Nodeport(NodePortBenchArgs),
+}
+
+/// Flags of `bench nodeport`.
+#[derive(Debug, Args)]
+pub struct NodePortBenchArgs {
+    /// Modes to measure side by side, comma-separated (nftables, iptables, ebpf); ratios are to
+    /// the first.
+    #[arg(long, value_delimiter = ',', default_value = "nftables,iptables,ebpf")]
+    pub proxy_mode: Vec<String>,
+    /// Services the node holds (one of them the NodePort measured).
+    #[arg(long, default_value_t = 1000)]
+    pub services: usize,
+    /// Sender threads (each over its own flows).
+    #[arg(long, default_value_t = 2)]
+    pub senders: usize,
+    /// Seconds measured per mode (after one of warm-up).
+    #[arg(long, default_value_t = 5)]
+    pub seconds: u32,
+    /// The NodePort's `externalTrafficPolicy: Local` (no masquerading) instead of Cluster.
+    #[arg(long)]
+    pub local: bool,
+    /// Also write the table into this folder (`nodeport.md`).
+    #[arg(long, value_name = "DIR")]
+    pub out: Option<std::path::PathBuf>,
 }
 
 /// Flags of `bench ingress`.

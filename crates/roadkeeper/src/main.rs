@@ -3,6 +3,7 @@
 mod bench;
 mod bench_dns;
 mod bench_ingress;
+mod bench_nodeport;
 mod bench_plot;
 mod cli;
 mod deploy_check;
@@ -56,6 +57,7 @@ fn main() -> std::process::ExitCode {
         Command::Bench(cli::Bench::Proxy(args)) => bench::run(args),
         Command::Bench(cli::Bench::Dns(args)) => bench_dns::run(args),
         Command::Bench(cli::Bench::Ingress(args)) => bench_ingress::run(args),
+        Command::Bench(cli::Bench::Nodeport(args)) => bench_nodeport::run(args),
         Command::Lab(args) => lab::run(args),
         Command::Trace(args) => trace_cmd::run(args),
         Command::Dns(args) => dns_cmd::run(args),
