@@ -37,6 +37,8 @@ impl Mounts {
 
 impl Drop for Mounts {
     fn drop(&mut self) {
+        // The node cgroup of a test that failed before removing it (its threads are gone).
+        let _ = std::fs::remove_dir(self.path("cgroup").join(format!("rk-ebpf-{}", std::process::id())));
         for sub in ["cgroup", "bpf"] {
             let _ = Command::new("umount").arg(self.path(sub)).status();
         }
