@@ -62,8 +62,8 @@ enum State {
 /// One cluster's replay: the rules, the affinity entries real probes left, and counts.
 pub struct Replay {
     state: State,
-    /// `(source, protocol, endpoint)` of every affinity entry a replayed probe added.
-    pinned: BTreeSet<(IpAddr, Protocol, SocketAddr)>,
+    /// `(source, protocol, entry)` of every affinity entry a replayed probe added.
+    pinned: BTreeSet<(IpAddr, Protocol, String)>,
     replayed: usize,
     skipped: BTreeMap<&'static str, usize>,
     label: String,
@@ -296,21 +296,21 @@ pub fn check(ns: &Netns, proto: Proto, target: SocketAddr, result: &ProbeResult)
         Proto::Udp => Protocol::Udp,
     };
     let mut env = snapshot.env.clone();
-    for (_, _, endpoint) in replay.pinned.iter().filter(|(s, p, _)| *s == source && *p == protocol) {
-        env.affinity.extend(snapshot.ruleset.affinity_sets(protocol, *endpoint));
-    }
+    env.affinity.extend(
+        replay.pinned.iter().filter(|(s, p, _)| *s == source && *p == protocol).map(|(_, _, entry)| entry.clone()),
+    );
     let packet = Packet { entry, source, destination: target, protocol };
     let trace = snapshot.ruleset.trace(&packet, &env).expect("a trace");
     let source_for = |to: SocketAddr| if at_socket { ns.run(|| chosen_source(to)) } else { source };
     let pinned = agree(&trace, result, source_for);
-    replay.pinned.extend(pinned.map(|endpoint| (source, protocol, endpoint)));
+    replay.pinned.extend(pinned.into_iter().map(|entry| (source, protocol, entry)));
     replay.replayed += 1;
 }
 
 /// Asserts that the real `result` is an outcome `trace` predicts (a reply masqueraded exactly
-/// when its path is: its peer is not `source_for` the path's destination); the endpoint it
-/// pinned the source to, if its path adds an affinity entry.
-fn agree(trace: &Trace, result: &ProbeResult, source_for: impl Fn(SocketAddr) -> IpAddr) -> Option<SocketAddr> {
+/// when its path is: its peer is not `source_for` the path's destination); the affinity entries
+/// its path adds the source to (kept by name: eBPF mode's name the slot too, which moves).
+fn agree(trace: &Trace, result: &ProbeResult, source_for: impl Fn(SocketAddr) -> IpAddr) -> Vec<String> {
     let fates = trace.fates();
     let packet = &trace.packet;
     let all = |wanted: &dyn Fn(&Fate) -> bool| fates.iter().all(|(fate, _)| wanted(fate));
@@ -330,26 +330,26 @@ fn agree(trace: &Trace, result: &ProbeResult, source_for: impl Fn(SocketAddr) ->
             if masqueraded != path.masquerade.is_some() {
                 disagree(&format!("says masqueraded: {} (the pod saw {})", path.masquerade.is_some(), reply.peer));
             }
-            path.dnat.filter(|_| !path.affinity.is_empty())
+            path.affinity.clone()
         }
         ProbeResult::Refused => {
             let local = |f: &Fate| matches!(f, Fate::Delivered { delivery: Delivery::Local, dnat: None, .. });
             if !all(&|f| *f == Fate::Rejected || local(f)) {
                 disagree("does not reject it");
             }
-            None
+            Vec::new()
         }
         ProbeResult::Timeout => {
             if !all(&|f| *f == Fate::Dropped || unmodified(f)) {
                 disagree("does not drop it");
             }
-            None
+            Vec::new()
         }
         ProbeResult::Error(_) => {
             if !all(&|f| matches!(f, Fate::Rejected | Fate::Dropped) || unmodified(f)) {
                 disagree("has it reach a pod");
             }
-            None
+            Vec::new()
         }
     }
 }

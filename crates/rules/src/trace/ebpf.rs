@@ -48,13 +48,14 @@ pub struct Tables {
 }
 
 /// The entry of [`Environment::affinity`] saying the packet's source (its network namespace, for
-/// the socket programs) is held to `backend` by `frontend`'s session affinity.
-pub fn affinity_entry(frontend: &FrontendKey, backend: SocketAddr) -> String {
+/// the socket programs) is held by `frontend`'s session affinity to `backend` in slot `slot`: the
+/// programs keep a client only while its slot still names its backend.
+pub fn affinity_entry(frontend: &FrontendKey, backend: SocketAddr, slot: usize) -> String {
     let map = match frontend.scope {
         Scope::Internal => names::AFFINITY,
         Scope::External => names::AFFINITY_EXTERNAL,
     };
-    format!("{map} {frontend} -> {backend}")
+    format!("{map} {frontend} -> {backend} (slot {slot})")
 }
 
 /// The table rules live in, as traces name it.
@@ -163,8 +164,11 @@ impl Tables {
             .keys()
             .filter(|key| key.slot == 0 && key.frontend.protocol == protocol)
             .filter(|key| self.maps.master(&key.frontend).is_some_and(|m| m.affinity > 0))
-            .filter(|key| self.backends(&key.frontend).any(|(_, _, address)| address == endpoint))
-            .map(|key| affinity_entry(&key.frontend, endpoint))
+            .flat_map(|key| {
+                self.backends(&key.frontend)
+                    .filter(|(_, _, address)| *address == endpoint)
+                    .map(|(slot, _, address)| affinity_entry(&key.frontend, address, slot))
+            })
             .collect()
     }
 
@@ -332,18 +336,20 @@ impl Tables {
         program: &str,
     ) -> Vec<Ending> {
         let backends: Vec<(usize, BackendId, SocketAddr)> = self.backends(key).collect();
-        // (probability, the lookup that picked the backend, the backend).
-        let mut picks: Vec<(f64, Step, BackendId, SocketAddr)> = Vec::new();
+        // (probability, the lookup that picked the backend, its slot, the backend).
+        let mut picks: Vec<(f64, Step, usize, BackendId, SocketAddr)> = Vec::new();
         if master.affinity > 0 {
             let (map, client) = match key.scope {
                 Scope::Internal => (names::AFFINITY, "the client's network namespace".to_owned()),
                 Scope::External => (names::AFFINITY_EXTERNAL, packet.source.to_string()),
             };
-            let held = backends.iter().find(|(_, _, address)| env.affinity.contains(&affinity_entry(key, *address)));
+            let held =
+                backends.iter().find(|(slot, _, address)| env.affinity.contains(&affinity_entry(key, *address, *slot)));
             let found = held.map(|(slot, id, _)| format!("backend {id} (slot {slot}), within {}s", master.affinity));
             steps.push(lookup(map, format!("{client}, frontend {}", master.id), found));
-            if let Some((_, id, address)) = held {
-                picks.push((1.0, lookup(names::BACKENDS, id.to_string(), Some(address.to_string())), *id, *address));
+            if let Some((slot, id, address)) = held {
+                let step = lookup(names::BACKENDS, id.to_string(), Some(address.to_string()));
+                picks.push((1.0, step, *slot, *id, *address));
             }
         }
         if picks.is_empty() {
@@ -357,7 +363,7 @@ impl Tables {
                         chance: Some(chance),
                         effects: Vec::new(),
                     };
-                    picks.push((chance, step, *id, *address));
+                    picks.push((chance, step, *slot, *id, *address));
                 }
             };
             match (master.selection, self.maps.maglev.get(&master.id)) {
@@ -377,7 +383,9 @@ impl Tables {
                             chance: Some(chance),
                             effects: Vec::new(),
                         };
-                        picks.push((chance, step, id, *address));
+                        // (Maglev is never used with affinity: the slot is only for the record.)
+                        let slot = backends.iter().find(|(_, of, _)| *of == id).map_or(0, |(slot, _, _)| *slot);
+                        picks.push((chance, step, slot, id, *address));
                     }
                 }
                 _ => slots(&mut picks),
@@ -390,12 +398,12 @@ impl Tables {
         }
         picks
             .into_iter()
-            .map(|(probability, pick, id, address)| {
+            .map(|(probability, pick, slot, id, address)| {
                 let mut effects = vec![match packet.entry {
                     Entry::Received => Effect::Dnat { to: address },
                     Entry::Host | Entry::LocalPod => Effect::Connect { to: address },
                 }];
-                let remembered = (master.affinity > 0).then(|| affinity_entry(key, address));
+                let remembered = (master.affinity > 0).then(|| affinity_entry(key, address, slot));
                 effects.extend(remembered.clone().map(|set| Effect::Affinity { set }));
                 // The socket programs' clients are on the node: never masqueraded.
                 let masquerade = master.masquerade && packet.entry == Entry::Received;
